@@ -1,0 +1,1 @@
+"""Selection rules over a scores table, one module per rule behind one interface."""

@@ -1,0 +1,46 @@
+"""The `hype` command line.
+
+Subcommands live in their own modules under `hype.cli` and are imported only when invoked, so that
+`hype --help` answers instantly instead of importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+from hype import __version__
+
+# name -> (module, attribute, one-line help shown by `hype --help`)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "synth": ("hype.cli.synth", "synth", "Generate the synthetic world: clean set, noisy pool, eval tasks."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module, attr, _ = COMMANDS[name]
+        return getattr(importlib.import_module(module), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hype")
+def main() -> None:
+    """HYPE: score an image-text pool with hyperbolic entailment and select the subset that trains the
+    best CLIP.
+
+    \b
+    Typical use:
+      hype synth --out world --size 2000     # a synthetic world to try everything offline
+    """

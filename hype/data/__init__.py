@@ -1,0 +1,1 @@
+"""Data formats: uids and subset files, shards, metadata."""

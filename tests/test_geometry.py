@@ -1,0 +1,307 @@
+"""Geometry against an independent float64 reference and its defining properties.
+
+The reference is plain numpy on the SPEC formulas; the exterior angles are checked through the law of
+cosines on distances (MERU App. C), a different route than the closed forms under test.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from hype.geometry import GEOMETRIES, euclidean, get_geometry, lorentz, oblique, sphere
+
+RNG = np.random.default_rng(0)
+
+
+# ---------------------------------------------------------------- float64 reference (numpy)
+def r_time(x, c):
+    return np.sqrt(1 / c + (x * x).sum(-1))
+
+
+def r_inner(x, y, c):
+    return (x * y).sum(-1) - r_time(x, c) * r_time(y, c)
+
+
+def r_dist(x, y, c):
+    return np.arccosh(np.maximum(-c * r_inner(x, y, c), 1.0)) / np.sqrt(c)
+
+
+def r_exp0(v, c):
+    n = np.linalg.norm(v, axis=-1, keepdims=True)
+    return np.sinh(np.sqrt(c) * n) / (np.sqrt(c) * n) * v
+
+
+def r_aper(x, c, K):
+    return np.arcsin(np.minimum(1.0, 2 * K / (np.sqrt(c) * np.linalg.norm(x, axis=-1))))
+
+
+def r_ext_law_of_cosines(x, y, c):
+    """π - angle Oxy from the hyperbolic law of cosines on the three side lengths."""
+    o = np.zeros_like(x)
+    a, b, s = r_dist(o, x, c), r_dist(x, y, c), r_dist(o, y, c)  # |Ox|, |xy|, |Oy|
+    rc = np.sqrt(c)
+    cos_oxy = (np.cosh(rc * a) * np.cosh(rc * b) - np.cosh(rc * s)) / (np.sinh(rc * a) * np.sinh(rc * b))
+    return np.pi - np.arccos(np.clip(cos_oxy, -1, 1))
+
+
+def r_euc_ext(x, y):
+    """π - angle Oxy from the Euclidean law of cosines."""
+    a, b, s = np.linalg.norm(x, axis=-1), np.linalg.norm(y - x, axis=-1), np.linalg.norm(y, axis=-1)
+    return np.pi - np.arccos(np.clip((a * a + b * b - s * s) / (2 * a * b), -1, 1))
+
+
+def t(a, dtype=torch.float32):
+    return torch.tensor(a, dtype=dtype)
+
+
+def points(n=64, dim=16, scale=0.5):
+    # Space components of moderate norm, like trained MERU embeddings.
+    return RNG.normal(size=(n, dim)) * scale
+
+
+# ---------------------------------------------------------------- Lorentz vs reference
+@pytest.mark.parametrize("c", [0.1, 1.0, 3.0])
+@pytest.mark.parametrize("dtype,rtol,atol", [(torch.float64, 1e-9, 1e-9), (torch.float32, 1e-4, 3e-3)])
+def test_lorentz_matches_reference(c, dtype, rtol, atol):
+    x, y = points(), points()
+    np.testing.assert_allclose(lorentz.time_component(t(x, dtype), c).numpy(), r_time(x, c), rtol=rtol)
+    np.testing.assert_allclose(
+        lorentz.inner(t(x, dtype), t(y, dtype), c).numpy(), r_inner(x, y, c), rtol=rtol
+    )
+    np.testing.assert_allclose(
+        lorentz.distance(t(x, dtype), t(y, dtype), c).numpy(), r_dist(x, y, c), rtol=rtol, atol=atol
+    )
+    pd = lorentz.pairwise_distance(t(x, dtype), t(y, dtype), c).numpy()
+    np.testing.assert_allclose(pd, r_dist(x[:, None], y[None], c), rtol=rtol, atol=atol)
+    np.testing.assert_allclose(
+        lorentz.pairwise_squared_distance(t(x, dtype), t(y, dtype), c).numpy(),
+        r_dist(x[:, None], y[None], c) ** 2,
+        rtol=rtol,
+        atol=atol,
+    )
+    np.testing.assert_allclose(lorentz.exp_map0(t(x, dtype), c).numpy(), r_exp0(x, c), rtol=rtol, atol=atol)
+    np.testing.assert_allclose(
+        lorentz.half_aperture(t(x, dtype), c, 0.1).numpy(), r_aper(x, c, 0.1), rtol=rtol
+    )
+    ext = r_ext_law_of_cosines(x, y, c)
+    np.testing.assert_allclose(lorentz.exterior_angle(t(x, dtype), t(y, dtype), c).numpy(), ext, atol=atol)
+    pext = lorentz.pairwise_exterior_angle(t(x, dtype), t(y, dtype), c).numpy()
+    np.testing.assert_allclose(pext, r_ext_law_of_cosines(x[:, None], y[None], c), atol=atol)
+    energy = lorentz.pairwise_entailment_energy(t(x, dtype), t(y, dtype), c, 0.1).numpy()
+    np.testing.assert_allclose(
+        energy, r_ext_law_of_cosines(x[:, None], y[None], c) - r_aper(x, c, 0.1)[:, None], atol=atol
+    )
+
+
+def test_lorentz_pairwise_equals_rowwise_on_the_diagonal():
+    x, y = t(points()), t(points())
+    torch.testing.assert_close(lorentz.pairwise_distance(x, y, 0.5).diagonal(), lorentz.distance(x, y, 0.5))
+    torch.testing.assert_close(
+        lorentz.pairwise_entailment_energy(x, y, 0.5).diagonal(),
+        lorentz.entailment_energy(x, y, 0.5),
+        atol=2e-3,
+        rtol=1e-3,
+    )
+
+
+# ---------------------------------------------------------------- Lorentz properties
+def test_exp_log_round_trip():
+    v = t(points(scale=0.5), torch.float64)  # sqrt(c)|v| stays below the asinh(2^15) clamp
+    for c in (0.1, 1.0, 10.0):
+        torch.testing.assert_close(lorentz.log_map0(lorentz.exp_map0(v, c), c), v)
+    # Round trip is also fine in fp32 for vectors of moderate norm.
+    v32 = v.float()
+    torch.testing.assert_close(lorentz.log_map0(lorentz.exp_map0(v32, 1.0), 1.0), v32, atol=1e-5, rtol=1e-5)
+
+
+def test_exp_map_is_clamped_so_norms_stay_finite():
+    v = torch.full((2, 512), 10.0)  # |v| ≈ 226: sinh would overflow fp32 without the clamp
+    x = lorentz.exp_map0(v, 0.1)
+    assert torch.isfinite(x).all()
+    assert torch.allclose(x.norm(dim=-1), torch.tensor(2.0**15 / math.sqrt(0.1)), rtol=1e-4)
+    assert torch.isfinite(lorentz.time_component(x, 0.1)).all()
+
+
+def test_distance_to_self_is_zero_even_at_huge_norms():
+    x = torch.randn(8, 64)
+    for c, scale in [(1.0, 1.0), (0.1, 2.0**15 / math.sqrt(0.1))]:
+        xs = x / x.norm(dim=-1, keepdim=True) * scale
+        assert lorentz.distance(xs, xs, c).max() < 1e-6
+        assert lorentz.exterior_angle(xs, xs, c).isfinite().all()
+
+
+def test_symmetry_and_triangle_inequality():
+    x, y, z = (t(points(200, 8, 1.5), torch.float64) for _ in range(3))
+    for c in (0.1, 1.0, 7.0):
+        dxy, dyx = lorentz.distance(x, y, c), lorentz.distance(y, x, c)
+        torch.testing.assert_close(dxy, dyx)
+        assert (dxy <= lorentz.distance(x, z, c) + lorentz.distance(z, y, c) + 1e-9).all()
+        pd = lorentz.pairwise_distance(x, y, c)
+        torch.testing.assert_close(pd, lorentz.pairwise_distance(y, x, c).T)
+
+
+def test_entailment_cone_contains_the_ray_beyond_x_and_not_the_segment_to_the_origin():
+    x = t(points(32, 8, 1.0))
+    for c in (0.1, 1.0, 4.0):
+        further = lorentz.entailment_energy(x, 3.0 * x, c)  # same geodesic ray from O, beyond x
+        closer = lorentz.entailment_energy(x, 0.3 * x, c)  # same ray, between O and x
+        assert (further < 0).all(), further
+        assert (closer > 0).all(), closer
+        torch.testing.assert_close(
+            lorentz.exterior_angle(x, 0.3 * x, c), torch.full((32,), math.pi), atol=3e-3, rtol=0
+        )
+
+
+def test_aperture_saturates_at_half_pi_near_the_origin_and_shrinks_outwards():
+    c, K = 1.0, 0.1
+    inside = torch.randn(16, 8)
+    inside = inside / inside.norm(dim=-1, keepdim=True) * (2 * K / math.sqrt(c)) * 0.9
+    assert torch.equal(lorentz.half_aperture(inside, c, K), torch.full((16,), math.pi / 2))
+    radii = torch.tensor([0.3, 1.0, 10.0, 100.0])
+    aper = lorentz.half_aperture(radii[:, None] * torch.eye(8)[0], c, K)
+    assert (aper.diff() < 0).all()
+
+
+# ---------------------------------------------------------------- Euclidean, sphere, oblique vs reference
+@pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-9), (torch.float32, 2e-3)])
+def test_euclidean_matches_reference(dtype, atol):
+    x, y = points(scale=1.0), points(scale=1.0)
+    np.testing.assert_allclose(
+        euclidean.pairwise_distance(t(x, dtype), t(y, dtype)).numpy(),
+        np.linalg.norm(x[:, None] - y[None], axis=-1),
+        rtol=1e-5,
+        atol=atol,
+    )
+    np.testing.assert_allclose(
+        euclidean.squared_distance(t(x, dtype), t(y, dtype)).numpy(), ((x - y) ** 2).sum(-1), rtol=1e-5
+    )
+    K = 0.3
+    aper = np.arcsin(np.minimum(1, K / np.linalg.norm(x, axis=-1)))
+    np.testing.assert_allclose(euclidean.half_aperture(t(x, dtype), K).numpy(), aper, rtol=1e-5)
+    np.testing.assert_allclose(
+        euclidean.exterior_angle(t(x, dtype), t(y, dtype)).numpy(), r_euc_ext(x, y), atol=atol
+    )
+    np.testing.assert_allclose(
+        euclidean.pairwise_entailment_energy(t(x, dtype), t(y, dtype), K).numpy(),
+        r_euc_ext(x[:, None], y[None]) - aper[:, None],
+        atol=atol,
+    )
+    further = euclidean.entailment_energy(t(x, dtype), 2.0 * t(x, dtype), K)
+    assert (further < 0).all()
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-9), (torch.float32, 2e-3)])
+def test_sphere_and_oblique_match_reference(dtype, atol):
+    x, y = points(dim=24), points(dim=24)
+    xn = x / np.linalg.norm(x, axis=-1, keepdims=True)
+    yn = y / np.linalg.norm(y, axis=-1, keepdims=True)
+    np.testing.assert_allclose(sphere.pairwise_cosine(t(x, dtype), t(y, dtype)).numpy(), xn @ yn.T, atol=1e-6)
+    np.testing.assert_allclose(
+        sphere.pairwise_geodesic(t(x, dtype), t(y, dtype)).numpy(),
+        np.arccos(np.clip(xn @ yn.T, -1, 1)),
+        atol=atol,
+    )
+    k, m = 4, 6
+    xs = x.reshape(-1, k, m) / np.linalg.norm(x.reshape(-1, k, m), axis=-1, keepdims=True)
+    ys = y.reshape(-1, k, m) / np.linalg.norm(y.reshape(-1, k, m), axis=-1, keepdims=True)
+    u, v = oblique.normalize(t(x, dtype), k), oblique.normalize(t(y, dtype), k)
+    np.testing.assert_allclose(u.numpy(), xs.reshape(x.shape), atol=1e-6)
+    np.testing.assert_allclose(
+        oblique.pairwise_inner(u, v).numpy(), np.einsum("ikm,jkm->ij", xs, ys), atol=1e-5
+    )
+    geo = np.sqrt((np.arccos(np.clip(np.einsum("ikm,jkm->ijk", xs, ys), -1, 1)) ** 2).sum(-1))
+    np.testing.assert_allclose(oblique.pairwise_geodesic(u, v, k).numpy(), geo, atol=atol)
+    np.testing.assert_allclose(oblique.geodesic(u, v, k).numpy(), geo.diagonal(), atol=atol)
+    with pytest.raises(ValueError, match="not divisible"):
+        oblique.normalize(t(x), 5)
+
+
+# ---------------------------------------------------------------- edge cases: finite values and gradients
+def _edge_inputs():
+    zeros = torch.zeros(4, 16)
+    x = torch.randn(4, 16)
+    huge = x / x.norm(dim=-1, keepdim=True) * (2.0**15 / math.sqrt(0.1))
+    tiny = x * 1e-20
+    return {
+        "zero-zero": (zeros, zeros.clone()),
+        "zero-x": (zeros, x),
+        "x-zero": (x, zeros),
+        "identical": (x, x.clone()),
+        "huge-identical": (huge, huge.clone()),
+        "huge-x": (huge, x),
+        "tiny-x": (tiny, x),
+    }
+
+
+LORENTZ_FNS = {
+    "distance": lambda a, b: lorentz.distance(a, b, 0.1),
+    "squared_distance": lambda a, b: lorentz.squared_distance(a, b, 0.1),
+    "pairwise_distance": lambda a, b: lorentz.pairwise_distance(a, b, 0.1),
+    "entailment_energy": lambda a, b: lorentz.entailment_energy(a, b, 0.1),
+    "pairwise_entailment_energy": lambda a, b: lorentz.pairwise_entailment_energy(a, b, 0.1),
+    "exp_map0": lambda a, b: lorentz.exp_map0(a, 0.1) + lorentz.exp_map0(b, 0.1),
+    "log_map0": lambda a, b: lorentz.log_map0(a, 0.1) + lorentz.log_map0(b, 0.1),
+    "euc_distance": euclidean.distance,
+    "euc_pairwise_distance": euclidean.pairwise_distance,
+    "euc_entailment": lambda a, b: euclidean.entailment_energy(a, b, 0.3),
+    "euc_pairwise_entailment": lambda a, b: euclidean.pairwise_entailment_energy(a, b, 0.3),
+    "cosine": sphere.cosine,
+    "geodesic": sphere.pairwise_geodesic,
+    "oblique_geodesic": lambda a, b: oblique.geodesic(oblique.normalize(a, 4), oblique.normalize(b, 4), 4),
+}
+
+
+@pytest.mark.parametrize("fn_name", sorted(LORENTZ_FNS))
+@pytest.mark.parametrize("autocast", [False, True])
+def test_outputs_and_gradients_finite_on_edge_cases(fn_name, autocast):
+    fn = LORENTZ_FNS[fn_name]
+    for case, (a, b) in _edge_inputs().items():
+        if "huge" in case and fn_name.startswith(("euc", "cosine", "geodesic", "oblique")):
+            a, b = a * 1e-3, b * 1e-3  # the clamp norm is a hyperbolic notion
+        a = a.clone().requires_grad_(True)
+        b = b.clone().requires_grad_(True)
+        inputs = (a.bfloat16(), b.bfloat16()) if autocast else (a, b)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = fn(*inputs)
+        assert out.dtype == torch.float32, (fn_name, case)
+        assert torch.isfinite(out).all(), (fn_name, case, out)
+        out.sum().backward()
+        assert torch.isfinite(a.grad).all() and torch.isfinite(b.grad).all(), (fn_name, case)
+
+
+def test_float64_inputs_compute_in_float64():
+    x = torch.randn(3, 4, dtype=torch.float64)
+    assert lorentz.distance(x, x.flip(0), 1.0).dtype == torch.float64
+    assert (
+        lorentz.distance(x.float(), x.flip(0).float(), torch.tensor(1.0, dtype=torch.float64)).dtype
+        == torch.float64
+    )
+
+
+# ---------------------------------------------------------------- registry
+def test_every_geometry_embeds_and_scores_consistently():
+    feats_i, feats_t = torch.randn(6, 32), torch.randn(5, 32)
+    for name in GEOMETRIES:
+        g = get_geometry(name, num_spheres=4) if name == "oblique" else get_geometry(name)
+        kw = {"curv": torch.tensor(0.5)} if g.uses_curvature else {}
+        alpha = torch.tensor(32**-0.5) if g.uses_alpha else None
+        ei, et = g.embed(feats_i, alpha=alpha, **kw), g.embed(feats_t, alpha=alpha, **kw)
+        logits = g.pairwise(ei, et, **kw)
+        assert logits.shape == (6, 5) and torch.isfinite(logits).all(), name
+        torch.testing.assert_close(
+            g.pairwise(ei[:5], et, **kw).diagonal(), g.rowwise(ei[:5], et, **kw), atol=3e-3, rtol=1e-3
+        )
+        assert g.name == name
+        if g.supports_entailment:
+            assert g.entailment_energy(et, ei[:5], **kw).shape == (5,)
+        else:
+            with pytest.raises(ValueError, match="no entailment"):
+                g.entailment_energy(et, ei[:5], **kw)
+    assert get_geometry("oblique", num_spheres=16).logit_scale_max == pytest.approx(100 / 16)
+    assert get_geometry("euclidean-squared").logit_scale_init == 1.0
+    with pytest.raises(ValueError, match="unknown geometry 'poincare'"):
+        get_geometry("poincare")
