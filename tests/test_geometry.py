@@ -290,6 +290,8 @@ def test_every_geometry_embeds_and_scores_consistently():
         kw = {"curv": torch.tensor(0.5)} if g.uses_curvature else {}
         alpha = torch.tensor(32**-0.5) if g.uses_alpha else None
         ei, et = g.embed(feats_i, alpha=alpha, **kw), g.embed(feats_t, alpha=alpha, **kw)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert g.embed(feats_i.bfloat16(), alpha=alpha, **kw).dtype == torch.float32, name
         logits = g.pairwise(ei, et, **kw)
         assert logits.shape == (6, 5) and torch.isfinite(logits).all(), name
         torch.testing.assert_close(
@@ -302,6 +304,8 @@ def test_every_geometry_embeds_and_scores_consistently():
             with pytest.raises(ValueError, match="no entailment"):
                 g.entailment_energy(et, ei[:5], **kw)
     assert get_geometry("oblique", num_spheres=16).logit_scale_max == pytest.approx(100 / 16)
+    assert get_geometry("oblique", num_spheres=16).logit_scale_init == pytest.approx(100 / 16)
+    assert get_geometry("oblique", num_spheres=2).logit_scale_init == pytest.approx(1 / 0.07)
     assert get_geometry("euclidean-squared").logit_scale_init == 1.0
     with pytest.raises(ValueError, match="unknown geometry 'poincare'"):
         get_geometry("poincare")

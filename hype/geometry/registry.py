@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from hype.geometry import euclidean, lorentz, oblique, sphere
-from hype.geometry._numerics import Tensor
+from hype.geometry._numerics import Tensor, geometry_op
 
 CLIP_LOGIT_SCALE_INIT = 1 / 0.07
 
@@ -93,6 +93,7 @@ class Euclidean(Geometry):
         # EuCLIP: distance-squared logits are unstable at 1/0.07; they start at β = 1.
         return 1.0 if self.squared else CLIP_LOGIT_SCALE_INIT
 
+    @geometry_op
     def embed(self, features, *, curv=None, alpha=None):
         return features / math.sqrt(features.shape[-1])
 
@@ -131,6 +132,7 @@ class Hyperbolic(Geometry):
     def logit_scale_init(self) -> float:  # type: ignore[override]
         return 1.0 if self.squared else CLIP_LOGIT_SCALE_INIT
 
+    @geometry_op
     def embed(self, features, *, curv=None, alpha=None):
         _need(curv, "curv", self.name)
         return lorentz.exp_map0(features if alpha is None else features * alpha, curv)
@@ -170,6 +172,11 @@ class Oblique(Geometry):
     @property
     def logit_scale_max(self) -> float:  # type: ignore[override]
         return 100.0 / self.num_spheres
+
+    @property
+    def logit_scale_init(self) -> float:  # type: ignore[override]
+        # CLIP's 1/0.07 exceeds the cap 100/k once k >= 7; start at the cap then.
+        return min(CLIP_LOGIT_SCALE_INIT, self.logit_scale_max)
 
     def embed(self, features, *, curv=None, alpha=None):
         return oblique.normalize(features, self.num_spheres)
