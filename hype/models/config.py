@@ -1,0 +1,404 @@
+"""Model configuration: YAML -> validated, frozen dataclasses. SPEC §2.2 (geometries), §2.5 (recipes).
+
+A config file has these sections (see `configs/models/*.yaml`):
+
+    name, description, geometry, embed_dim, quick_gelu   (top level)
+    vision:     the ViT image tower
+    text:       the causal text transformer
+    oblique:    only for geometry `oblique` (num_spheres, multi_token)
+    scalars:    init values and clamps of the learnable log-scalars
+    loss:       entailment weight λ and cone constant K (read by `hype.losses` / training)
+    preprocess: image mean/std and augmentation
+
+Geometry-dependent defaults (`null` in YAML) are resolved when the config is built, so a config
+saved with `to_dict()` (checkpoints) rebuilds exactly the same model even if the defaults change later.
+Every mistake is a `ConfigError` (a `ValueError`) naming the file and the dotted key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hype.geometry import GEOMETRIES, get_geometry
+
+OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+POS_EMBEDS = ("learnable", "sincos")
+RESIZE_MODES = ("shortest", "longest", "squash")
+INTERPOLATIONS = ("bicubic", "bilinear")
+
+# Per-geometry defaults of the entailment loss: MERU (λ = 0.2, K = 0.1) for hyperbolic, EuCLIP
+# (λ = 0.1, K = 0.3) for Euclidean; geometries without cones get λ = 0 and no K.
+ENTAILMENT_WEIGHT_DEFAULTS = {
+    "euclidean": 0.1,
+    "euclidean-squared": 0.1,
+    "hyperbolic": 0.2,
+    "hyperbolic-squared": 0.2,
+}
+
+
+class ConfigError(ValueError):
+    """A bad model config; `key` is the dotted path of the offending entry."""
+
+    def __init__(self, key: str, message: str, source: str | None = None):
+        self.key, self.message, self.source = key, message, source
+        where = f"{source}: " if source else ""
+        super().__init__(f"{where}{key}: {message}" if key else f"{where}{message}")
+
+    def within(self, prefix: str) -> ConfigError:
+        return ConfigError(f"{prefix}.{self.key}" if self.key else prefix, self.message, self.source)
+
+    def from_source(self, source: str) -> ConfigError:
+        return ConfigError(self.key, self.message, source)
+
+
+def _positive(obj: Any, *names: str) -> None:
+    for name in names:
+        if getattr(obj, name) <= 0:
+            raise ConfigError(name, f"must be > 0, got {getattr(obj, name)!r}")
+
+
+def _choice(obj: Any, name: str, choices: tuple[str, ...]) -> None:
+    if getattr(obj, name) not in choices:
+        raise ConfigError(name, f"must be one of {', '.join(choices)}; got {getattr(obj, name)!r}")
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    """A ViT built by open_clip's `_build_vision_tower` (class-token pooling, linear projection)."""
+
+    image_size: int = 224
+    patch_size: int = 16
+    width: int = 768
+    layers: int = 12
+    head_width: int = 64
+    mlp_ratio: float = 4.0
+    final_ln: bool = True  # EuCLIP removes the LayerNorm after the last block (ln_post)
+    pos_embed: str = "learnable"  # learnable | sincos (MERU: fixed 2-D sin-cos, MoCo-v3 layout)
+    # MERU's timm ViT differs from open_clip's in two places: no LayerNorm before the blocks and a
+    # bias in the patch embedding. Both are options so MERU checkpoints map one-to-one.
+    ln_pre: bool = True
+    patch_bias: bool = False
+    ln_eps: float = 1e-5  # HYPE's released ViT-L/14 uses the dtype's eps (fp32: 2**-23)
+
+    def __post_init__(self) -> None:
+        _positive(self, "image_size", "patch_size", "width", "layers", "head_width", "mlp_ratio", "ln_eps")
+        _choice(self, "pos_embed", POS_EMBEDS)
+        if self.image_size % self.patch_size:
+            raise ConfigError("patch_size", f"{self.patch_size} does not divide image_size {self.image_size}")
+        if self.width % self.head_width:
+            raise ConfigError("head_width", f"{self.head_width} does not divide width {self.width}")
+        if self.pos_embed == "sincos" and self.width % 4:
+            raise ConfigError("pos_embed", f"sincos needs width divisible by 4, got width {self.width}")
+
+    @property
+    def heads(self) -> int:
+        return self.width // self.head_width
+
+    @property
+    def grid_size(self) -> int:
+        return self.image_size // self.patch_size
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    """open_clip's causal `TextTransformer`, pooled at the EOT token (the highest token id)."""
+
+    context_length: int = 77
+    vocab_size: int = 49408  # the real CLIP BPE tokenizer
+    width: int = 512
+    heads: int = 8
+    layers: int = 12
+    mlp_ratio: float = 4.0
+    final_ln: bool = True  # EuCLIP removes ln_final
+    ln_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        _positive(self, "context_length", "vocab_size", "width", "heads", "layers", "mlp_ratio", "ln_eps")
+        if self.width % self.heads:
+            raise ConfigError("heads", f"{self.heads} does not divide width {self.width}")
+
+
+@dataclass(frozen=True)
+class ObliqueConfig:
+    """Ob(num_spheres, sphere_dim) with sphere_dim = embed_dim / num_spheres."""
+
+    num_spheres: int = 16
+    multi_token: bool = False  # one class token per sphere in each tower instead of a reshape
+
+    def __post_init__(self) -> None:
+        _positive(self, "num_spheres")
+
+
+@dataclass(frozen=True)
+class ScalarsConfig:
+    """Init values and clamps of the learnable scalars (stored as logs, clamped in place like MERU).
+
+    `null` means the geometry's default: logit scale 1/0.07 (1 for squared distances) clamped at
+    100 (100/k for oblique, whose init is then min(1/0.07, 100/k)); for hyperbolic geometries
+    curvature 1 in [0.1, 10] and α = 1/sqrt(embed_dim) clamped at 1. Curvature and α entries must
+    stay `null` for geometries that do not use them.
+    """
+
+    logit_scale_init: float | None = None
+    logit_scale_max: float | None = None
+    curv_init: float | None = None
+    curv_min: float | None = None
+    curv_max: float | None = None
+    learn_curv: bool = True
+    alpha_init: float | None = None
+    alpha_max: float | None = None
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Entailment term of the loss, `L_cont + entailment_weight * L_entail` (text apex, image point)."""
+
+    entailment_weight: float | None = None
+    entailment_K: float | None = None
+
+
+@dataclass(frozen=True)
+class PreprocessConfig:
+    mean: tuple[float, ...] = OPENAI_MEAN
+    std: tuple[float, ...] = OPENAI_STD
+    crop_scale: tuple[float, ...] = (0.9, 1.0)  # RandomResizedCrop area range when training
+    resize_mode: str = "shortest"
+    interpolation: str = "bicubic"
+
+    def __post_init__(self) -> None:
+        for name in ("mean", "std"):
+            if len(getattr(self, name)) != 3:
+                raise ConfigError(name, f"needs 3 values (RGB), got {list(getattr(self, name))}")
+        if any(s <= 0 for s in self.std):
+            raise ConfigError("std", f"must be > 0, got {list(self.std)}")
+        lo_hi = self.crop_scale
+        if len(lo_hi) != 2 or not 0.0 < lo_hi[0] <= lo_hi[1] <= 1.0:
+            raise ConfigError("crop_scale", f"needs [low, high] with 0 < low <= high <= 1, got {list(lo_hi)}")
+        _choice(self, "resize_mode", RESIZE_MODES)
+        _choice(self, "interpolation", INTERPOLATIONS)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = ""
+    geometry: str = "clip"
+    embed_dim: int = 512
+    description: str = ""
+    quick_gelu: bool = False  # OpenAI's checkpoints use QuickGELU; training from scratch uses nn.GELU
+    vision: VisionConfig = field(default_factory=VisionConfig)
+    text: TextConfig = field(default_factory=TextConfig)
+    oblique: ObliqueConfig | None = None
+    scalars: ScalarsConfig = field(default_factory=ScalarsConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
+
+    def __post_init__(self) -> None:
+        if self.geometry not in GEOMETRIES:
+            raise ConfigError(
+                "geometry", f"unknown geometry {self.geometry!r}; choose one of: {', '.join(GEOMETRIES)}"
+            )
+        _positive(self, "embed_dim")
+        self._resolve_oblique()
+        geometry = get_geometry(self.geometry, **self.geometry_options)
+        try:
+            object.__setattr__(self, "scalars", _resolve_scalars(self.scalars, geometry, self.embed_dim))
+        except ConfigError as e:
+            raise e.within("scalars") from None
+        try:
+            object.__setattr__(self, "loss", _resolve_loss(self.loss, geometry))
+        except ConfigError as e:
+            raise e.within("loss") from None
+
+    def _resolve_oblique(self) -> None:
+        if self.geometry != "oblique":
+            if self.oblique is not None:
+                raise ConfigError("oblique", f"only valid with geometry 'oblique', not {self.geometry!r}")
+            return
+        if self.oblique is None:
+            object.__setattr__(self, "oblique", ObliqueConfig())
+        k = self.oblique.num_spheres
+        if self.embed_dim % k:
+            raise ConfigError(
+                "oblique.num_spheres",
+                f"{k} does not divide embed_dim {self.embed_dim} (sphere_dim must be whole)",
+            )
+
+    @property
+    def geometry_options(self) -> dict[str, Any]:
+        """Keyword options of `get_geometry` for this config."""
+        return {"num_spheres": self.oblique.num_spheres} if self.oblique is not None else {}
+
+    @property
+    def num_class_tokens(self) -> int:
+        """Class tokens per tower: num_spheres for multi-token oblique, else 1."""
+        if self.oblique is not None and self.oblique.multi_token:
+            return self.oblique.num_spheres
+        return 1
+
+    @property
+    def sphere_dim(self) -> int | None:
+        return self.embed_dim // self.oblique.num_spheres if self.oblique is not None else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain JSON-serializable dict that `ModelConfig.from_dict` / `create_model` accept back."""
+        return _plain(dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> ModelConfig:
+        try:
+            return _build(cls, data, "")
+        except ConfigError as e:
+            raise e.from_source(source) from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> ModelConfig:
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError("", f"not valid YAML ({e})", str(path)) from None
+        if data is None:
+            data = {}
+        data = dict(data) if isinstance(data, dict) else data
+        if isinstance(data, dict):
+            data.setdefault("name", path.stem)
+        return cls.from_dict(data, source=str(path))
+
+
+def _resolve_scalars(s: ScalarsConfig, geometry: Any, embed_dim: int) -> ScalarsConfig:
+    scale_max = geometry.logit_scale_max if s.logit_scale_max is None else s.logit_scale_max
+    # The default init (1/0.07) exceeds oblique's 100/k once k > 7; start at the cap then.
+    scale_init = (
+        min(geometry.logit_scale_init, scale_max) if s.logit_scale_init is None else s.logit_scale_init
+    )
+    r = {"logit_scale_init": scale_init, "logit_scale_max": scale_max}
+    hyperbolic = {"curv_init": 1.0, "curv_min": 0.1, "curv_max": 10.0}
+    alpha = {"alpha_init": embed_dim**-0.5, "alpha_max": 1.0}
+    for defaults, used in ((hyperbolic, geometry.uses_curvature), (alpha, geometry.uses_alpha)):
+        for key, default in defaults.items():
+            value = getattr(s, key)
+            if not used and value is not None:
+                raise ConfigError(key, f"geometry {geometry.name!r} has no such scalar; leave it null")
+            r[key] = (default if value is None else value) if used else None
+    out = dataclasses.replace(s, **r)
+    _positive(out, "logit_scale_init", "logit_scale_max")
+    if out.logit_scale_init > out.logit_scale_max:
+        raise ConfigError(
+            "logit_scale_init", f"{out.logit_scale_init} exceeds logit_scale_max {out.logit_scale_max}"
+        )
+    if geometry.uses_curvature:
+        _positive(out, "curv_min")
+        lo, init, hi = out.curv_min, out.curv_init, out.curv_max
+        if not lo <= init <= hi:
+            raise ConfigError("curv_init", f"needs curv_min <= curv_init <= curv_max; got {lo}, {init}, {hi}")
+    if geometry.uses_alpha:
+        _positive(out, "alpha_init", "alpha_max")
+        if out.alpha_init > out.alpha_max:
+            raise ConfigError("alpha_init", f"{out.alpha_init} exceeds alpha_max {out.alpha_max}")
+    return out
+
+
+def _resolve_loss(loss: LossConfig, geometry: Any) -> LossConfig:
+    if not geometry.supports_entailment:
+        if loss.entailment_weight or loss.entailment_K is not None:
+            raise ConfigError(
+                "entailment_weight",
+                f"geometry {geometry.name!r} has no entailment cones; leave the loss section out",
+            )
+        return LossConfig(entailment_weight=0.0, entailment_K=None)
+    weight = (
+        ENTAILMENT_WEIGHT_DEFAULTS[geometry.name]
+        if loss.entailment_weight is None
+        else loss.entailment_weight
+    )
+    K = geometry.default_K if loss.entailment_K is None else loss.entailment_K
+    out = LossConfig(entailment_weight=weight, entailment_K=K)
+    if out.entailment_weight < 0:
+        raise ConfigError("entailment_weight", f"must be >= 0, got {weight}")
+    _positive(out, "entailment_K")
+    return out
+
+
+# --- dict -> dataclass with type checks ---------------------------------------------------------
+
+
+def _build(cls: type, data: Any, key: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(key, f"must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    valid = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in data if k not in valid]
+    if unknown:
+        where = f"{key}." if key else ""
+        section = f" in {key}" if key else ""
+        raise ConfigError(
+            ", ".join(where + str(k) for k in unknown),
+            f"unknown key; valid keys{section}: {', '.join(valid)}",
+        )
+    kwargs = {}
+    for name, value in data.items():
+        sub = f"{key}.{name}" if key else name
+        kwargs[name] = _coerce(value, hints[name], sub)
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        raise (e.within(key) if key else e) from None
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(value, args[0], key)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(key, f"must be a list, got {value!r}")
+        (item,) = {a for a in typing.get_args(tp) if a is not Ellipsis}
+        return tuple(_coerce(v, item, key) for v in value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(key, f"must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(key, f"must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        # PyYAML reads `1e-5` (no dot) as a string, so numeric strings are accepted for floats.
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(key, f"must be a number, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(key, f"must be a finite number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(key, f"must be a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config field type {tp!r} for {key}")
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

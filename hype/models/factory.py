@@ -1,0 +1,67 @@
+"""Build models from a config object, a dict (checkpoints), a YAML path or a shipped config name.
+
+Names resolve to `<configs>/models/<name>.yaml`, where `<configs>` is the repository's `configs/`
+folder, or `$HYPE_CONFIG_DIR` when set (read at call time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import hype
+from hype.models.config import ModelConfig
+from hype.models.contrastive import ContrastiveModel
+
+ConfigLike = ModelConfig | dict[str, Any] | str | Path
+
+
+def config_dir() -> Path:
+    """The folder holding `models/*.yaml`: `$HYPE_CONFIG_DIR` or the repository's `configs/`."""
+    env = os.environ.get("HYPE_CONFIG_DIR")
+    return Path(env) if env else Path(hype.__file__).resolve().parents[1] / "configs"
+
+
+def list_model_configs() -> list[str]:
+    """Names accepted by `create_model` / `load_model_config`, sorted."""
+    folder = config_dir() / "models"
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def load_model_config(config: ConfigLike) -> ModelConfig:
+    """A validated `ModelConfig` from a config, a dict (e.g. `model.config.to_dict()`), a path or a name."""
+    if isinstance(config, ModelConfig):
+        return config
+    if isinstance(config, dict):
+        return ModelConfig.from_dict(config)
+    if not isinstance(config, (str, Path)):
+        raise TypeError(f"expected a ModelConfig, dict, path or config name, got {type(config).__name__}")
+    path = Path(config)
+    if path.suffix in (".yaml", ".yml") or path.is_file():
+        if not path.is_file():
+            raise FileNotFoundError(f"model config file not found: {path}")
+        return ModelConfig.from_yaml(path)
+    named = config_dir() / "models" / f"{config}.yaml"
+    if not named.is_file():
+        available = ", ".join(list_model_configs()) or "(none)"
+        raise ValueError(
+            f"unknown model config {str(config)!r} (looked in {named.parent}); available: {available}"
+        )
+    return ModelConfig.from_yaml(named)
+
+
+def create_model(config: ConfigLike, device: str | torch.device | None = None) -> ContrastiveModel:
+    """Build a randomly initialized `ContrastiveModel` (never downloads weights).
+
+    With `device`, parameters are created directly on it (`"meta"` gives a weightless model for
+    counting parameters or deferred loading).
+    """
+    cfg = load_model_config(config)
+    device = torch.device(device) if device is not None else None
+    with torch.device(device) if device is not None else contextlib.nullcontext():
+        model = ContrastiveModel(cfg)
+    return model if device is None else model.to(device)
