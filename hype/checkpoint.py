@@ -1,0 +1,111 @@
+"""The one model checkpoint format: a safetensors file whose header metadata holds the model config.
+
+Loading never unpickles: safetensors is a flat tensor container, and the config is JSON. PyTorch pickle
+files (released MERU / HYPE checkpoints) are refused with a pointer to `hype convert`, which opens them
+with `torch.load(weights_only=True)`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from os import PathLike
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_model, save_model
+
+FORMAT = "hype-checkpoint/1"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that is missing, truncated, of another format or of another model."""
+
+
+def save_checkpoint(path: str | PathLike, model: torch.nn.Module, *, extra: dict | None = None) -> Path:
+    """Write `model`'s weights and config to `path` atomically (temp file, fsync, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    metadata = {
+        "format": FORMAT,
+        "model_config": json.dumps(model.config.to_dict(), sort_keys=True),
+        "extra": json.dumps(extra or {}, sort_keys=True),
+    }
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        save_model(model, str(tmp), metadata=metadata)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def read_checkpoint_metadata(path: str | PathLike) -> dict:
+    """Validate the file's structure and return `{"format", "model_config", "extra"}` (parsed)."""
+    path = Path(path)
+    header = _read_header(path)
+    meta = header.get("__metadata__") or {}
+    if meta.get("format") != FORMAT or "model_config" not in meta:
+        raise CheckpointError(
+            f"{path}: a safetensors file without a hype model config; it was not written by hype "
+            "(`hype train` or `hype convert` write loadable checkpoints)"
+        )
+    return {
+        "format": meta["format"],
+        "model_config": json.loads(meta["model_config"]),
+        "extra": json.loads(meta.get("extra", "{}")),
+    }
+
+
+def load_checkpoint(path: str | PathLike, *, device: str | torch.device = "cpu") -> torch.nn.Module:
+    """Build the model from the stored config and load its weights (strict, bit-identical)."""
+    from hype.models import create_model  # the model factory imports open_clip; keep this module light
+
+    path = Path(path)
+    meta = read_checkpoint_metadata(path)
+    model = create_model(meta["model_config"])
+    try:
+        missing, unexpected = load_model(model, str(path), strict=False, device=str(device))
+    except SafetensorError as e:
+        raise CheckpointError(f"{path}: unreadable tensor data ({e}); the file may be corrupt") from e
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path}: weights do not match the stored config (missing: {sorted(missing)[:5]}, "
+            f"unexpected: {sorted(unexpected)[:5]})"
+        )
+    return model.to(device).eval()
+
+
+def _read_header(path: Path) -> dict:
+    if not path.is_file():
+        raise CheckpointError(f"{path}: checkpoint not found")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        header = None
+        if len(head) == 8:
+            (n,) = struct.unpack("<Q", head)
+            if n <= size - 8:
+                try:
+                    header = json.loads(f.read(n))
+                except (UnicodeDecodeError, json.JSONDecodeError):
+                    header = None
+    if not isinstance(header, dict):
+        # Only now sniff for pickles: a valid header length may itself start with these bytes.
+        if head[:2] == b"PK" or head[:1] == b"\x80":
+            raise CheckpointError(
+                f"{path}: a PyTorch pickle checkpoint; hype only loads safetensors. Convert a released "
+                "MERU or HYPE checkpoint with `hype convert meru|hype-release PATH --out OUT.safetensors`"
+            )
+        if len(head) < 8:
+            raise CheckpointError(f"{path}: truncated ({size} bytes); not a safetensors checkpoint")
+        raise CheckpointError(f"{path}: not a safetensors file (unreadable or truncated header)")
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    expected = 8 + n + max(ends, default=0)
+    if size < expected:
+        raise CheckpointError(f"{path}: truncated: {size} bytes on disk, {expected} expected; re-copy it")
+    return header
