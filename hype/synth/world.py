@@ -1,0 +1,429 @@
+"""`make_world`: the whole synthetic world (clean set, noisy pool, eval tasks, truth) in one folder.
+
+Determinism: each part draws from its own named RNG stream (`SeedSequence(seed, spawn_key=(crc32(name),))`),
+so changing `size` changes the pool and nothing else, and the same arguments give byte-identical files.
+The world is built in a hidden sibling folder and renamed into place at the end, so `out` is either the
+previous state or a complete world, never half of one; `world.json` is written last inside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import multiprocessing
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ProcessPoolExecutor
+from os import PathLike
+from pathlib import Path
+
+import pyarrow as pa
+
+from hype import __version__
+from hype.data.uids import save_subset
+from hype.synth.eval_tasks import (
+    OBJECT_CLASSES,
+    RETRIEVAL_TASK,
+    TASK_NAMES,
+    TASKS,
+    EvalItem,
+    plan_classification,
+    plan_reference,
+    plan_retrieval,
+    render_items,
+    task_folder,
+)
+from hype.synth.noise import NOISE_KINDS, NoiseSpecError, parse_noise
+from hype.synth.pool import Sample, plan_clean, plan_pool, render_sample
+from hype.synth.render import EVAL_IMAGE_EXT
+from hype.synth.rng import stream
+from hype.synth.shards import (
+    FileWriter,
+    ShardSample,
+    write_img2dataset_shard,
+    write_json,
+    write_parquet,
+    write_tar,
+    write_text,
+)
+
+FORMAT_VERSION = 1
+DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+METADATA_ROWS_PER_FILE = 100_000
+MAX_SHARD_SIZE = 10_000  # keys are {shard:05d}{index:04d}, like img2dataset's
+
+
+class SynthError(ValueError):
+    """Bad arguments or an output folder that cannot be used; the message says how to fix it."""
+
+
+TRUTH_SCHEMA = pa.schema(
+    [
+        ("uid", pa.string()),
+        ("key", pa.string()),
+        ("shard", pa.int32()),
+        ("noise", pa.string()),
+        ("text_level", pa.int8()),
+        ("image_level", pa.int8()),
+        ("shape", pa.string()),
+        ("color", pa.string()),
+        ("count", pa.int8()),
+        ("size", pa.string()),
+        ("position", pa.string()),
+        ("background", pa.string()),
+        ("caption", pa.string()),
+        ("source_uid", pa.string()),
+        ("true_caption", pa.string()),
+        ("image_kind", pa.string()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+    ]
+)
+
+METADATA_SCHEMA = pa.schema(
+    [
+        ("uid", pa.string()),
+        ("url", pa.string()),
+        ("text", pa.string()),
+        ("original_width", pa.int32()),
+        ("original_height", pa.int32()),
+        ("sha256", pa.string()),
+    ]
+)
+
+
+def _check_args(
+    size: int, seed: int, clean_size: int, eval_size: int, reference_per_class: int, shard_size: int
+):
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            raise SynthError(msg)
+
+    need(
+        isinstance(size, int) and size > 0,
+        f"--size must be a positive number of pool samples (e.g. 2000), got {size}",
+    )
+    need(isinstance(seed, int) and seed >= 0, f"--seed must be a non-negative integer (e.g. 0), got {seed}")
+    need(clean_size > 0, f"--clean-size must be positive (leave it out to use --size), got {clean_size}")
+    need(
+        eval_size > 0, f"--eval-size must be a positive number of images per task (e.g. 500), got {eval_size}"
+    )
+    need(
+        reference_per_class > 0,
+        f"--reference-per-class must be positive (e.g. 20), got {reference_per_class}",
+    )
+    need(
+        0 < shard_size <= MAX_SHARD_SIZE,
+        f"--shard-size must be in 1..{MAX_SHARD_SIZE} (keys hold 4 index digits), e.g. 256; got {shard_size}",
+    )
+
+
+def _prepare_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise SynthError(f"--out {out} is a file; give a folder path")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise SynthError(
+                f"--out {out} exists and is not empty; pass --overwrite to replace it or choose another --out"
+            )
+        if not (out / "world.json").is_file():
+            # --overwrite deletes the folder: only ever do that to a world this command made.
+            raise SynthError(
+                f"--out {out} is not empty and holds no world.json, so it is not a synthetic world; "
+                "--overwrite only replaces a previous world. Pick another --out or empty it yourself."
+            )
+
+
+def _truth_row(s: Sample, key: str, shard: int, width: int, height: int) -> dict:
+    sc = s.scene
+    return {
+        "uid": s.uid,
+        "key": key,
+        "shard": shard,
+        "noise": s.noise,
+        "text_level": s.text_level,
+        "image_level": s.image_level,
+        "shape": sc.shape,
+        "color": sc.color,
+        "count": sc.count,
+        "size": sc.size,
+        "position": sc.position,
+        "background": sc.background,
+        "caption": s.caption,
+        "source_uid": s.source_uid,
+        "true_caption": s.true_caption,
+        "image_kind": sc.kind,
+        "width": width,
+        "height": height,
+    }
+
+
+def _table(rows: list[dict], schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+# ---- jobs: one output tar each, pure functions of their arguments (so any worker count gives the same
+# bytes); top-level so that they pickle into worker processes.
+
+
+def _shard_job(
+    folder: Path, shard: int, samples: list[Sample], base_url: str | None, images: Path | None
+) -> tuple[list[dict], list[dict]]:
+    """Render and write one img2dataset shard (+ raw image files); returns (truth rows, metadata rows)."""
+    batch, truth, meta = [], [], []
+    # Raw image files are written by threads while the next samples render: creating many small files
+    # is latency-bound on virtual and network file systems.
+    with FileWriter() as writer:
+        for j, s in enumerate(samples):
+            key = f"{shard:05d}{j:04d}"
+            jpeg, w, h = render_sample(s)
+            url = f"{base_url}/images/{s.uid}.jpg" if base_url is not None else f"synth://clean/{s.uid}.jpg"
+            item = ShardSample(key, s.uid, url, s.caption, jpeg, w, h)
+            batch.append(item)
+            truth.append(_truth_row(s, key, shard, w, h))
+            meta.append(
+                {
+                    "uid": s.uid,
+                    "url": url,
+                    "text": s.caption,
+                    "original_width": w,
+                    "original_height": h,
+                    "sha256": item.sha256,
+                }
+            )
+            if images is not None:
+                writer.write(images / f"{s.uid}.jpg", jpeg)
+        write_img2dataset_shard(folder, shard, batch)
+    return truth, meta
+
+
+def _wds_job(path: Path, items: list[EvalItem], image_ext: str) -> None:
+    write_tar(path, render_items(items, image_ext))
+
+
+def _default_workers() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+def _run_jobs(jobs: list[tuple[Callable, tuple]], workers: int, progress: bool) -> list:
+    """Run `(fn, args)` jobs, in `workers` processes when > 1; results come back in job order."""
+    if workers <= 1 or len(jobs) <= 1:
+        bar = _Progress(len(jobs), progress)
+        results = []
+        for fn, args in jobs:
+            results.append(fn(*args))
+            bar.step()
+        bar.close()
+        return results
+    # fork starts workers in milliseconds. They are all forked at the first submit, before this function
+    # starts threads of its own (progress bar, executor manager), so none of those is copied mid-lock.
+    method = "fork" if sys.platform.startswith("linux") else "spawn"
+    ex = ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context(method))
+    try:
+        futures = [ex.submit(fn, *args) for fn, args in jobs]
+        bar = _Progress(len(jobs), progress)
+        try:
+            results = []
+            for f in futures:
+                results.append(f.result())
+                bar.step()
+        finally:
+            bar.close()
+    except BaseException:
+        ex.shutdown(wait=True, cancel_futures=True)
+        raise
+    ex.shutdown(wait=True)
+    return results
+
+
+class _Progress:
+    def __init__(self, total: int, enabled: bool):
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="shard", desc="synth", dynamic_ncols=True, leave=False)
+
+    def step(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _wds_jobs(
+    folder: Path, items: list[EvalItem], per_tar: int, image_ext: str
+) -> list[tuple[Callable, tuple]]:
+    folder.mkdir(parents=True, exist_ok=True)
+    n = math.ceil(len(items) / per_tar)
+    write_text(folder / "nshards.txt", f"{n}\n")
+    return [
+        (_wds_job, (folder / f"{i}.tar", items[i * per_tar : (i + 1) * per_tar], image_ext)) for i in range(n)
+    ]
+
+
+def _shard_jobs(
+    folder: Path, samples: list[Sample], shard_size: int, base_url: str | None, images: Path | None
+) -> list[tuple[Callable, tuple]]:
+    folder.mkdir(parents=True, exist_ok=True)
+    if images is not None:
+        images.mkdir(parents=True, exist_ok=True)
+    return [
+        (_shard_job, (folder, i, samples[i * shard_size : (i + 1) * shard_size], base_url, images))
+        for i in range(math.ceil(len(samples) / shard_size))
+    ]
+
+
+def make_world(
+    out: str | PathLike,
+    size: int,
+    seed: int = 0,
+    *,
+    clean_size: int | None = None,
+    eval_size: int = 500,
+    reference_per_class: int = 20,
+    shard_size: int = 256,
+    noise: str | Mapping[str, float] | None = None,
+    base_url: str = DEFAULT_BASE_URL,
+    overwrite: bool = False,
+    progress: bool = False,
+    workers: int | None = None,
+) -> dict:
+    """Generate the synthetic world under `out`; returns a summary (what `world.json` holds, plus the
+    output path and the elapsed time). Raises `SynthError` on bad arguments or an unusable `out`.
+
+    `workers` processes render shards (default: the CPU count, at most 8); the output does not depend on it.
+    """
+    t0 = time.perf_counter()
+    clean_size = size if clean_size is None else clean_size
+    _check_args(size, seed, clean_size, eval_size, reference_per_class, shard_size)
+    try:
+        fractions = parse_noise(noise)
+    except NoiseSpecError as e:
+        raise SynthError(f"--noise: {e}") from None
+    if not base_url.startswith(("http://", "https://")):
+        raise SynthError(f"--base-url must start with http:// or https://, got {base_url!r}")
+    base_url = base_url.rstrip("/")
+    workers = _default_workers() if workers is None else int(workers)
+    out = Path(os.path.abspath(out))  # "." and "dir/" have no usable name for the sibling temp folder
+    _prepare_out(out, overwrite)
+
+    # Plan everything (cheap, sequential, one RNG stream per part), then render in parallel.
+    pool_samples = plan_pool(size, seed, stream(seed, "pool"), fractions)
+    clean_samples = plan_clean(clean_size, seed, stream(seed, "clean"))
+    eval_items = {t.name: plan_classification(t, eval_size, stream(seed, f"eval:{t.name}")) for t in TASKS}
+    eval_items[RETRIEVAL_TASK] = plan_retrieval(eval_size, stream(seed, f"eval:{RETRIEVAL_TASK}"))
+    ref_items = plan_reference(reference_per_class, stream(seed, "reference"))
+
+    tmp = out.parent / f".{out.name}.synth-tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)  # our own leftover from an interrupted run
+    tmp.mkdir(parents=True)
+    try:
+        pool, eval_dir = tmp / "pool", tmp / "eval"
+        pool_jobs = _shard_jobs(pool / "shards", pool_samples, shard_size, base_url, pool / "images")
+        clean_jobs = _shard_jobs(tmp / "clean" / "shards", clean_samples, shard_size, None, None)
+        other_jobs = []
+        for task in TASKS:
+            folder = eval_dir / task.folder
+            folder.mkdir(parents=True)
+            write_text(folder / "classnames.txt", "".join(f"{c}\n" for c in task.classnames))
+            write_text(
+                folder / "zeroshot_classification_templates.txt", "".join(f"{t}\n" for t in task.templates)
+            )
+            other_jobs += _wds_jobs(folder / "test", eval_items[task.name], shard_size, EVAL_IMAGE_EXT)
+        retrieval = eval_dir / task_folder(RETRIEVAL_TASK) / "test"
+        other_jobs += _wds_jobs(retrieval, eval_items[RETRIEVAL_TASK], shard_size, EVAL_IMAGE_EXT)
+        ref = eval_dir / "reference"
+        ref.mkdir()
+        write_text(ref / "classnames.txt", "".join(f"{c}\n" for c in OBJECT_CLASSES))
+        other_jobs += _wds_jobs(ref / "train", ref_items, shard_size, "jpg")
+
+        results = _run_jobs(pool_jobs + clean_jobs + other_jobs, workers, progress)
+
+        truth = [row for r in results[: len(pool_jobs)] for row in r[0]]
+        meta = [row for r in results[: len(pool_jobs)] for row in r[1]]
+        clean_truth = [
+            row for r in results[len(pool_jobs) : len(pool_jobs) + len(clean_jobs)] for row in r[0]
+        ]
+        (pool / "metadata").mkdir()
+        metadata_files = []
+        for start in range(0, len(meta), METADATA_ROWS_PER_FILE):
+            rows = meta[start : start + METADATA_ROWS_PER_FILE]
+            name = hashlib.blake2b(
+                f"hype-synth:{seed}:metadata:{start}:{size}".encode(), digest_size=16
+            ).hexdigest()
+            write_parquet(pool / "metadata" / f"{name}.parquet", _table(rows, METADATA_SCHEMA))
+            metadata_files.append(f"pool/metadata/{name}.parquet")
+        write_parquet(tmp / "truth.parquet", _table(truth, TRUTH_SCHEMA))
+        write_parquet(tmp / "clean" / "truth.parquet", _table(clean_truth, TRUTH_SCHEMA))
+        # The oracle subset (every clean pool sample) is the upper bound any filter is compared against.
+        (tmp / "subsets").mkdir()
+        save_subset(tmp / "subsets" / "oracle_clean.npy", [s.uid for s in pool_samples if s.noise == "clean"])
+
+        noise_counts = _count(s.noise for s in pool_samples)
+        world = {
+            "format_version": FORMAT_VERSION,
+            "generator": f"hype.synth {__version__}",
+            "seed": seed,
+            "args": {
+                "size": size,
+                "clean_size": clean_size,
+                "eval_size": eval_size,
+                "reference_per_class": reference_per_class,
+                "shard_size": shard_size,
+                "noise": {k: round(v, 6) for k, v in fractions.items()},
+                "base_url": base_url,
+            },
+            "counts": {
+                "pool": size,
+                "clean": clean_size,
+                "eval_per_task": eval_size,
+                "reference": len(ref_items),
+                "pool_shards": len(pool_jobs),
+                "clean_shards": len(clean_jobs),
+            },
+            "noise_counts": {k: noise_counts.get(k, 0) for k in NOISE_KINDS},
+            "image_kinds": _count(s.scene.kind for s in pool_samples),
+            "eval_tasks": list(TASK_NAMES),
+            "eval_image_ext": EVAL_IMAGE_EXT,
+            "layout": {
+                "pool_shards": "pool/shards/{shard:08d}.tar (+ .parquet, _stats.json)",
+                "pool_images": "pool/images/{uid}.jpg (serve pool/ as the web root)",
+                "pool_metadata": metadata_files,
+                "clean_shards": "clean/shards/{shard:08d}.tar (+ .parquet, _stats.json)",
+                "truth": "truth.parquet",
+                "clean_truth": "clean/truth.parquet",
+                "oracle_subset": "subsets/oracle_clean.npy",
+                "eval": [f"eval/{task_folder(t)}" for t in TASK_NAMES],
+                "reference": "eval/reference/train/{i}.tar (+ eval/reference/classnames.txt)",
+            },
+        }
+        write_json(tmp / "world.json", world)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+    # Swap into place: `out` only ever holds a complete world.
+    if out.exists():
+        old = out.parent / f".{out.name}.synth-old"
+        if old.exists():
+            shutil.rmtree(old)
+        out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old)
+    else:
+        tmp.rename(out)
+    return {**world, "out": str(out), "workers": workers, "elapsed_s": round(time.perf_counter() - t0, 3)}
+
+
+def _count(items) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for x in items:
+        counts[x] = counts.get(x, 0) + 1
+    return dict(sorted(counts.items()))
