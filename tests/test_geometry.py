@@ -309,3 +309,28 @@ def test_every_geometry_embeds_and_scores_consistently():
     assert get_geometry("euclidean-squared").logit_scale_init == 1.0
     with pytest.raises(ValueError, match="unknown geometry 'poincare'"):
         get_geometry("poincare")
+
+
+def test_prompt_ensembles_stay_on_the_manifold_and_average_correctly():
+    prompts = torch.randn(3, 5, 16)  # 3 classes x 5 templates
+    for name in GEOMETRIES:
+        g = get_geometry(name, num_spheres=4) if name == "oblique" else get_geometry(name)
+        kw = {"curv": 0.5} if g.uses_curvature else {}
+        emb = g.embed(prompts, **kw)
+        ens = g.ensemble(emb, **kw)
+        assert ens.shape == (3, 16) and torch.isfinite(ens).all(), name
+        # A set of identical members ensembles to that member.
+        torch.testing.assert_close(
+            g.ensemble(emb[:, :1].expand(3, 4, 16), **kw), emb[:, 0], atol=1e-5, rtol=1e-5
+        )
+    clip = get_geometry("clip").ensemble(get_geometry("clip").embed(prompts))
+    torch.testing.assert_close(clip.norm(dim=-1), torch.ones(3))
+    ob = get_geometry("oblique", num_spheres=4).ensemble(
+        get_geometry("oblique", num_spheres=4).embed(prompts)
+    )
+    torch.testing.assert_close(ob.reshape(3, 4, 4).norm(dim=-1), torch.ones(3, 4))
+    # Hyperbolic: the mean of the tangent vectors, lifted (MERU's zero-shot classifier).
+    hyp = get_geometry("hyperbolic")
+    v = torch.randn(3, 5, 16, dtype=torch.float64) * 0.3
+    expected = lorentz.exp_map0(v.mean(-2), 0.5)
+    torch.testing.assert_close(hyp.ensemble(lorentz.exp_map0(v, 0.5), curv=0.5), expected)

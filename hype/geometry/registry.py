@@ -41,6 +41,10 @@ class Geometry:
     def rowwise(self, images: Tensor, texts: Tensor, *, curv: Tensor | float | None = None) -> Tensor:
         raise NotImplementedError
 
+    def ensemble(self, embeddings: Tensor, *, curv: Tensor | float | None = None) -> Tensor:
+        """One embedding standing for a set (..., P, n) -> (..., n), e.g. a class's prompt templates."""
+        raise NotImplementedError
+
     def entailment_energy(self, apex: Tensor, point: Tensor, *, curv=None, K: float | None = None):
         """Row-wise E(apex -> point) = ext - aper; only for geometries with entailment cones."""
         raise ValueError(f"geometry {self.name!r} has no entailment cones; use euclidean* or hyperbolic*")
@@ -61,6 +65,11 @@ class Clip(Geometry):
 
     def rowwise(self, images, texts, *, curv=None):
         return sphere.cosine(images, texts)
+
+    @geometry_op
+    def ensemble(self, embeddings, *, curv=None):
+        # CLIP's zero-shot recipe: normalize, mean, normalize.
+        return sphere.normalize(sphere.normalize(embeddings).mean(-2))
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,11 @@ class Euclidean(Geometry):
             return -euclidean.squared_distance(images, texts)
         return -euclidean.distance(images, texts)
 
+    @geometry_op
+    def ensemble(self, embeddings, *, curv=None):
+        # EuCLIP: the plain centroid; normalizing would discard the norm that carries information.
+        return embeddings.mean(-2)
+
     def entailment_energy(self, apex, point, *, curv=None, K=None):
         return euclidean.entailment_energy(apex, point, self.default_K if K is None else K)
 
@@ -149,6 +163,12 @@ class Hyperbolic(Geometry):
             return -lorentz.squared_distance(images, texts, curv)
         return -lorentz.distance(images, texts, curv)
 
+    @geometry_op
+    def ensemble(self, embeddings, *, curv=None):
+        # MERU: average in the tangent space at the origin, then lift.
+        _need(curv, "curv", self.name)
+        return lorentz.exp_map0(lorentz.log_map0(embeddings, curv).mean(-2), curv)
+
     def entailment_energy(self, apex, point, *, curv=None, K=None):
         _need(curv, "curv", self.name)
         return lorentz.entailment_energy(apex, point, curv, self.default_K if K is None else K)
@@ -186,6 +206,11 @@ class Oblique(Geometry):
 
     def rowwise(self, images, texts, *, curv=None):
         return oblique.inner(images, texts)
+
+    @geometry_op
+    def ensemble(self, embeddings, *, curv=None):
+        # Per sphere, CLIP's recipe: normalize, mean, normalize each sub-vector.
+        return oblique.normalize(oblique.normalize(embeddings, self.num_spheres).mean(-2), self.num_spheres)
 
 
 def _need(value, what: str, name: str) -> None:
