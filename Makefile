@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/hype synth --out runs/demo/world --size 2000
+	$(VENV)/bin/hype synth --out runs/demo/world --size 2000 --overwrite
 
 test: $(STAMP)
 	$(PY) -m pytest -q
