@@ -15,6 +15,7 @@ from hype import __version__
 # name -> (module, attribute, one-line help shown by `hype --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "synth": ("hype.cli.synth", "synth", "Generate the synthetic world: clean set, noisy pool, eval tasks."),
+    "convert": ("hype.cli.convert", "convert", "Convert released MERU / HYPE checkpoints to hype's format."),
 }
 
 
