@@ -16,13 +16,16 @@ Two formulations, on purpose:
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
 from hype.geometry._numerics import (
     SINH_MAX,
+    TINY,
     Tensor,
     acosh1p,
+    delta,
     geometry_op,
     safe_div,
     safe_norm,
@@ -151,3 +154,44 @@ def pairwise_entailment_energy(x: Tensor, y: Tensor, curv: Curv, K: float = DEFA
 def entailment_loss(x: Tensor, y: Tensor, curv: Curv, K: float = DEFAULT_K) -> Tensor:
     """Row-wise MERU entailment loss L_e = max(0, E(x -> y))."""
     return torch.clamp(entailment_energy(x, y, curv, K), min=0.0)
+
+
+# ---------------------------------------------------------------- inference-time reductions
+class PreparedPoints(NamedTuple):
+    """Per-point quantities of `mean_entailment_energy`, computed once for a reused set (references)."""
+
+    x: Tensor  # space components, compute dtype
+    t: Tensor  # time components
+    norm: Tensor  # |x|, floored so no quotient is 0/0
+    aper: Tensor  # half-aperture
+
+
+@torch.no_grad()
+@geometry_op
+def prepare(x: Tensor, curv: Curv, K: float = DEFAULT_K) -> PreparedPoints:
+    return PreparedPoints(x, time_component(x, curv), safe_norm(x), half_aperture(x, curv, K))
+
+
+@torch.no_grad()
+def mean_entailment_energy(
+    apex: PreparedPoints, points: PreparedPoints, curv: Curv, *, dim: int, hinge: bool = False
+) -> Tensor:
+    """Mean over `dim` of E(apex_i -> point_j) (or of max(0, E) with `hinge`), for all pairs.
+
+    The same formula as `pairwise_entailment_energy`, arranged for inference on large (N, M) blocks:
+    -c<x,y>_L comes out of one matmul plus a rank-1 update, the epilogue runs in place on that one
+    buffer, and without the hinge the aperture leaves the loop (mean(ext - aper) = mean(ext) - mean(aper)).
+    No autograd; use the pairwise functions for training.
+    """
+    with torch.autocast(device_type=apex.x.device.type, enabled=False):
+        c = float(curv)
+        w = (-c * apex.x) @ points.x.T  # w = 1 + z = -c<x,y>_L
+        w.addr_(apex.t, points.t, alpha=c)
+        num = torch.addcmul(points.t[None, :], apex.t[:, None], w, value=-1.0)  # y_t - x_t (1 + z)
+        den = w.mul_(w).sub_(1.0).clamp_(min=TINY).sqrt_().mul_(apex.norm[:, None])  # |x| sqrt(z(z+2))
+        d = delta(num.dtype)
+        ext = num.div_(den).clamp_(-1.0 + d, 1.0 - d).acos_()
+        if hinge:
+            return ext.sub_(apex.aper[:, None]).clamp_(min=0.0).mean(dim)
+        aper = apex.aper.mean() if dim == 0 else apex.aper
+        return ext.mean(dim) - aper
