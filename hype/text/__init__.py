@@ -1,0 +1,1 @@
+"""Caption-level utilities shared by scoring and filters."""
