@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint clean browser
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -13,8 +13,17 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/hype synth --out runs/demo/world --size 2000 --overwrite
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest -q
+
+# The HTML report test drives headless Chromium (Debian package `chromium`). Installed when we are root
+# (CI); otherwise that one test is skipped with a message saying how to install it.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing chromium (apt-get) for the HTML report test"; \
+	    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "note: chromium not found; the HTML report test will be skipped (apt-get install chromium)"; fi; }
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
