@@ -1,0 +1,132 @@
+"""`eval_results.jsonl`: DataComp's results file, one line per finished task. SPEC §3 "Results".
+
+Each line is `{"key": <task key>, "dataset": <display name>, "metrics": {..., "main_metric": ...}}`.
+Lines are appended one at a time and fsynced, so a crash loses at most the task in progress; a
+half-written last line (no newline, not JSON) is cut off before the next append. Results of tasks this
+project does not know (e.g. from DataComp's own evaluate.py) are kept and ignored.
+
+Next to it, `<file>.model.json` records which model produced the results, so that a rerun with another
+model cannot silently mix two models' numbers in one file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+
+class ResultsFileError(ValueError):
+    """A results file that cannot be extended safely; the message names the file and the fix."""
+
+
+def read_results(path: str | Path, *, repair: bool = False) -> dict[str, dict]:
+    """Finished tasks in `path` as key -> line (a later line for the same key wins).
+
+    A last line without a newline that is not valid JSON is the trace of an interrupted write: it is
+    ignored, and with `repair=True` cut from the file. Any other invalid line is an error.
+    """
+    path = Path(path)
+    if not path.exists():
+        return {}
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    tail = lines.pop()  # b"" when the file ends with a newline
+    results: dict[str, dict] = {}
+    for number, raw in enumerate(lines, 1):
+        if raw.strip():
+            _add(results, _parse(raw, path, number), path, number)
+    if tail.strip():
+        try:
+            _add(results, _parse(tail, path, len(lines) + 1), path, len(lines) + 1)
+            if repair:  # complete JSON, only the newline is missing
+                with open(path, "ab") as f:
+                    f.write(b"\n")
+                    _sync(f)
+        except ResultsFileError:
+            if repair:
+                with open(path, "r+b") as f:
+                    f.truncate(len(data) - len(tail))
+                    _sync(f)
+    return results
+
+
+def _parse(raw: bytes, path: Path, number: int) -> Any:
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ResultsFileError(
+            f"{path}: line {number} is not valid JSON; remove that line (its task is then evaluated again)"
+        ) from None
+
+
+def _add(results: dict, line: Any, path: Path, number: int) -> None:
+    if not (
+        isinstance(line, dict) and isinstance(line.get("key"), str) and isinstance(line.get("metrics"), dict)
+    ):
+        raise ResultsFileError(
+            f'{path}: line {number} is not a result ({{"key", "dataset", "metrics"}}); remove that line'
+        )
+    results[line["key"]] = line
+
+
+def append_result(path: str | Path, line: dict) -> None:
+    """Append one result line and make it durable before returning."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(_json_safe(line), allow_nan=False) + "\n"
+    with open(path, "ab") as f:
+        f.write(text.encode("utf-8"))
+        _sync(f)
+
+
+def _json_safe(value: Any) -> Any:
+    # NaN / inf are not JSON; a metric that cannot be computed is null.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _sync(f) -> None:
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def result_line(key: str, dataset: str, metrics: dict, main_metric: str | None) -> dict:
+    """A DataComp result line: `main_metric` is the value of the task's main metric (None if unscored)."""
+    metrics = dict(metrics)
+    metrics["main_metric"] = metrics.get(main_metric) if main_metric else None
+    return {"key": key, "dataset": dataset, "metrics": metrics}
+
+
+def identity_path(path: str | Path) -> Path:
+    path = Path(path)
+    return path.with_name(path.name + ".model.json")
+
+
+def check_identity(path: str | Path, identity: dict) -> None:
+    """Record the model behind `path`'s results, or refuse when they belong to another model.
+
+    Results without a record (e.g. written by DataComp's evaluate.py) are adopted by this model."""
+    side = identity_path(path)
+    if side.exists():
+        try:
+            stored = json.loads(side.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            stored = None
+        if stored != identity:
+            raise ResultsFileError(
+                f"{path} holds results of another model ({side}: {json.dumps(stored)}; this run: "
+                f"{json.dumps(identity)}). Write to a new --out, or delete both files to start over"
+            )
+        return
+    side.parent.mkdir(parents=True, exist_ok=True)
+    tmp = side.with_name(side.name + f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(identity, indent=2, sort_keys=True) + "\n")
+    tmp.replace(side)
