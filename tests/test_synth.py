@@ -190,6 +190,7 @@ def test_eval_tasks_follow_clip_benchmark_layout(world):
         assert len(samples) == ARGS["eval_size"]
         if task == "synth/retrieval":
             assert not (folder / "classnames.txt").exists()
+            assert (folder / "dataset_type.txt").read_text().strip() == "retrieval"
             for files in samples.values():
                 assert set(files) == {EVAL_IMAGE_EXT, "txt"}
                 lines = files["txt"].decode().split("\n")

@@ -337,8 +337,11 @@ def make_world(
                 folder / "zeroshot_classification_templates.txt", "".join(f"{t}\n" for t in task.templates)
             )
             other_jobs += _wds_jobs(folder / "test", eval_items[task.name], shard_size, EVAL_IMAGE_EXT)
-        retrieval = eval_dir / task_folder(RETRIEVAL_TASK) / "test"
-        other_jobs += _wds_jobs(retrieval, eval_items[RETRIEVAL_TASK], shard_size, EVAL_IMAGE_EXT)
+        retrieval = eval_dir / task_folder(RETRIEVAL_TASK)
+        retrieval.mkdir(parents=True)
+        # CLIP_benchmark treats a webdataset folder without this file as classification.
+        write_text(retrieval / "dataset_type.txt", "retrieval\n")
+        other_jobs += _wds_jobs(retrieval / "test", eval_items[RETRIEVAL_TASK], shard_size, EVAL_IMAGE_EXT)
         ref = eval_dir / "reference"
         ref.mkdir()
         write_text(ref / "classnames.txt", "".join(f"{c}\n" for c in OBJECT_CLASSES))
