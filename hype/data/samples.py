@@ -1,0 +1,210 @@
+"""Reading webdataset tars sample by sample, robustly: shared by training and scoring.
+
+A tar written by img2dataset (or DataComp's resharder) stores each sample as consecutive members
+`<key>.jpg|png|webp`, `<key>.txt` (caption) and `<key>.json` (metadata with the `uid`). `iter_tar_samples`
+groups members by key without extracting anything to disk; `decode_image` turns the bytes into an RGB
+image. Nothing here raises on bad data: every problem becomes a reason counted in `SkipStats` (SPEC §4.5),
+so callers can report what was left out and why.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import posixpath
+import tarfile
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from PIL import Image
+
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+CAPTION_EXT = "txt"
+META_EXT = "json"
+
+# Reasons a sample (or a whole shard) is skipped; the keys of SkipStats.counts.
+NO_IMAGE = "no_image"
+NO_CAPTION = "no_caption"
+BAD_CAPTION = "bad_caption"  # not UTF-8
+CORRUPT_IMAGE = "corrupt_image"
+BAD_JSON = "bad_json"  # needed only when a uid is looked up (subset training)
+NO_UID = "no_uid"
+UNREADABLE_SHARD = "unreadable_shard"  # a tar that cannot be opened or is truncated mid-way
+EMPTY_SHARD = "empty_shard"
+SKIP_REASONS = (
+    NO_IMAGE,
+    NO_CAPTION,
+    BAD_CAPTION,
+    CORRUPT_IMAGE,
+    BAD_JSON,
+    NO_UID,
+    UNREADABLE_SHARD,
+    EMPTY_SHARD,
+)
+
+_MAX_EXAMPLES = 3
+
+
+@dataclass
+class SkipStats:
+    """Counts of skipped samples by reason, with the first few messages of each as examples.
+
+    Plain dicts inside, so a copy can cross a DataLoader worker boundary and be merged in the parent.
+    """
+
+    counts: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, list[str]] = field(default_factory=dict)
+
+    def add(self, reason: str, message: str, n: int = 1) -> None:
+        self.counts[reason] = self.counts.get(reason, 0) + n
+        shown = self.examples.setdefault(reason, [])
+        if len(shown) < _MAX_EXAMPLES:
+            shown.append(message)
+
+    def merge(self, other: SkipStats | dict) -> None:
+        if isinstance(other, dict):
+            other = SkipStats(
+                dict(other.get("counts", {})), {k: list(v) for k, v in other.get("examples", {}).items()}
+            )
+        for reason, n in other.counts.items():
+            self.counts[reason] = self.counts.get(reason, 0) + n
+        for reason, msgs in other.examples.items():
+            shown = self.examples.setdefault(reason, [])
+            shown.extend(msgs[: _MAX_EXAMPLES - len(shown)])
+
+    def take(self) -> dict:
+        """The stats as a plain dict, resetting this object (for per-batch deltas)."""
+        out = {"counts": self.counts, "examples": self.examples}
+        self.counts, self.examples = {}, {}
+        return out
+
+    def to_dict(self) -> dict:
+        return {"counts": dict(self.counts), "examples": {k: list(v) for k, v in self.examples.items()}}
+
+    @property
+    def total(self) -> int:
+        """Skipped samples (whole unreadable or empty shards are counted apart, in `counts`)."""
+        return sum(n for r, n in self.counts.items() if r not in (UNREADABLE_SHARD, EMPTY_SHARD))
+
+
+@dataclass
+class RawSample:
+    """The undecoded members of one sample: extension (lower case) -> bytes."""
+
+    key: str
+    shard: str
+    files: dict[str, bytes]
+
+    def image_bytes(self) -> bytes | None:
+        for ext in IMAGE_EXTS:
+            if ext in self.files:
+                return self.files[ext]
+        return None
+
+    def caption(self) -> str | None:
+        """The caption text (stripped), or None when there is no `.txt` member; raises UnicodeDecodeError."""
+        data = self.files.get(CAPTION_EXT)
+        return None if data is None else data.decode("utf-8").strip()
+
+    def meta(self) -> dict | None:
+        """The parsed `.json` member, or None when absent; raises ValueError when it is not a JSON object."""
+        data = self.files.get(META_EXT)
+        if data is None:
+            return None
+        obj = json.loads(data)
+        if not isinstance(obj, dict):
+            raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+        return obj
+
+    @property
+    def where(self) -> str:
+        return f"{self.shard}:{self.key}"
+
+
+def split_member_name(name: str) -> tuple[str, str] | None:
+    """`dir/000000001.jpg` -> (`dir/000000001`, `jpg`): the key ends at the first dot of the basename,
+    as in webdataset. Hidden files and names without an extension give None."""
+    dirname, base = posixpath.split(name)
+    if not base or base.startswith(".") or "." not in base:
+        return None
+    stem, ext = base.split(".", 1)
+    return posixpath.join(dirname, stem) if dirname else stem, ext.lower()
+
+
+def iter_tar_samples(path: str, stats: SkipStats) -> Iterator[RawSample]:
+    """Stream the samples of one tar in file order; a broken tar is counted and ends early (samples read
+    before the damage are still yielded)."""
+    current: RawSample | None = None
+    try:
+        with open(path, "rb") as f, tarfile.open(fileobj=f, mode="r|*") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                parts = split_member_name(member.name)
+                if parts is None:
+                    continue
+                key, ext = parts
+                data = tar.extractfile(member).read()  # type: ignore[union-attr]
+                if current is None or key != current.key:
+                    if current is not None:
+                        yield current
+                    current = RawSample(key=key, shard=path, files={})
+                current.files[ext] = data
+    except (tarfile.TarError, OSError, EOFError) as e:
+        stats.add(UNREADABLE_SHARD, f"{path}: {type(e).__name__}: {e}")
+    if current is not None:
+        yield current
+
+
+class ImageDecodeError(ValueError):
+    pass
+
+
+def decode_image(data: bytes) -> Image.Image:
+    """Bytes -> RGB PIL image, fully decoded (so truncated files fail here, not later in a transform)."""
+    try:
+        with warnings.catch_warnings():
+            # Pillow warns (DecompressionBombWarning, EXIF noise) on odd web images; they still decode.
+            warnings.simplefilter("ignore")
+            img = Image.open(io.BytesIO(data))
+            img.load()
+            return img.convert("RGB")
+    except Exception as e:  # Pillow raises many types (OSError, SyntaxError, ValueError, bomb errors)
+        raise ImageDecodeError(f"{type(e).__name__}: {e}") from None
+
+
+def sample_uid(sample: RawSample, stats: SkipStats) -> str | None:
+    """The sample's `json["uid"]`, or None (counted) when it is missing or unreadable."""
+    try:
+        meta = sample.meta()
+    except (ValueError, UnicodeDecodeError) as e:
+        stats.add(BAD_JSON, f"{sample.where}: {e}")
+        return None
+    uid = None if meta is None else meta.get("uid")
+    if not isinstance(uid, str):
+        stats.add(NO_UID, f"{sample.where}: no uid in its .json")
+        return None
+    return uid
+
+
+def decode_pair(sample: RawSample, stats: SkipStats) -> tuple[Image.Image, str] | None:
+    """(RGB image, caption) of a sample, or None with the reason counted."""
+    data = sample.image_bytes()
+    if data is None:
+        stats.add(NO_IMAGE, f"{sample.where}: no {'/'.join(IMAGE_EXTS)} member")
+        return None
+    try:
+        caption = sample.caption()
+    except UnicodeDecodeError as e:
+        stats.add(BAD_CAPTION, f"{sample.where}: caption is not UTF-8 ({e})")
+        return None
+    if caption is None:
+        stats.add(NO_CAPTION, f"{sample.where}: no .txt member")
+        return None
+    try:
+        image = decode_image(data)
+    except ImageDecodeError as e:
+        stats.add(CORRUPT_IMAGE, f"{sample.where}: {e}")
+        return None
+    return image, caption

@@ -1,0 +1,375 @@
+"""Training configuration: YAML presets under `configs/train/` -> validated, frozen dataclasses.
+
+    hype train --config tiny-hyperbolic optim.lr=1e-3 data.workers=2 model.vision.layers=2
+
+A preset names a model config (`model: tiny-hyperbolic`, a path to a model YAML, or an inline mapping)
+and the recipe: samples seen, global batch, optimizer, schedule, precision, data options, checkpoints.
+`key=value` overrides address any field with a dotted path; values are parsed as YAML (`1e-3`, `true`,
+`null`, `[0.3, 0.1]`). Overrides under `model.` edit the model config itself. Every mistake is a
+`ConfigError` naming the file (or `override`) and the key, listing the valid keys for unknown ones.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hype.models import ConfigError, ModelConfig, load_model_config
+from hype.models.factory import config_dir
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train: str | None = None  # DIR_OR_PATTERN of webdataset shards (--data)
+    subset: str | None = None  # DataComp subset .npy restricting training to its uids (--subset)
+    resampled: bool = True  # draw shards with replacement (DataComp); false: disjoint split per worker
+    workers: int = 4  # DataLoader processes per rank (0: decode in the training process)
+    prefetch: int = 2  # batches prefetched per worker
+    shuffle_buffer: int = 2000  # undecoded samples per worker
+    caption_template: str | None = None  # e.g. "{subreddit} : {caption}" (MERU); fields from the .json
+    caption_fn: str | None = None  # "package.module:function" (caption: str, meta: dict) -> str
+    subset_check_shards: int = 2000  # parquet files read up front to verify the subset matches the data
+
+    def __post_init__(self) -> None:
+        _at_least(self, 0, "workers")
+        _at_least(self, 1, "prefetch", "shuffle_buffer", "subset_check_shards")
+        if self.caption_template is not None and self.caption_fn is not None:
+            raise ConfigError("caption_fn", "set caption_template or caption_fn, not both")
+        if self.caption_fn is not None and ":" not in self.caption_fn:
+            raise ConfigError(
+                "caption_fn", f"must look like 'package.module:function', got {self.caption_fn!r}"
+            )
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with linear warm-up and cosine decay to 0 (SPEC §2.5)."""
+
+    lr: float = 5e-4
+    beta1: float = 0.9
+    beta2: float = 0.98
+    eps: float = 1e-6
+    weight_decay: float = 0.2  # never applied to gains, biases, 1-D embeddings and the learnable scalars
+    warmup_steps: int = 500
+    grad_clip_norm: float | None = None
+
+    def __post_init__(self) -> None:
+        _positive(self, "lr", "eps")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(name, f"must be in [0, 1), got {getattr(self, name)!r}")
+        _at_least(self, 0, "weight_decay", "warmup_steps")
+        if self.grad_clip_norm is not None:
+            _positive(self, "grad_clip_norm")
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Overrides of the model config's entailment term; `null` keeps the model's value.
+
+    `K_start`/`K_end` set EuCLIP's schedule: K moves linearly from K_start to K_end over training.
+    """
+
+    entailment_weight: float | None = None
+    entailment_K: float | None = None
+    K_start: float | None = None
+    K_end: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.entailment_weight is not None:
+            _at_least(self, 0, "entailment_weight")
+        for name in ("entailment_K", "K_start", "K_end"):
+            if getattr(self, name) is not None:
+                _positive(self, name)
+        if (self.K_start is None) != (self.K_end is None):
+            raise ConfigError("K_start", "set both K_start and K_end for a K schedule, or neither")
+        if self.K_start is not None and self.entailment_K is not None:
+            raise ConfigError(
+                "entailment_K", "a constant entailment_K conflicts with the K_start/K_end schedule"
+            )
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every_steps: int = 1000  # periodic checkpoints (0: only the final one)
+    keep: int = 2  # periodic checkpoints kept on disk (the newest); the final one is always kept
+
+    def __post_init__(self) -> None:
+        _at_least(self, 0, "every_steps")
+        _at_least(self, 1, "keep")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    name: str = ""
+    description: str = ""
+    model: Any = "tiny-clip"  # model config name, YAML path, or an inline mapping
+    samples_seen: int = 128_000  # total training samples (DataComp: fixed whatever the subset)
+    batch_size: int = 256  # global batch over all ranks and accumulation steps
+    accum_steps: int = 1  # gradient accumulation: micro-batch = batch_size / (ranks * accum_steps)
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast for the towers; geometry and loss in fp32)
+    device: str = "auto"  # auto (cuda if available) | cpu | cuda
+    seed: int = 0
+    out: str | None = None  # output folder [default: runs/train/<name>]
+    log_every_steps: int = 10
+    grad_checkpointing: bool = False
+    max_steps: int | None = None  # stop after this step; the schedule still spans samples_seen
+    debug_nan_at_step: int | None = None  # test hook: the loss becomes NaN at this step
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, (str, dict)):
+            raise ConfigError(
+                "model", f"must be a model config name, a path or a mapping, got {self.model!r}"
+            )
+        _at_least(self, 1, "samples_seen", "batch_size", "accum_steps", "log_every_steps")
+        if self.samples_seen < self.batch_size:
+            raise ConfigError(
+                "samples_seen", f"{self.samples_seen} is less than one batch ({self.batch_size}); raise it"
+            )
+        if self.precision not in PRECISIONS:
+            raise ConfigError("precision", f"must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
+        if self.device != "auto" and not self.device.startswith(("cpu", "cuda", "mps")):
+            raise ConfigError("device", f"must be auto, cpu, cuda or cuda:N; got {self.device!r}")
+        for name in ("max_steps", "debug_nan_at_step"):
+            if getattr(self, name) is not None:
+                _at_least(self, 1, name)
+
+    @property
+    def total_steps(self) -> int:
+        """Optimizer steps of the whole schedule: floor(samples_seen / batch_size)."""
+        return self.samples_seen // self.batch_size
+
+    def model_config(self) -> ModelConfig:
+        return load_model_config(self.model)
+
+    def to_dict(self) -> dict[str, Any]:
+        return copy.deepcopy(dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> TrainConfig:
+        try:
+            return _build(cls, data, "")
+        except ConfigError as e:
+            raise e.from_source(source) from None
+
+
+# --- presets, files and overrides -----------------------------------------------------------------
+
+
+def train_config_dir() -> Path:
+    return config_dir() / "train"
+
+
+def list_train_configs() -> list[str]:
+    folder = train_config_dir()
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def resolve_config_path(config: str | PathLike) -> Path:
+    """A YAML path as given, or a preset name -> `configs/train/<name>.yaml`."""
+    path = Path(config)
+    if path.suffix in (".yaml", ".yml") or path.is_file():
+        if not path.is_file():
+            raise ConfigError("", "training config file not found", str(path))
+        return path
+    named = train_config_dir() / f"{config}.yaml"
+    if not named.is_file():
+        raise ConfigError(
+            "",
+            f"unknown training preset {str(config)!r}; "
+            f"available: {', '.join(list_train_configs()) or '(none)'}",
+        )
+    return named
+
+
+def load_train_config(config: str | PathLike | dict, overrides: list[str] | None = None) -> TrainConfig:
+    """Read a preset name, a YAML path or a dict, apply `key=value` overrides, validate."""
+    if isinstance(config, dict):
+        data, source = copy.deepcopy(config), "<dict>"
+    else:
+        path = resolve_config_path(config)
+        source = str(path)
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError("", f"not valid YAML ({e})", source) from None
+        if not isinstance(data, dict):
+            raise ConfigError("", f"must be a mapping, got {type(data).__name__}", source)
+        data.setdefault("name", path.stem)
+    for item in overrides or []:
+        apply_override(data, item)
+    return TrainConfig.from_dict(data, source + (" (with overrides)" if overrides else ""))
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`a.b=value` -> (["a", "b"], value parsed as YAML; text that is not YAML stays text)."""
+    if "=" not in item:
+        raise ConfigError("", f"override {item!r} is not key=value (e.g. optim.lr=1e-3)", "override")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key or any(not p for p in key.split(".")):
+        raise ConfigError("", f"override {item!r} has an empty key", "override")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw  # not YAML: keep the text (e.g. a caption template with ': ' inside)
+    return key.split("."), value
+
+
+def apply_override(data: dict, item: str, root: type | None = None) -> None:
+    """Set a dotted key in the raw config dict of dataclass `root` (default TrainConfig); unknown keys
+    raise with the valid ones listed. Works for any config built with `_build`."""
+    root = TrainConfig if root is None else root
+    path, value = parse_override(item)
+    if root is TrainConfig and path[0] == "model" and len(path) > 1:
+        _override_model(data, path[1:], value, item)
+        return
+    cls: Any = root
+    node = data
+    for depth, part in enumerate(path):
+        valid = [f.name for f in dataclasses.fields(cls)]
+        if part not in valid:
+            where = ".".join(path[:depth]) or "the top level"
+            raise ConfigError(
+                ".".join(path[: depth + 1]),
+                f"unknown key; valid keys in {where}: {', '.join(valid)}",
+                "override",
+            )
+        if depth == len(path) - 1:
+            if _is_text(typing.get_type_hints(cls)[part]) and not (value is None or isinstance(value, str)):
+                # `data.caption_template={caption}` reads as a YAML mapping; a text field keeps the text.
+                value = item.split("=", 1)[1].strip()
+            node[part] = value
+            return
+        sub = _dataclass_of(typing.get_type_hints(cls)[part])
+        if sub is None:
+            raise ConfigError(".".join(path[: depth + 1]), "is not a section; set it directly", "override")
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node, cls = node[part], sub
+
+
+def _override_model(data: dict, path: list[str], value: Any, item: str) -> None:
+    model = data.get("model", TrainConfig.model)
+    if not isinstance(model, dict):
+        # Start from the model config the preset names; validation happens when the model is built.
+        model = load_model_config(model).to_dict()
+    node = model
+    for part in path[:-1]:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[path[-1]] = value
+    data["model"] = model
+    try:
+        ModelConfig.from_dict(model, "override")
+    except ConfigError as e:
+        raise ConfigError(f"model.{e.key}", e.message, f"override {item!r}") from None
+
+
+# --- dict -> dataclass ----------------------------------------------------------------------------
+
+
+def _is_text(tp: Any) -> bool:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return str in typing.get_args(tp)
+    return tp is str
+
+
+def _dataclass_of(tp: Any) -> type | None:
+    if dataclasses.is_dataclass(tp):
+        return tp
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            if dataclasses.is_dataclass(arg):
+                return arg
+    return None
+
+
+def _build(cls: type, data: Any, key: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(key, f"must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    valid = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in data if k not in valid]
+    if unknown:
+        where = f"{key}." if key else ""
+        raise ConfigError(
+            ", ".join(where + str(k) for k in unknown),
+            f"unknown key; valid keys{f' in {key}' if key else ''}: {', '.join(valid)}",
+        )
+    kwargs = {
+        name: _coerce(value, hints[name], f"{key}.{name}" if key else name) for name, value in data.items()
+    }
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        raise (e.within(key) if key else e) from None
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    if tp is Any:
+        return value
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _coerce(value, inner, key)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(key, f"must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+            value = int(value)  # `samples_seen: 12.8e6` reads as a float
+        if isinstance(value, str):
+            try:
+                value = int(float(value)) if float(value).is_integer() else value
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(key, f"must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):  # PyYAML reads `1e-5` (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(key, f"must be a number, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(key, f"must be a finite number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(key, f"must be a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config field type {tp!r} for {key}")
+
+
+def _positive(obj: Any, *names: str) -> None:
+    for name in names:
+        if not getattr(obj, name) > 0:
+            raise ConfigError(name, f"must be > 0, got {getattr(obj, name)!r}")
+
+
+def _at_least(obj: Any, low: float, *names: str) -> None:
+    for name in names:
+        if not getattr(obj, name) >= low:
+            raise ConfigError(name, f"must be >= {low}, got {getattr(obj, name)!r}")

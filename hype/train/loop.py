@@ -1,0 +1,623 @@
+"""The training loop behind `hype train`: one CPU, one GPU, or many GPUs under torchrun.
+
+    from hype.train import load_train_config, train
+    summary = train(load_train_config("tiny-hyperbolic", ["data.train=world/clean/shards"]))
+
+Per step: draw this rank's batch, set the learning rate (warm-up + cosine) and the entailment K, compute
+the gradients of the global-batch loss (`hype.train.step`), check that the loss is finite on every rank,
+clip, step AdamW. Rank 0 logs metrics, shows progress and writes checkpoints; every rank takes part in
+the collectives at the same steps, so a stop (divergence, signal) is taken by all ranks together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from torch import nn
+from tqdm import tqdm
+
+from hype.data.pipeline import CAPTION_TRANSFORM_FAILED, TrainStream, make_loader
+from hype.data.samples import EMPTY_SHARD, SKIP_REASONS, SkipStats
+from hype.data.shards import ShardList, expand_shards
+from hype.data.subset_index import SubsetError, SubsetIndex, check_subset_matches, resolve_subset
+from hype.losses import ContrastiveEntailmentLoss
+from hype.models import ConfigError, ContrastiveModel, ModelConfig, create_model, load_model_config
+from hype.train.captions import make_caption_transform
+from hype.train.config import TrainConfig
+from hype.train.distributed import (
+    DistInfo,
+    all_reduce_sum,
+    barrier,
+    broadcast_from_main,
+    cleanup,
+    init_distributed,
+)
+from hype.train.metrics import MetricsLog, format_summary, read_metrics, write_summary
+from hype.train.optim import build_optimizer, entailment_K_at, lr_at, set_lr
+from hype.train.state import (
+    CheckpointPaths,
+    ResumeError,
+    checkpoint_paths,
+    config_differences,
+    latest_checkpoint,
+    load_model_weights,
+    load_training_state,
+    prune_checkpoints,
+    publish_final,
+    resolve_resume,
+    save_training_checkpoint,
+)
+from hype.train.step import autocast_for, forward_backward
+
+COUNTED_REASONS = (*SKIP_REASONS, CAPTION_TRANSFORM_FAILED)
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradients became NaN/inf; the run stopped, keeping the last good checkpoint."""
+
+
+def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    if hasattr(torch.nn.utils, "get_total_norm"):  # torch >= 2.6
+        return torch.nn.utils.get_total_norm(grads)
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+
+
+def default_out(cfg: TrainConfig) -> Path:
+    return Path(cfg.out) if cfg.out else Path("runs") / "train" / (cfg.name or "run")
+
+
+def effective_model_config(cfg: TrainConfig) -> ModelConfig:
+    """The model config with the training config's entailment settings folded in, so the checkpoint
+    records what the model was trained with (with a K schedule: its final K)."""
+    base = load_model_config(cfg.model)
+    d = base.to_dict()
+    loss = cfg.loss
+    if loss.entailment_weight is not None:
+        d["loss"]["entailment_weight"] = loss.entailment_weight
+    if loss.entailment_K is not None:
+        d["loss"]["entailment_K"] = loss.entailment_K
+    if loss.K_end is not None:
+        d["loss"]["entailment_K"] = loss.K_end
+    return ModelConfig.from_dict(d, source=f"model {base.name!r} with the training config's loss section")
+
+
+class Trainer:
+    """Sets up everything for one `TrainConfig` on this rank and runs the loop (`run`)."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        info: DistInfo,
+        *,
+        resume: str = "auto",
+        progress: bool = True,
+        echo: Callable[[str], None] | None = None,
+    ):
+        self.cfg, self.info = cfg, info
+        self.progress = progress and info.is_main
+        self._echo = echo or (lambda msg: tqdm.write(msg, file=sys.stderr))
+        self.out = default_out(cfg)
+        self.total_steps = cfg.total_steps
+        self.end_step = min(self.total_steps, cfg.max_steps) if cfg.max_steps else self.total_steps
+
+        world, accum = info.world_size, cfg.accum_steps
+        if cfg.batch_size % (world * accum):
+            raise ConfigError(
+                "batch_size",
+                f"{cfg.batch_size} is not divisible by {world} process(es) x accum_steps {accum}; choose a "
+                "multiple",
+            )
+        self.local_batch = cfg.batch_size // world
+
+        self.shards: ShardList = expand_shards(cfg.data.train or "")
+        self.subset: SubsetIndex | None = resolve_subset(cfg.data.subset)
+        self.subset_info: dict | None = None
+        if self.subset is not None:
+            self.subset_info = {"path": str(cfg.data.subset), **self._check_subset()}
+
+        self.model_config = effective_model_config(cfg)
+        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        self.model: ContrastiveModel = create_model(self.model_config, device=info.device)
+        self.model.train()
+        if cfg.grad_checkpointing:
+            self.model.set_grad_checkpointing(True)
+        self.loss_fn = ContrastiveEntailmentLoss(
+            self.model.geometry,
+            entailment_weight=self.model_config.loss.entailment_weight or 0.0,
+            K=self.model_config.loss.entailment_K,
+        )
+        self.base_K = self.model_config.loss.entailment_K
+        self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.trainable = [p for g in self.optimizer.param_groups for p in g["params"]]
+        self.scaler = torch.amp.GradScaler(info.device.type) if cfg.precision == "fp16" else None
+        self.autocast = autocast_for(cfg.precision, info.device)
+
+        self.start_step, self.resumed_from = 0, None
+        self.prev_skips = SkipStats()
+        self.prev_shards_read = 0
+        self.prev_train_time = 0.0
+        found = resolve_resume(resume, self.out)
+        if found is not None:
+            self._resume(found)
+        self.generation = self.start_step
+
+        # Per-rank, per-session seed for augmentations drawn in this process (workers=0) and for the
+        # DataLoader's worker seeds; the data stream itself is seeded in TrainStream.
+        torch.manual_seed(hash((cfg.seed, info.rank, self.generation)) % (2**63))
+
+        transform, needs_meta = make_caption_transform(cfg.data.caption_template, cfg.data.caption_fn)
+        self.stream = TrainStream(
+            self.shards.paths,
+            batch_size=self.local_batch,
+            image_transform=self.model.preprocess(train=True),
+            tokenize=self.model.tokenizer(),
+            caption_transform=transform,
+            needs_meta=needs_meta,
+            subset=self.subset,
+            resampled=cfg.data.resampled,
+            seed=cfg.seed,
+            rank=info.rank,
+            world_size=info.world_size,
+            generation=self.generation,
+            shuffle_buffer=cfg.data.shuffle_buffer,
+            data_spec=self.shards.spec,
+        )
+        self.skips = SkipStats()
+        self.shards_read = 0
+        self.stop_requested = False
+
+        if cfg.optim.warmup_steps >= self.total_steps:
+            self.echo(
+                f"warning: warmup_steps {cfg.optim.warmup_steps} >= total steps {self.total_steps}: the "
+                f"learning rate never reaches optim.lr={cfg.optim.lr} (lower optim.warmup_steps or raise "
+                "samples_seen)"
+            )
+
+    def _check_subset(self) -> dict:
+        """Rank 0 reads the parquets (up to data.subset_check_shards) and shares the verdict, so a large
+        job does not read them once per rank."""
+        result: dict | str = {}
+        if self.info.is_main:
+            try:
+                result = check_subset_matches(
+                    self.shards.paths, self.subset, self.shards.spec, self.cfg.data.subset_check_shards
+                )
+            except SubsetError as e:
+                result = str(e)
+        result = broadcast_from_main(result, self.info)
+        if isinstance(result, str):
+            raise SubsetError(result)
+        return result
+
+    def echo(self, msg: str) -> None:
+        if self.info.is_main:
+            self._echo(msg)
+
+    # --- resume -------------------------------------------------------------------------------------
+
+    def _resume(self, found: CheckpointPaths) -> None:
+        state = load_training_state(found)
+        diffs = config_differences(state.get("train_config", {}), self.cfg.to_dict())
+        if diffs:
+            raise ResumeError(
+                f"{found.state}: the run was started with a different configuration "
+                f"({'; '.join(diffs[:6])}); resume with the original settings or choose another --out"
+            )
+        load_model_weights(self.model, found)
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.start_step = int(state["step"])
+        self.resumed_from = self.start_step
+        data = state.get("data", {})
+        self.prev_skips.merge(data.get("skips", {}))
+        self.prev_shards_read = int(data.get("shards_read", 0))
+        self.prev_train_time = float(state.get("train_time_s", 0.0))
+        self.echo(f"resuming {found.state} at step {self.start_step}/{self.total_steps}")
+
+    # --- per-step pieces ----------------------------------------------------------------------------
+
+    def scalars(self) -> dict[str, float | None]:
+        m = self.model
+        with torch.no_grad():
+            out = {"logit_scale": float(m.logit_scale)}
+            for name in ("curv", "alpha_img", "alpha_txt"):
+                v = getattr(m, name)
+                out[name] = None if v is None else float(v)
+        return out
+
+    def _check_terms(self, step: int, lr: float, K: float | None) -> Callable[[torch.Tensor], None]:
+        def check(terms: torch.Tensor) -> None:
+            # One collective per step: the rank-mean of the loss terms plus the stop flag. A NaN on any
+            # rank makes the sum NaN everywhere, so all ranks stop together.
+            flag = torch.tensor([1.0 if self.stop_requested else 0.0], device=terms.device)
+            vec = all_reduce_sum(torch.cat([terms, flag]), self.info)
+            self.global_terms = vec[:3] / self.info.world_size
+            self.global_stop = bool(vec[3].item() > 0)
+            values = self.global_terms.tolist()
+            if not all(math.isfinite(v) for v in values):
+                raise TrainingDiverged(
+                    f"non-finite loss at step {step}: loss {values[0]}, contrastive {values[1]}, entailment "
+                    f"{values[2]} (lr {lr:.3g}, K {K}, scalars {self._fmt_scalars()}); the last good "
+                    f"checkpoint is kept in {self.out / 'checkpoints'}. Lower optim.lr, raise "
+                    "optim.warmup_steps, set optim.grad_clip_norm, or use precision=bf16/fp32"
+                )
+
+        return check
+
+    def _fmt_scalars(self) -> str:
+        return ", ".join(f"{k} {v:.4g}" for k, v in self.scalars().items() if v is not None)
+
+    def _optimizer_step(self, step: int) -> tuple[float, bool]:
+        """Clip and step; returns (gradient norm before clipping, whether the step was skipped by fp16)."""
+        clip = self.cfg.optim.grad_clip_norm
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        if clip is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self.trainable, clip)
+        else:
+            norm = _total_norm([p.grad for p in self.trainable if p.grad is not None])
+        norm_value = float(norm)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)  # skips the update when the fp16 gradients overflowed
+            self.scaler.update()
+            return norm_value, not math.isfinite(norm_value)
+        if not math.isfinite(norm_value):
+            raise TrainingDiverged(
+                f"non-finite gradient norm ({norm_value}) at step {step} (scalars {self._fmt_scalars()}); "
+                f"the last good checkpoint is kept in {self.out / 'checkpoints'}. Lower optim.lr or set "
+                "optim.grad_clip_norm"
+            )
+        self.optimizer.step()
+        return norm_value, False
+
+    def _global_skips(self) -> SkipStats:
+        """Skip counts of all ranks and sessions (a collective: call at the same step on every rank)."""
+        counts = torch.tensor(
+            [float(self.skips.counts.get(r, 0)) for r in COUNTED_REASONS], dtype=torch.float64
+        )
+        shards = torch.tensor([float(self.shards_read)], dtype=torch.float64)
+        vec = torch.cat([counts, shards]).to(self.info.device)
+        vec = all_reduce_sum(vec, self.info).cpu().tolist()
+        total = SkipStats()
+        total.merge(self.prev_skips)
+        now = {r: int(n) for r, n in zip(COUNTED_REASONS, vec[:-1], strict=True) if n}
+        total.merge({"counts": now, "examples": self.skips.examples})
+        self.global_shards_read = self.prev_shards_read + int(vec[-1])
+        return total
+
+    def _save(self, step: int, train_time: float) -> CheckpointPaths:
+        skips = self._global_skips()  # collective on every rank
+        paths = checkpoint_paths(self.out, step)
+        if self.info.is_main:
+            state = {
+                "step": step,
+                "samples_seen": step * self.cfg.batch_size,
+                "total_steps": self.total_steps,
+                "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler is not None else {},
+                "data": {
+                    "seed": self.cfg.seed,
+                    "generation": self.generation,
+                    "skips": skips.to_dict(),
+                    "shards_read": self.global_shards_read,
+                },
+                "train_config": self.cfg.to_dict(),
+                "world_size": self.info.world_size,
+                "train_time_s": self.prev_train_time + train_time,
+            }
+            save_training_checkpoint(
+                self.out,
+                step,
+                self.model,
+                state,
+                extra={"samples_seen": step * self.cfg.batch_size, "train_config": self.cfg.name},
+            )
+            prune_checkpoints(self.out, self.cfg.checkpoint.keep)
+        barrier(self.info)
+        return paths
+
+    # --- the loop -----------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _signals(self):
+        """SIGTERM/SIGINT ask for a clean stop: checkpoint at the end of the step, then exit."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum, frame):
+            if self.stop_requested:  # a second Ctrl-C: stop now
+                raise KeyboardInterrupt
+            self.stop_requested = True
+            self.echo(
+                f"signal {signal.Signals(signum).name}: stopping after this step and saving a checkpoint"
+            )
+
+        old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    def run(self) -> dict[str, Any]:
+        cfg, info = self.cfg, self.info
+        if info.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            # Written only now, after a resume has been validated, so a refused resume leaves it alone.
+            tmp = self.out / ".config.yaml.tmp"
+            tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            tmp.replace(self.out / "config.yaml")
+        barrier(info)
+        metrics_path = self.out / "metrics.jsonl"
+        metrics = MetricsLog(metrics_path, self.start_step) if info.is_main else None
+        summary: dict[str, Any] = {"status": "running", "error": None}
+        self.last_row: dict[str, Any] = {}
+        self.global_terms = torch.zeros(3)
+        self.global_stop = False
+        self.global_shards_read = self.prev_shards_read
+        train_time = steady_time = 0.0
+        steady_from = None
+        last_ckpt = latest_checkpoint(self.out)
+        step = self.start_step
+
+        if self.start_step >= self.end_step:
+            status = "already_complete" if self.start_step >= self.total_steps else "stopped"
+            return self._finish(status, step, 0.0, None, last_ckpt, metrics, summary)
+
+        ddp_model: nn.Module = self.model
+        if info.distributed:
+            ddp_model = nn.parallel.DistributedDataParallel(
+                self.model,
+                device_ids=[info.device.index] if info.device.type == "cuda" else None,
+                broadcast_buffers=False,
+            )
+        loader = make_loader(
+            self.stream,
+            workers=cfg.data.workers,
+            pin_memory=info.device.type == "cuda",
+            prefetch=cfg.data.prefetch,
+        )
+        n_steps = self.end_step - self.start_step
+        warm = min(3, n_steps - 1)  # steps left out of the steady-state throughput (startup, warm-up)
+        pbar = tqdm(
+            total=self.end_step * cfg.batch_size,
+            initial=self.start_step * cfg.batch_size,
+            unit="sample",
+            unit_scale=self.end_step * cfg.batch_size >= 100_000,
+            dynamic_ncols=True,
+            file=sys.stderr,
+            disable=not self.progress,
+            desc=f"train {cfg.name}",
+        )
+        status = "running"
+        try:
+            with self._signals():
+                it = iter(loader)
+                t0 = time.perf_counter()
+                t_log, samples_log = t0, self.start_step * cfg.batch_size
+                for step_idx in range(self.start_step, self.end_step):
+                    current = step_idx + 1  # `step` counts completed steps; it advances after the update
+                    try:
+                        batch = next(it)
+                    except RuntimeError:
+                        if not self.stop_requested:
+                            raise
+                        # Workers lost to the stop signal: the last completed step is saved below.
+                        status = "interrupted"
+                        last_ckpt = self._save(step, train_time) if step > self.start_step else last_ckpt
+                        break
+                    self.skips.merge(batch["skips"])
+                    self.shards_read += batch["shards_read"]
+                    images = batch["images"].to(info.device, non_blocking=True)
+                    tokens = batch["tokens"].to(info.device, non_blocking=True)
+                    lr = lr_at(
+                        step_idx,
+                        base_lr=cfg.optim.lr,
+                        warmup_steps=cfg.optim.warmup_steps,
+                        total_steps=self.total_steps,
+                    )
+                    set_lr(self.optimizer, lr)
+                    K = entailment_K_at(step_idx, self.total_steps, cfg.loss, self.base_K)
+                    self.loss_fn.K = K
+                    self.optimizer.zero_grad(set_to_none=True)
+                    forward_backward(
+                        ddp_model,
+                        self.loss_fn,
+                        images,
+                        tokens,
+                        accum_steps=cfg.accum_steps,
+                        autocast=self.autocast,
+                        scaler=self.scaler,
+                        check=self._check_terms(current, lr, K),
+                        inject_nan=cfg.debug_nan_at_step == current,
+                    )
+                    grad_norm, skipped = self._optimizer_step(current)
+                    step = current
+                    now = time.perf_counter()
+                    train_time = now - t0
+                    if step_idx - self.start_step + 1 == warm:
+                        steady_from = (now, step)
+                    pbar.update(cfg.batch_size)
+
+                    stop = self.global_stop
+                    if step % cfg.log_every_steps == 0 or step == self.end_step or stop:
+                        skips = self._global_skips()
+                        samples = step * cfg.batch_size
+                        terms = self.global_terms.tolist()
+                        row = {
+                            "step": step,
+                            "samples_seen": samples,
+                            "lr": lr,
+                            "loss": terms[0],
+                            "contrastive": terms[1],
+                            "entailment": terms[2] if self.loss_fn.entailment_weight > 0 else None,
+                            "K": K if self.loss_fn.entailment_weight > 0 else None,
+                            **self.scalars(),
+                            "grad_norm": grad_norm,
+                            "fp16_skipped_step": skipped if self.scaler is not None else None,
+                            "samples_per_s": (samples - samples_log) / max(now - t_log, 1e-9),
+                            "skipped": skips.total,
+                            "shards_read": self.global_shards_read,
+                            "time_s": round(self.prev_train_time + train_time, 3),
+                        }
+                        t_log, samples_log = now, samples
+                        self.last_row = row
+                        if metrics is not None:
+                            metrics.write(row)
+                        pbar.set_postfix(step=step, loss=f"{terms[0]:.4f}", lr=f"{lr:.2e}", refresh=False)
+                    every = cfg.checkpoint.every_steps
+                    if stop or step == self.end_step or (every and step % every == 0):
+                        last_ckpt = self._save(step, train_time)
+                    if stop:
+                        status = "interrupted"
+                        break
+                else:
+                    status = "completed" if self.end_step == self.total_steps else "stopped"
+        except TrainingDiverged as e:
+            status = "diverged"
+            summary["error"] = str(e)
+            raise
+        except Exception as e:
+            status = "failed"
+            summary["error"] = f"{type(e).__name__}: {e}"
+            raise
+        finally:
+            pbar.close()
+            if steady_from is not None and step > steady_from[1]:
+                steady_time = time.perf_counter() - steady_from[0]
+                self.steady_rate = (step - steady_from[1]) * cfg.batch_size / max(steady_time, 1e-9)
+            else:
+                self.steady_rate = (step - self.start_step) * cfg.batch_size / max(train_time, 1e-9)
+            if status != "running":
+                self._finish(status, step, train_time, steady_time, last_ckpt, metrics, summary)
+            elif metrics is not None:
+                metrics.close()
+            del loader
+        return summary
+
+    def _finish(
+        self,
+        status: str,
+        step: int,
+        train_time: float,
+        steady_time: float | None,
+        last_ckpt: CheckpointPaths | None,
+        metrics: MetricsLog | None,
+        summary: dict[str, Any],
+    ) -> dict[str, Any]:
+        cfg = self.cfg
+        if status in ("diverged", "failed"):
+            skips = SkipStats()
+            skips.merge(self.prev_skips)
+            skips.merge(self.skips)  # no collective: other ranks may not get here
+        else:
+            skips = self._global_skips()
+        model_path = None
+        if (
+            status in ("completed", "already_complete")
+            and last_ckpt is not None
+            and last_ckpt.step == self.total_steps
+        ):
+            model_path = self.out / "model.safetensors"
+            if self.info.is_main:
+                publish_final(last_ckpt, model_path)
+        ran = step - self.start_step
+        if not self.last_row and (self.out / "metrics.jsonl").is_file():
+            rows = read_metrics(self.out / "metrics.jsonl")
+            self.last_row = rows[-1] if rows else {}
+        rate = ran * cfg.batch_size / train_time if train_time > 0 else 0.0
+        summary.update(
+            {
+                "name": cfg.name,
+                "status": status,
+                "step": step,
+                "total_steps": self.total_steps,
+                "max_steps": cfg.max_steps,
+                "samples_seen": step * cfg.batch_size,
+                "samples_seen_target": cfg.samples_seen,
+                "batch_size": cfg.batch_size,
+                "micro_batch_size": self.local_batch // cfg.accum_steps,
+                "accum_steps": cfg.accum_steps,
+                "world_size": self.info.world_size,
+                "device": str(self.info.device),
+                "precision": cfg.precision,
+                "model_config": self.model_config.name,
+                "geometry": self.model_config.geometry,
+                "resumed_from_step": self.resumed_from,
+                "steps_this_session": ran,
+                "train_time_s": train_time,
+                "train_time_total_s": self.prev_train_time + train_time,
+                "samples_per_s": rate,
+                "steady_samples_per_s": getattr(self, "steady_rate", rate) if ran else 0.0,
+                "final": {
+                    k: v
+                    for k, v in self.last_row.items()
+                    if k
+                    in (
+                        "loss",
+                        "contrastive",
+                        "entailment",
+                        "lr",
+                        "logit_scale",
+                        "curv",
+                        "alpha_img",
+                        "alpha_txt",
+                        "K",
+                    )
+                },
+                "skipped": skips.to_dict(),
+                "data": {
+                    "spec": self.shards.spec,
+                    "shards": len(self.shards),
+                    "shards_read": self.global_shards_read,
+                },
+                "empty_shards": self.shards.empty,
+                "subset": self.subset_info,
+                "checkpoint": str(last_ckpt.model) if last_ckpt is not None else None,
+                "model": str(model_path) if model_path is not None else None,
+                "out": str(self.out),
+                "metrics": str(self.out / "metrics.jsonl"),
+                "summary": str(self.out / "summary.json"),
+            }
+        )
+        if self.shards.empty:
+            summary["skipped"]["counts"][EMPTY_SHARD] = len(self.shards.empty)
+        if metrics is not None:
+            metrics.close()
+        if self.info.is_main:
+            write_summary(self.out / "summary.json", summary)
+        return summary
+
+
+def train(
+    cfg: TrainConfig,
+    *,
+    resume: str = "auto",
+    progress: bool = True,
+    echo: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) training for `cfg`; returns the summary (also written to OUT/summary.json).
+
+    Raises `TrainingDiverged` on a NaN/inf loss (after writing the summary), `ShardError`/`SubsetError`/
+    `DataError` on unusable data and `ResumeError` on an incompatible resume.
+    """
+    info = init_distributed(cfg.device)
+    try:
+        return Trainer(cfg, info, resume=resume, progress=progress, echo=echo).run()
+    finally:
+        cleanup(info)
+
+
+__all__ = ["Trainer", "TrainingDiverged", "default_out", "effective_model_config", "format_summary", "train"]

@@ -1,0 +1,221 @@
+"""Training checkpoints: model weights in hype's checkpoint format plus a training-state file.
+
+Layout of `OUT/checkpoints/` for a checkpoint at step N:
+
+    step-0000000N.safetensors   the model (hype.checkpoint: loadable by `hype eval`, scoring, ...)
+    step-0000000N.state.pt      optimizer, GradScaler, step, samples seen, data stream and RNG state,
+                                the training config: only tensors and plain containers, so it loads
+                                with `torch.load(weights_only=True)`
+
+Both are written atomically (temporary file, fsync, rename), the weights first: the state file is the
+commit marker, so a checkpoint counts only once both exist and a run killed while saving resumes from
+the previous one. Resuming is refused when the recipe differs (`config_differences`); settings that do not
+change the experiment (`RESUME_MAY_DIFFER`: workers, logging, checkpoint cadence, ...) may change.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_model
+
+from hype.checkpoint import read_checkpoint_metadata, save_checkpoint
+
+STATE_FORMAT = "hype-train-state/1"
+
+# Settings that may change between a run and its resumption without changing the experiment.
+RESUME_MAY_DIFFER = {
+    "description",
+    "out",
+    "device",
+    "log_every_steps",
+    "grad_checkpointing",
+    "max_steps",
+    "debug_nan_at_step",
+    "data.train",  # the same shards may have moved
+    "data.workers",
+    "data.prefetch",
+    "data.subset_check_shards",
+    "checkpoint.every_steps",
+    "checkpoint.keep",
+}
+
+_STATE_RE = re.compile(r"^step-(\d{8,})\.state\.pt$")
+
+
+class ResumeError(ValueError):
+    """A training state that cannot be resumed (corrupt, or from a different configuration)."""
+
+
+@dataclass(frozen=True)
+class CheckpointPaths:
+    model: Path
+    state: Path
+    step: int
+
+
+def checkpoint_paths(out: str | os.PathLike, step: int) -> CheckpointPaths:
+    folder = Path(out) / "checkpoints"
+    return CheckpointPaths(
+        folder / f"step-{step:08d}.safetensors", folder / f"step-{step:08d}.state.pt", step
+    )
+
+
+def list_checkpoints(out: str | os.PathLike) -> list[CheckpointPaths]:
+    """Complete checkpoints (weights and state both present), oldest first."""
+    folder = Path(out) / "checkpoints"
+    if not folder.is_dir():
+        return []
+    found = []
+    for p in folder.iterdir():
+        m = _STATE_RE.match(p.name)
+        if m:
+            paths = checkpoint_paths(out, int(m.group(1)))
+            if paths.model.is_file():
+                found.append(paths)
+    return sorted(found, key=lambda c: c.step)
+
+
+def latest_checkpoint(out: str | os.PathLike) -> CheckpointPaths | None:
+    found = list_checkpoints(out)
+    return found[-1] if found else None
+
+
+def _atomic_torch_save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def save_training_checkpoint(
+    out: str | os.PathLike,
+    step: int,
+    model: torch.nn.Module,
+    state: dict[str, Any],
+    *,
+    extra: dict | None = None,
+) -> CheckpointPaths:
+    """Write the weights, then the state (the commit marker). `model` must be unwrapped (not DDP)."""
+    paths = checkpoint_paths(out, step)
+    save_checkpoint(paths.model, model, extra={"step": step, **(extra or {})})
+    _atomic_torch_save({"format": STATE_FORMAT, **state, "model_checkpoint": paths.model.name}, paths.state)
+    return paths
+
+
+def load_training_state(paths: CheckpointPaths) -> dict[str, Any]:
+    """Read a state file without unpickling arbitrary objects."""
+    try:
+        state = torch.load(paths.state, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ResumeError(
+            f"{paths.state}: unreadable training state ({type(e).__name__}: {e}); delete it to resume from "
+            "the previous checkpoint"
+        ) from None
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise ResumeError(f"{paths.state}: not a hype training state ({STATE_FORMAT})")
+    return state
+
+
+def load_model_weights(model: torch.nn.Module, paths: CheckpointPaths) -> None:
+    """Load a checkpoint's weights into `model` in place (strict: same architecture)."""
+    meta = read_checkpoint_metadata(paths.model)
+    if meta["model_config"] != model.config.to_dict():
+        raise ResumeError(
+            f"{paths.model}: the checkpoint's model config differs from the configured model; resume with "
+            "the same model config or start a new run in another --out"
+        )
+    missing, unexpected = load_model(
+        model, str(paths.model), strict=False, device=str(next(model.parameters()).device)
+    )
+    if missing or unexpected:
+        raise ResumeError(
+            f"{paths.model}: weights do not match the model "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
+
+
+def prune_checkpoints(out: str | os.PathLike, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` checkpoints; returns the removed files."""
+    removed = []
+    for old in list_checkpoints(out)[:-keep] if keep > 0 else []:
+        for p in (old.state, old.model):  # state first: a half-deleted checkpoint is never "complete"
+            p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
+
+
+def publish_final(paths: CheckpointPaths, target: Path) -> Path:
+    """Expose the final weights at `target` (e.g. OUT/model.safetensors): a hard link when possible."""
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    try:
+        try:
+            os.link(paths.model, tmp)
+        except OSError:
+            shutil.copyfile(paths.model, tmp)
+        tmp.replace(target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and k != "model":
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def config_differences(saved: dict, current: dict) -> list[str]:
+    a, b = _flatten(saved), _flatten(current)
+    return [
+        f"{k}: {a.get(k)!r} -> {b.get(k)!r}"
+        for k in sorted(set(a) | set(b))
+        if k not in RESUME_MAY_DIFFER and a.get(k) != b.get(k)
+    ]
+
+
+def resolve_resume(resume: str, out: Path) -> CheckpointPaths | None:
+    """The checkpoint to continue from: `auto` (latest in OUT, if any), `never` (refuse an existing run),
+    a run folder, or a step-*.state.pt / .safetensors file."""
+    if resume in ("auto", "never"):
+        found = latest_checkpoint(out)
+        if found is not None and resume == "never":
+            raise ResumeError(
+                f"{out} already holds a run (checkpoint at step {found.step}); resume it (--resume auto) or "
+                "choose another --out"
+            )
+        return found
+    path = Path(resume)
+    if path.is_dir():
+        found = latest_checkpoint(path.parent if path.name == "checkpoints" else path)
+        if found is None:
+            raise ResumeError(
+                f"{path}: no complete checkpoint (step-*.state.pt + .safetensors) to resume from"
+            )
+        return found
+    name = path.name
+    for suffix in (".state.pt", ".safetensors"):
+        if name.endswith(suffix) and name.startswith("step-"):
+            step = int(name[len("step-") : -len(suffix)])
+            paths = checkpoint_paths(path.parent.parent, step)
+            if not (paths.state.is_file() and paths.model.is_file()):
+                raise ResumeError(f"{path}: needs both {paths.state.name} and {paths.model.name} next to it")
+            return paths
+    raise ResumeError(f"--resume {resume}: expected auto, never, a run folder or a step-*.state.pt file")

@@ -1,0 +1,236 @@
+"""`hype train` end to end on a tiny synthetic world: every geometry, checkpoints, metrics, resume, NaN
+stop, subsets and bad input. Models are shrunk to one 32-wide layer at 32 px so each run takes seconds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from hype.checkpoint import load_checkpoint
+from hype.cli.train import train as train_cmd
+from hype.data.uids import save_subset
+from hype.synth import make_world
+from hype.train import (
+    ResumeError,
+    TrainingDiverged,
+    list_checkpoints,
+    load_train_config,
+    read_metrics,
+    train,
+)
+
+GEOMETRIES = [
+    "clip",
+    "elliptic",
+    "euclidean",
+    "euclidean-squared",
+    "hyperbolic",
+    "hyperbolic-squared",
+    "oblique",
+    "oblique-multi",
+]
+MICRO = [
+    "model.embed_dim=32",
+    "model.vision.image_size=32",
+    "model.vision.width=32",
+    "model.vision.layers=1",
+    "model.vision.head_width=16",
+    "model.text.width=32",
+    "model.text.heads=2",
+    "model.text.layers=1",
+    "model.text.context_length=16",
+]
+FAST = ["data.workers=0", "data.shuffle_buffer=32", "log_every_steps=1", "optim.warmup_steps=2"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("train") / "world"
+    make_world(out, 64, 0, clean_size=96, eval_size=8, reference_per_class=1, shard_size=32, workers=1)
+    return out
+
+
+def run_cli(args: list[str]) -> tuple[int, str]:
+    """(exit code, stdout + stderr) or, with --json, (exit code, stdout)."""
+    result = CliRunner().invoke(train_cmd, args, catch_exceptions=False)
+    return result.exit_code, result.stdout if "--json" in args else result.output
+
+
+def overrides(*extra: str, steps: int = 2, batch: int = 8) -> list[str]:
+    return [*MICRO, *FAST, f"samples_seen={steps * batch}", f"batch_size={batch}", *extra]
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES)
+def test_every_geometry_trains_from_the_cli(world, tmp_path, geometry):
+    out = tmp_path / geometry
+    code, output = run_cli(
+        ["--config", f"tiny-{geometry}", "--data", str(world / "clean" / "shards"), "--out", str(out)]
+        + ["--no-progress", *overrides("checkpoint.every_steps=0")]
+    )
+    assert code == 0, output
+    assert "training complete" in output and str(out / "model.safetensors") in output
+    model = load_checkpoint(out / "model.safetensors")
+    assert model.config.geometry == geometry.replace("-multi", "") and model.config.embed_dim == 32
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["step"] == 2 and summary["samples_seen"] == 16
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["loss"] > 0 and r["lr"] > 0 and r["samples_per_s"] > 0 and r["logit_scale"] > 0
+        hyperbolic = geometry.startswith("hyperbolic")
+        assert (r["curv"] is not None) == hyperbolic and (r["alpha_img"] is not None) == hyperbolic
+        assert (r["entailment"] is not None) == geometry.startswith(("hyperbolic", "euclidean"))
+    assert [c.step for c in list_checkpoints(out)] == [2]
+    assert (out / "config.yaml").is_file()
+
+
+def test_trained_checkpoint_evaluates_with_hype_eval(world, tmp_path):
+    pytest.importorskip("hype.eval")
+    from hype.cli import main
+
+    out = tmp_path / "run"
+    code, output = run_cli(
+        ["--config", "tiny-hyperbolic", "--data", str(world / "clean" / "shards"), "--out", str(out)]
+        + ["--no-progress", *overrides()]
+    )
+    assert code == 0, output
+    res = CliRunner().invoke(
+        main,
+        ["eval", "--model", str(out / "model.safetensors"), "--data-dir", str(world), "--tasks", "synthetic"]
+        + ["--out", str(tmp_path / "eval.jsonl"), "--workers", "0", "--no-progress", "--device", "cpu"],
+        catch_exceptions=False,
+    )
+    assert res.exit_code == 0, res.output
+    lines = [json.loads(x) for x in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    assert len(lines) == 7 and all(line["metrics"]["main_metric"] is not None for line in lines)
+
+
+def config(world: Path, out: Path, *extra: str, preset: str = "tiny-clip", steps: int = 6):
+    return load_train_config(
+        preset, [*overrides(*extra, steps=steps), f"data.train={world / 'clean' / 'shards'}", f"out={out}"]
+    )
+
+
+def test_interrupted_run_resumes_with_the_same_schedule(world, tmp_path):
+    # EuCLIP preset: the K schedule must continue across the interruption too.
+    ref = train(config(world, tmp_path / "ref", preset="tiny-euclidean-squared"), progress=False)
+    assert ref["status"] == "completed"
+    cfg = config(world, tmp_path / "b", "max_steps=3", preset="tiny-euclidean-squared")
+    first = train(cfg, progress=False)
+    assert first["status"] == "stopped" and first["step"] == 3
+    assert not (tmp_path / "b" / "model.safetensors").exists()
+    second = train(config(world, tmp_path / "b", preset="tiny-euclidean-squared"), progress=False)
+    assert second["status"] == "completed" and second["resumed_from_step"] == 3 and second["step"] == 6
+    a, b = read_metrics(tmp_path / "ref" / "metrics.jsonl"), read_metrics(tmp_path / "b" / "metrics.jsonl")
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, 7))
+    assert [r["lr"] for r in a] == [r["lr"] for r in b]
+    assert [r["K"] for r in a] == [r["K"] for r in b] and a[0]["K"] == pytest.approx(0.3)
+    assert a[-1]["K"] == pytest.approx(0.1)
+    assert [r["samples_seen"] for r in b] == [8 * s for s in range(1, 7)]
+    # Same seed, same init, same stream until the interruption: identical losses.
+    assert [r["loss"] for r in a[:3]] == pytest.approx([r["loss"] for r in b[:3]], rel=1e-5)
+    # Rerunning a finished run does nothing.
+    again = train(config(world, tmp_path / "b", preset="tiny-euclidean-squared"), progress=False)
+    assert again["status"] == "already_complete" and len(read_metrics(tmp_path / "b" / "metrics.jsonl")) == 6
+
+
+def test_resume_refuses_a_different_recipe(world, tmp_path):
+    train(config(world, tmp_path / "r", "max_steps=1"), progress=False)
+    with pytest.raises(ResumeError, match=r"different configuration \(optim.lr: 0.001 -> 0.01\)"):
+        train(config(world, tmp_path / "r", "optim.lr=0.01"), progress=False)
+    with pytest.raises(ResumeError, match="already holds a run"):
+        train(config(world, tmp_path / "r"), resume="never", progress=False)
+    # Settings that do not change the experiment may differ.
+    done = train(config(world, tmp_path / "r", "data.workers=1", "checkpoint.keep=1"), progress=False)
+    assert done["status"] == "completed" and done["resumed_from_step"] == 1
+
+
+def test_nan_loss_stops_with_the_step_and_keeps_the_last_checkpoint(world, tmp_path):
+    cfg = config(
+        world, tmp_path / "nan", "debug_nan_at_step=4", "checkpoint.every_steps=2", preset="tiny-hyperbolic"
+    )
+    with pytest.raises(TrainingDiverged, match=r"non-finite loss at step 4: loss nan.*curv .*alpha_img") as e:
+        train(cfg, progress=False)
+    assert "last good checkpoint" in str(e.value)
+    assert [c.step for c in list_checkpoints(tmp_path / "nan")] == [2]
+    load_checkpoint(tmp_path / "nan" / "checkpoints" / "step-00000002.safetensors")
+    summary = json.loads((tmp_path / "nan" / "summary.json").read_text())
+    assert summary["status"] == "diverged" and "step 4" in summary["error"] and summary["step"] == 3
+    code, output = run_cli(
+        ["--config", "tiny-clip", "--data", str(world / "clean" / "shards"), "--out", str(tmp_path / "nan2")]
+        + ["--no-progress", *overrides("debug_nan_at_step=1")]
+    )
+    assert code == 1 and "training diverged: non-finite loss at step 1" in output
+
+
+def test_subset_training_and_skipped_samples_are_reported(world, tmp_path):
+    import pyarrow.parquet as pq
+
+    uids = pq.read_table(world / "clean" / "shards" / "00000000.parquet").column("uid").to_pylist()
+    subset = save_subset(tmp_path / "subset.npy", uids[:5] + uids[:5])
+    code, output = run_cli(
+        ["--config", "tiny-clip", "--data", str(world / "clean" / "shards"), "--subset", str(subset)]
+        + ["--out", str(tmp_path / "sub"), "--no-progress", "--json", *overrides()]
+    )
+    assert code == 0, output
+    summary = json.loads(output)
+    assert summary["subset"]["matched_samples"] == 10 and summary["subset"]["subset_uids"] == 10
+
+    # A pool shard with a corrupt image, a sample without caption and one without image.
+    import io
+    import tarfile
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    src = tarfile.open(world / "clean" / "shards" / "00000000.tar")
+    with tarfile.open(bad / "00000000.tar", "w") as dst:
+        for m in src.getmembers():
+            data = src.extractfile(m).read()
+            if m.name.startswith("000000000."):
+                data = data[:50] if m.name.endswith(".jpg") else data
+            if m.name == "000000001.txt" or m.name == "000000002.jpg":
+                continue
+            dst.addfile(m if len(data) == m.size else _info(m.name, len(data)), io.BytesIO(data))
+    (bad / "00000001.tar").write_bytes(b"")
+    code, output = run_cli(
+        ["--config", "tiny-clip", "--data", str(bad), "--out", str(tmp_path / "badrun")]
+        + ["--no-progress", "--json", *overrides(steps=6)]
+    )
+    assert code == 0, output
+    skipped = json.loads(output)["skipped"]["counts"]
+    assert skipped["corrupt_image"] >= 1 and skipped["no_caption"] >= 1 and skipped["no_image"] >= 1
+    assert skipped["empty_shard"] == 1
+    assert read_metrics(tmp_path / "badrun" / "metrics.jsonl")[-1]["skipped"] >= 3
+
+
+def _info(name: str, size: int):
+    import tarfile
+
+    info = tarfile.TarInfo(name)
+    info.size = size
+    return info
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--data", "{nowhere}/missing/*.tar"], "missing/\\*.tar: the pattern matches no .tar file"),
+        (["--data", "{world}/clean/shards/{{00000000..00000009}}.tar"], "7 of the 10 shards it names"),
+        (["--data", "{world}/clean/shards", "--subset", "{other}"], "matches none of the 96 samples"),
+        (["--data", "{world}/clean/shards", "optim.lr=-3"], "optim.lr: must be > 0"),
+        (["--data", "{world}/clean/shards", "optim.nope=1"], "unknown key; valid keys in optim: lr"),
+        (
+            ["--data", "{world}/clean/shards", "accum_steps=3"],
+            "is not divisible by 1 process(es) x accum_steps 3",
+        ),
+        ([], "no training data: pass --data"),
+    ],
+)
+def test_bad_input_gives_clear_errors(world, tmp_path, args, message):
+    other = save_subset(tmp_path / "other.npy", ["0" * 31 + "1"])
+    args = [a.format(world=world, nowhere=tmp_path, other=other) for a in args]
+    code, output = run_cli(["--config", "tiny-clip", "--out", str(tmp_path / "o"), "--no-progress", *args])
+    assert code != 0 and message.replace("\\", "") in output.replace("\n", " "), output
