@@ -15,7 +15,21 @@ from hype import __version__
 # name -> (module, attribute, one-line help shown by `hype --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "synth": ("hype.cli.synth", "synth", "Generate the synthetic world: clean set, noisy pool, eval tasks."),
+    "train": (
+        "hype.cli.train",
+        "train",
+        "Train a contrastive model (MERU, CLIP, EuCLIP, oblique) on shards.",
+    ),
+    "eval": ("hype.cli.eval", "eval_cmd", "Run the DataComp zero-shot benchmark (or the synthetic one)."),
     "convert": ("hype.cli.convert", "convert", "Convert released MERU / HYPE checkpoints to hype's format."),
+        "hype.cli.select",
+        "select",
+        "Select a subset from a scores table (HYPE, ablations, filters).",
+    ),
+        "hype.cli.reshard",
+        "reshard",
+        "Write training shards for a subset (DataComp resharder layout).",
+    ),
 }
 
 
