@@ -22,14 +22,6 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "eval": ("hype.cli.eval", "eval_cmd", "Run the DataComp zero-shot benchmark (or the synthetic one)."),
     "convert": ("hype.cli.convert", "convert", "Convert released MERU / HYPE checkpoints to hype's format."),
-        "hype.cli.select",
-        "select",
-        "Select a subset from a scores table (HYPE, ablations, filters).",
-    ),
-        "hype.cli.reshard",
-        "reshard",
-        "Write training shards for a subset (DataComp resharder layout).",
-    ),
 }
 
 
