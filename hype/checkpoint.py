@@ -36,6 +36,10 @@ def save_checkpoint(path: str | PathLike, model: torch.nn.Module, *, extra: dict
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         save_model(model, str(tmp), metadata=metadata)
+        # safetensors creates files 0600; use the user's default mode so a cluster can share them.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         tmp.replace(path)

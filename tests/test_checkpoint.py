@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 
 import pytest
@@ -35,6 +36,9 @@ def test_save_load_is_bit_identical(tmp_path, model):
     with torch.no_grad():
         assert torch.equal(model.eval().encode_image(images), loaded.encode_image(images))
     assert not list(tmp_path.glob("ckpt/.*tmp*")), "temporary file left behind"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # shareable, not safetensors' 0600
 
 
 def test_every_geometry_round_trips(tmp_path):
