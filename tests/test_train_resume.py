@@ -27,7 +27,7 @@ MICRO = [
     "model.text.layers=1",
     "model.text.context_length=16",
 ]
-STEPS = 40
+STEPS = 25
 RUN = [
     *MICRO,
     "data.workers=0",
