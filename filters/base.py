@@ -1,0 +1,108 @@
+"""The interface every selection rule implements.
+
+A rule reads some columns of the scores table, one `Batch` (a row group) at a time, and returns either a
+score per row (`kind = "score"`: larger is better; the selection keeps the top rows) or a keep-mask per row
+(`kind = "mask"`: applied before ranking). Rules are pure functions of a row (plus, for normalized scores,
+of pool statistics gathered in an optional first pass), so results never depend on batch boundaries,
+thread counts or file order.
+
+Parameters are declared in `PARAMS` as name -> (type, default, help) and come from a spec string
+(`basic:min_side=64,english=false`), a preset's YAML mapping, or keyword arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from hype.select.errors import SelectError
+from hype.select.table import Batch
+
+
+class Rule:
+    name: ClassVar[str] = ""
+    kind: ClassVar[str] = ""  # "score" or "mask"
+    summary: ClassVar[str] = ""  # one line for --help and the summary
+    PARAMS: ClassVar[dict[str, tuple[type, Any, str]]] = {}
+
+    def __init__(self, **params: Any):
+        self.params = coerce_params(self.name, self.PARAMS, params)
+
+    # -- what the rule reads
+    def columns(self) -> list[str]:
+        """Scores-table columns this rule reads (add "uid" for rules that look at uids)."""
+        return []
+
+    # -- optional pool pass (statistics a rule needs before it can score)
+    @property
+    def needs_pool_pass(self) -> bool:
+        return False
+
+    def observe(self, batch: Batch) -> None:
+        """See every scored row once before any `score` call (only when `needs_pool_pass`)."""
+
+    def finish_observe(self) -> None:
+        """Called once after the last `observe`."""
+
+    # -- the rule itself
+    def score(self, batch: Batch) -> np.ndarray:
+        """float64 score per row (score rules)."""
+        raise NotImplementedError
+
+    def mask(self, batch: Batch) -> np.ndarray:
+        """bool keep-mask per row (mask rules)."""
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        """What the summary JSON records about this rule."""
+        return {"rule": self.name, **{k: v for k, v in self.params.items()}}
+
+    def spec(self) -> str:
+        changed = {k: v for k, v in self.params.items() if k in self.PARAMS and v != self.PARAMS[k][1]}
+        return self.name + (":" + ",".join(f"{k}={v}" for k, v in changed.items()) if changed else "")
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """`"basic:min_side=64,english=false"` -> ("basic", {"min_side": "64", "english": "false"})."""
+    name, _, rest = str(spec).partition(":")
+    params: dict[str, str] = {}
+    for part in rest.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "=" not in part:
+            raise SelectError(f"rule {spec!r}: {part!r} is not KEY=VALUE; write e.g. basic:min_side=64")
+        k, v = part.split("=", 1)
+        params[k.strip()] = v.strip()
+    return name.strip(), params
+
+
+def coerce_params(rule: str, declared: Mapping[str, tuple[type, Any, str]], given: Mapping[str, Any]) -> dict:
+    out = {k: d for k, (_, d, _) in declared.items()}
+    for key, value in given.items():
+        if key not in declared:
+            known = ", ".join(declared) or "none"
+            raise SelectError(f"rule {rule!r}: unknown parameter {key!r} (parameters: {known})")
+        typ = declared[key][0]
+        out[key] = _coerce(rule, key, value, typ)
+    return out
+
+
+def _coerce(rule: str, key: str, value: Any, typ: type) -> Any:
+    try:
+        if typ is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if typ is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError
+        return typ(value)
+    except (TypeError, ValueError):
+        raise SelectError(f"rule {rule!r}: {key}={value!r} is not a valid {typ.__name__}") from None

@@ -1,0 +1,14 @@
+"""`clip_score`: cos θ alone, DataComp's CLIP-score baseline (HYPE Table 3's "CLIP" row)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from filters.hype import HypeScore
+
+
+class ClipScore(HypeScore):
+    name: ClassVar[str] = "clip_score"
+    summary: ClassVar[str] = "cos θ (CLIP score), DataComp's CLIP-score baseline"
+    PARAMS: ClassVar = {"normalize": HypeScore.PARAMS["normalize"]}
+    FIXED_WEIGHTS: ClassVar = {"cos_theta": 1.0}

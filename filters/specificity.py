@@ -1,0 +1,14 @@
+"""`specificity`: ε_i + ε_t, the specificity-only ablation of HYPE (Fig. 5)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from filters.hype import HypeScore
+
+
+class Specificity(HypeScore):
+    name: ClassVar[str] = "specificity"
+    summary: ClassVar[str] = "eps_i + eps_t (specificity only)"
+    PARAMS: ClassVar = {"normalize": HypeScore.PARAMS["normalize"]}
+    FIXED_WEIGHTS: ClassVar = {"eps_i": 1.0, "eps_t": 1.0}

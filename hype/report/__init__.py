@@ -1,0 +1,65 @@
+"""`hype report`: one self-contained HTML page about a scored pool and, optionally, a subset of it.
+
+Histograms per metric for pool vs subset (HYPE App. A), the metrics' correlation matrix, thumbnail grids
+per 20% percentile bucket of ε_i and ε_t (HYPE Fig. 3), and the run's and the selection's summaries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from os import PathLike
+from pathlib import Path
+
+from hype.report.collect import collect
+from hype.report.page import render
+from hype.report.thumbs import attach_thumbnails
+from hype.select.errors import SelectError
+
+
+def write_report(
+    run_dir: str | PathLike,
+    out: str | PathLike,
+    *,
+    subset: str | PathLike | None = None,
+    pool: str | None = None,
+    per_bucket: int = 6,
+    bins: int = 40,
+    workers: int = 2,
+    progress: bool = True,
+) -> dict:
+    """Write the report to `out`; returns what it holds (counts) for the CLI summary."""
+    out = Path(out)
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise SelectError(f"--out {out}: the report is an HTML page; name it e.g. report.html")
+    data = collect(run_dir, subset, bins=bins, per_bucket=per_bucket, workers=workers, progress=progress)
+    samples = [s for buckets in data.buckets.values() for bucket in buckets for s in bucket]
+    thumbs = attach_thumbnails(samples, run_dir, pool)
+    run_summary = _read_json(Path(run_dir) / "summary.json")
+    subset_summary = _read_json(Path(subset).with_suffix(".json")) if subset else None
+    page = render(data, run_summary=run_summary, subset_summary=subset_summary, thumbs=thumbs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    tmp.write_text(page, encoding="utf-8")
+    os.replace(tmp, out)
+    return {
+        "out": str(out),
+        "bytes": len(page.encode("utf-8")),
+        "pool_rows": data.pool_rows,
+        "subset_rows": data.subset_rows,
+        "subset_in_scores": data.subset_in_pool,
+        "metrics": data.metrics,
+        "thumbnails": thumbs,
+        "run_summary": run_summary is not None,
+    }
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+__all__ = ["write_report"]

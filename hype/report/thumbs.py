@@ -1,0 +1,76 @@
+"""Thumbnails of a few samples, read straight from the pool tars (headers, then only the wanted images).
+
+A sample's tar is the scores table's `shard` column, as given to `hype score`: used as is, else relative
+to the run directory, else (with `--pool`) looked up by file name in the pool folder(s).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+
+from hype.data.samples import IMAGE_EXTS, ImageDecodeError, SkipStats, decode_image
+from hype.reshard.index import iter_sample_members
+
+THUMB_PX = 160
+
+
+def resolve_shard(shard: str, run_dir: Path, pool_dirs: list[Path]) -> Path | None:
+    p = Path(shard)
+    for candidate in (p, run_dir / p, *(d / p.name for d in pool_dirs)):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def attach_thumbnails(samples: Iterable, run_dir: str | Path, pool: str | None = None) -> dict:
+    """Set `sample.image` (a data: URL) for every sample whose image can be read; returns counts."""
+    run_dir = Path(run_dir)
+    pool_dirs = [Path(p) for p in (pool.split("::") if pool else [])]
+    pool_dirs = [p if p.is_dir() else p.parent for p in pool_dirs]
+    by_shard: dict[Path | None, list] = defaultdict(list)
+    for s in samples:
+        by_shard[resolve_shard(s.shard, run_dir, pool_dirs) if s.shard else None].append(s)
+    counts = {"shown": 0, "missing_shard": 0, "missing_sample": 0, "undecodable": 0}
+    for path, group in by_shard.items():
+        if path is None:
+            counts["missing_shard"] += len(group)
+            continue
+        wanted: dict[str, list] = defaultdict(list)  # a sample can sit in the grids of both ε_i and ε_t
+        for s in group:
+            wanted[s.key].append(s)
+        stats = SkipStats()
+        with open(path, "rb") as f:
+            for key, members in iter_sample_members(os.fspath(path), stats):
+                found = wanted.pop(key, None)
+                if found is not None:
+                    ext = next((e for e in IMAGE_EXTS if e in members), None)
+                    if ext is None:
+                        counts["missing_sample"] += len(found)
+                        continue
+                    off, size = members[ext]
+                    f.seek(off)
+                    try:
+                        image = thumbnail(f.read(size))
+                    except ImageDecodeError:
+                        counts["undecodable"] += len(found)
+                        continue
+                    for s in found:
+                        s.image = image
+                    counts["shown"] += len(found)
+                if not wanted:
+                    break
+        counts["missing_sample"] += sum(len(v) for v in wanted.values())
+    return counts
+
+
+def thumbnail(data: bytes, px: int = THUMB_PX) -> str:
+    img = decode_image(data)
+    img.thumbnail((px, px))
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", quality=85)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")

@@ -1,0 +1,149 @@
+"""Pass 1 of resharding: index one input tar, recording where each selected sample's members lie.
+
+A tar is walked header by header with seeks (`tarfile` in seekable mode skips member data), so only the
+headers and the small `.json` members are read, not the images. Samples are grouped and validated the way
+DataComp's resharder does it: consecutive members sharing a key (the basename up to its first dot, suffix
+lower-cased) form a sample, a repeated suffix starts a new one, a sample without `.json`, with unreadable
+JSON or without a `uid` is skipped (and counted), and the sample is kept as often as its uid occurs in the
+subset.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hype.data.samples import BAD_JSON, NO_UID, UNREADABLE_SHARD, SkipStats, split_member_name
+from hype.select.uidcodec import UidMultiset
+
+TRUNCATED = "truncated_member"  # a member whose data runs past the end of the tar (interrupted copy)
+
+
+@dataclass
+class ShardIndex:
+    tar: str
+    size: int
+    mtime_ns: int
+    samples: int = 0  # samples seen in the tar
+    # per selected sample: [uid string as written in its json, copies, [[suffix, data offset, size], ...]]
+    matched: list[list] = field(default_factory=list)
+    found: list[int] = field(default_factory=list)  # index of each matched uid among the subset's unique uids
+    skipped: dict = field(default_factory=dict)
+
+    @property
+    def copies(self) -> int:
+        return sum(m[1] for m in self.matched)
+
+    def to_json(self) -> dict:
+        return {
+            "tar": self.tar,
+            "size": self.size,
+            "mtime_ns": self.mtime_ns,
+            "samples": self.samples,
+            "matched": self.matched,
+            "found": self.found,
+            "skipped": self.skipped,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> ShardIndex:
+        return cls(**d)
+
+
+def parse_uid(value: object) -> tuple[int, int] | None:
+    """DataComp's parse of `json["uid"]`: any hex string whose value fits 128 bits (`int(uid, 16)`)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        v = int(value, 16)
+    except ValueError:
+        return None
+    if not 0 <= v < 2**128:
+        return None
+    return divmod(v, 2**64)
+
+
+def iter_sample_members(path: str, stats: SkipStats) -> Iterator[tuple[str, dict[str, tuple[int, int]]]]:
+    """(key, {suffix: (data offset, size)}) for each sample of a tar, reading headers only.
+
+    Problems are counted in `stats` (an unreadable tar, a member cut short by the end of the file); the
+    samples before the damage are still yielded.
+    """
+    size = os.stat(path).st_size
+    current: tuple[str, dict[str, tuple[int, int]]] | None = None
+    try:
+        with tarfile.open(path, mode="r:") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                parts = split_member_name(member.name)
+                if parts is None:
+                    continue
+                key, ext = parts
+                if member.offset_data + member.size > size:
+                    stats.add(TRUNCATED, f"{path}:{member.name}: data runs past the end of the tar")
+                    break
+                if current is None or key != current[0] or ext in current[1]:
+                    if current is not None:
+                        yield current
+                    current = (key, {})
+                current[1][ext] = (member.offset_data, member.size)
+            else:
+                # tarfile stops quietly at a cut-off header; a complete tar ends with two zero blocks.
+                tar.fileobj.seek(tar.offset)
+                tail = tar.fileobj.read(1024)
+                if len(tail) < 1024 or tail.strip(b"\0"):
+                    stats.add(
+                        TRUNCATED, f"{path}: no end-of-archive marker after byte {tar.offset}: cut short?"
+                    )
+    except (tarfile.TarError, OSError, EOFError) as e:
+        stats.add(UNREADABLE_SHARD, f"{path}: {type(e).__name__}: {e}")
+    if current is not None:
+        yield current
+
+
+def index_tar(path: str, subset: UidMultiset) -> ShardIndex:
+    st = os.stat(path)
+    index = ShardIndex(tar=path, size=st.st_size, mtime_ns=st.st_mtime_ns)
+    stats = SkipStats()
+    samples = list(iter_sample_members(path, stats))
+    index.samples = len(samples)
+    uids: list[str] = []
+    pairs: list[tuple[int, int]] = []
+    kept: list[dict] = []
+    with open(path, "rb") as f:
+        for key, members in samples:
+            where = f"{path}:{key}"
+            if "json" not in members:
+                stats.add(BAD_JSON, f"{where}: no .json member (DataComp skips such samples)")
+                continue
+            off, size = members["json"]
+            f.seek(off)
+            try:
+                meta = json.loads(f.read(size))
+            except (ValueError, UnicodeDecodeError) as e:
+                stats.add(BAD_JSON, f"{where}: {e}")
+                continue
+            uid = meta.get("uid") if isinstance(meta, dict) else None
+            pair = parse_uid(uid)
+            if pair is None:
+                stats.add(NO_UID, f"{where}: no readable uid in its .json ({uid!r})")
+                continue
+            uids.append(uid)  # type: ignore[arg-type]
+            pairs.append(pair)
+            kept.append(members)
+    if pairs:
+        hi = np.array([p[0] for p in pairs], dtype=np.uint64)
+        lo = np.array([p[1] for p in pairs], dtype=np.uint64)
+        idx = subset.find(hi, lo)
+        for i in np.flatnonzero(idx >= 0):
+            members = [[ext, off, size] for ext, (off, size) in sorted(kept[i].items())]
+            index.matched.append([uids[i], int(subset.counts[idx[i]]), members])
+            index.found.append(int(idx[i]))
+    index.skipped = stats.to_dict()
+    return index

@@ -1,0 +1,335 @@
+"""`reshard`: write the samples of a DataComp subset as training shards, the way DataComp's resharder does.
+
+Output layout (what DataComp's `resharder.py` writes, so DataComp/open_clip training reads it as is):
+`OUT/{k:08d}.tar` holding, for every pool sample whose `json["uid"]` is in the subset, one copy per
+occurrence of the uid in the subset, keyed `<uid>-<j>` (j = 0, 1, ...), with the sample's members copied
+byte for byte in suffix order (`.jpg`, `.json`, `.txt`; the `.json` is not modified, as in DataComp
+without `--inject-blur-metadata`), at most `--shard-size` samples per tar; `OUT/{k:08d}_stats.json`
+(`{"successes": n, "count": n}`) written after its tar (the completion marker); `OUT/meta.json` last.
+
+Unlike DataComp's resharder, the output is deterministic (input shards in order, samples in tar order,
+copies together), every output shard is full but the last, and a run can resume:
+
+1. index: each input tar is indexed (headers and `.json` members only, see `index.py`); results are kept
+   in `OUT/.reshard/index/` keyed on the tar's path, size and mtime, so a rerun skips indexed tars;
+2. write: output shard k holds copies [k*N, (k+1)*N) of the concatenated selection; shards whose
+   `_stats.json` exists are skipped; each new tar is read back and its keys and uids compared with the
+   plan before its `_stats.json` is written;
+3. verify: the per-shard counts add up to the planned total, and `meta.json` records the subset, the
+   counts, the uids of the subset missing from the pool and the skipped samples.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from os import PathLike
+from pathlib import Path
+
+import numpy as np
+
+from hype import __version__
+from hype.data.samples import SkipStats, iter_tar_samples
+from hype.data.shards import ShardError, expand_shards
+from hype.data.uids import UidError, load_subset
+from hype.reshard.index import index_tar
+from hype.select.errors import SelectError
+from hype.select.uidcodec import UidMultiset
+from hype.synth.shards import write_json, write_tar
+
+STATE = ".reshard"
+META = "meta.json"
+
+
+def _fingerprint_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _tar_id(path: str) -> str:
+    return hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:20]
+
+
+# ---- worker-side state: the subset's unique uids, memory-mapped from OUT/.reshard (shared page cache)
+
+_SUBSET: UidMultiset | None = None
+
+
+def _init_worker(state_dir: str) -> None:
+    global _SUBSET
+
+    def load(name: str) -> np.ndarray:
+        return np.load(os.path.join(state_dir, f"subset_{name}.npy"), mmap_mode="r", allow_pickle=False)
+
+    _SUBSET = UidMultiset.from_unique(load("hi"), load("lo"), load("counts"))
+
+
+def _index_job(tar: str, index_path: str) -> dict:
+    """Index one input tar (or reuse its saved index); returns the index as a dict."""
+    p = Path(index_path)
+    st = os.stat(tar)
+    if p.exists():
+        try:
+            saved = json.loads(p.read_text())
+            if saved["tar"] == tar and saved["size"] == st.st_size and saved["mtime_ns"] == st.st_mtime_ns:
+                return saved
+        except (OSError, ValueError, KeyError):
+            pass  # unreadable or stale: index again
+    assert _SUBSET is not None
+    index = index_tar(tar, _SUBSET).to_json()
+    write_json(p, index)
+    return index
+
+
+def _copies(index: dict) -> Iterator[tuple[str, int, list]]:
+    """(uid, j, members) for every copy the shard contributes, in output order."""
+    for uid, count, members in index["matched"]:
+        for j in range(count):
+            yield uid, j, members
+
+
+def _write_job(out: str, k: int, pieces: list[tuple[str, int, int]]) -> dict:
+    """Write output shard k from `pieces` = [(index file, first copy, end copy)], read it back, then write
+    its `_stats.json`. Returns {"count", "keys_digest"}."""
+    tar_path = Path(out) / f"{k:08d}.tar"
+    expected: list[tuple[str, str]] = []  # (key, uid) in order
+
+    def members() -> Iterator[tuple[str, bytes]]:
+        for index_file, start, end in pieces:
+            index = json.loads(Path(index_file).read_text())
+            with open(index["tar"], "rb") as f:
+                for pos, (uid, j, mems) in enumerate(_copies(index)):
+                    if pos < start:
+                        continue
+                    if pos >= end:
+                        break
+                    key = f"{uid}-{j}"
+                    expected.append((key, uid))
+                    for ext, off, size in mems:
+                        f.seek(off)
+                        data = f.read(size)
+                        if len(data) != size:
+                            raise SelectError(
+                                f"{index['tar']}: member {key}.{ext} is truncated; the tar changed after "
+                                "indexing: rerun hype reshard"
+                            )
+                        yield f"{key}.{ext}", data
+
+    write_tar(tar_path, members())
+    # Read back: the tar must hold exactly the planned samples, in order, with their uids.
+    stats = SkipStats()
+    got = []
+    for sample in iter_tar_samples(str(tar_path), stats):
+        meta = sample.meta() or {}
+        got.append((sample.key, meta.get("uid")))
+    if got != expected or stats.counts:
+        raise SelectError(
+            f"{tar_path}: read back {len(got)} samples, expected {len(expected)} (or keys/uids differ); "
+            "the output disk may be full or failing; delete the file and rerun"
+        )
+    write_json(Path(out) / f"{k:08d}_stats.json", {"successes": len(expected), "count": len(expected)})
+    return {"count": len(expected)}
+
+
+def reshard(
+    pool: str | PathLike,
+    subset: str | PathLike,
+    out: str | PathLike,
+    *,
+    shard_size: int = 10000,
+    workers: int = 4,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Reshard `pool` (folder / pattern / tar, see `hype.data.shards`) to the samples of `subset`."""
+    start = time.perf_counter()
+    if shard_size < 1:
+        raise SelectError(f"--shard-size must be >= 1, got {shard_size}")
+    if workers < 1:
+        raise SelectError(f"--workers must be >= 1, got {workers}")
+    try:
+        shards = expand_shards(pool)
+    except ShardError as e:
+        raise SelectError(f"--pool: {e}") from None
+    subset_path = Path(subset)
+    try:
+        arr = load_subset(subset_path)
+    except UidError as e:
+        raise SelectError(f"--subset: {e}") from None
+    if len(arr) == 0:
+        raise SelectError(f"--subset {subset_path}: the subset is empty; nothing to reshard")
+    out = Path(out)
+    subset_sha = _fingerprint_file(subset_path)
+    inputs = [os.path.abspath(p) for p in shards.paths]
+    job = {"subset_sha256": subset_sha, "inputs": inputs, "shard_size": shard_size}
+    job_sha = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()
+    meta_path = out / META
+    finished = _read_json(meta_path)
+    if finished is not None and finished.get("job_sha256") == job_sha and not overwrite:
+        finished["resumed"] = "already complete"  # the same job finished before: nothing to do
+        return finished
+    _prepare_out(out, job, overwrite)
+
+    state = out / STATE
+    (state / "index").mkdir(parents=True, exist_ok=True)
+    ms = UidMultiset(arr)
+    np.save(state / "subset_hi.npy", ms.hi, allow_pickle=False)
+    np.save(state / "subset_lo.npy", ms.lo, allow_pickle=False)
+    np.save(state / "subset_counts.npy", ms.counts, allow_pickle=False)
+    index_files = [str(state / "index" / f"{_tar_id(t)}.json") for t in inputs]
+
+    # -- pass 1: index every input tar
+    found = np.zeros(len(ms), dtype=bool)
+    duplicates = 0
+    skipped = SkipStats()
+    copies: list[int] = []
+    samples_seen = matched = 0
+    with _pool(workers, str(state)) as ex:
+        results = ex.map(_index_job, inputs, index_files) if ex else map(_index_job, inputs, index_files)
+        for index in _bar(results, len(inputs), "index", progress, "shards"):
+            idx = np.asarray(index["found"], dtype=np.int64)
+            duplicates += int(found[idx].sum()) + (len(idx) - len(np.unique(idx)))
+            found[idx] = True
+            skipped.merge(index["skipped"])
+            copies.append(sum(m[1] for m in index["matched"]))
+            samples_seen += index["samples"]
+            matched += len(index["matched"])
+
+    # -- pass 2: plan and write output shards
+    total = int(sum(copies))
+    if total == 0:
+        raise SelectError(
+            f"none of the {len(ms)} uids of {subset_path} is in the {len(inputs)} pool shard(s) of {pool}; "
+            "check that the subset was selected from this pool"
+        )
+    bounds = np.concatenate([[0], np.cumsum(copies)])
+    n_out = -(-total // shard_size)
+    plans = []
+    for k in range(n_out):
+        lo_pos, hi_pos = k * shard_size, min((k + 1) * shard_size, total)
+        first = int(np.searchsorted(bounds, lo_pos, "right")) - 1
+        pieces = []
+        i = first
+        while i < len(inputs) and bounds[i] < hi_pos:
+            s, e = max(lo_pos, bounds[i]) - bounds[i], min(hi_pos, bounds[i + 1]) - bounds[i]
+            if e > s:
+                pieces.append((index_files[i], int(s), int(e)))
+            i += 1
+        plans.append(pieces)
+    todo = [k for k in range(n_out) if not (out / f"{k:08d}_stats.json").exists()]
+    done_before = n_out - len(todo)
+    with _pool(workers, str(state)) as ex:
+        args = ([str(out)] * len(todo), todo, [plans[k] for k in todo])
+        results = ex.map(_write_job, *args) if ex else map(_write_job, *args)
+        for _ in _bar(results, len(todo), "write", progress, "shards"):
+            pass
+
+    # -- verify the whole output against the plan
+    written = 0
+    for k in range(n_out):
+        written += int(json.loads((out / f"{k:08d}_stats.json").read_text())["successes"])
+    stray = sorted(p.name for p in out.glob("*.tar") if not p.stem.isdigit() or int(p.stem) >= n_out)
+    if written != total or stray:
+        raise SelectError(
+            f"{out}: the output shards hold {written} samples, expected {total}"
+            + (f"; stray shards {', '.join(stray[:3])}" if stray else "")
+            + "; rerun with --overwrite"
+        )
+    unique_found = int(found.sum())
+    meta = {
+        "subset": str(subset_path),
+        "subset_sha256": subset_sha,
+        "subset_rows": int(len(arr)),
+        "subset_unique": len(ms),
+        "pool": str(pool),
+        "input_shards": len(inputs),
+        "empty_input_shards": list(shards.empty),
+        "input_samples": samples_seen,
+        "matched_samples": matched,
+        "output_samples": total,
+        "output_shards": n_out,
+        "shard_size": shard_size,
+        "missing_uids": len(ms) - unique_found,
+        "missing_rows": int(len(arr) - ms.counts[found].sum()),
+        "duplicate_pool_uids": duplicates,
+        "skipped": skipped.to_dict(),
+        "shards_written": len(todo),
+        "shards_resumed": done_before,
+        "verified": True,
+        "seconds": round(time.perf_counter() - start, 3),
+        "hype_version": __version__,
+        "job_sha256": job_sha,
+    }
+    write_json(meta_path, meta)
+    shutil.rmtree(state, ignore_errors=True)
+    return meta
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _prepare_out(out: Path, job: dict, overwrite: bool) -> None:
+    """Refuse to mix two different jobs in one folder; remember this job so that a rerun resumes it."""
+    job_file = out / STATE / "job.json"
+    if out.exists() and any(out.iterdir()):
+        if overwrite or _read_json(job_file) != job:
+            if not overwrite:
+                raise SelectError(
+                    f"--out {out} is not empty and holds no unfinished reshard of this subset and pool (with "
+                    "this --shard-size); pass --overwrite to replace its shards, or choose another --out"
+                )
+            _clear(out)
+    (out / STATE).mkdir(parents=True, exist_ok=True)
+    write_json(job_file, job)
+
+
+def _clear(out: Path) -> None:
+    # --overwrite removes only what a reshard writes, never unrelated files.
+    for p in out.iterdir():
+        if p.name == STATE:
+            shutil.rmtree(p)
+        elif p.name == META or (p.name.endswith((".tar", "_stats.json")) and p.name[:8].isdigit()):
+            p.unlink()
+        elif p.name.startswith(".") and p.name.endswith(".tmp"):
+            p.unlink()
+
+
+class _pool:
+    """A process pool (or None for --workers 1) whose workers memory-map the subset."""
+
+    def __init__(self, workers: int, state_dir: str):
+        self.workers, self.state_dir = workers, state_dir
+        self.ex: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> ProcessPoolExecutor | None:
+        if self.workers == 1:
+            _init_worker(self.state_dir)
+            return None
+        self.ex = ProcessPoolExecutor(self.workers, initializer=_init_worker, initargs=(self.state_dir,))
+        return self.ex
+
+    def __exit__(self, *exc) -> None:
+        if self.ex is not None:
+            self.ex.shutdown(wait=True, cancel_futures=True)
+
+
+def _bar(it, total: int, desc: str, enabled: bool, unit: str):
+    if not enabled:
+        return it
+    from tqdm import tqdm
+
+    return tqdm(it, total=total, desc=desc, unit=f" {unit}", file=sys.stderr, dynamic_ncols=True)

@@ -1,0 +1,148 @@
+"""What `hype select` writes next to each other:
+
+- `subset.npy`: the DataComp subset file (sorted `"u8,u8"`, `hype.data.uids` format);
+- `subset.parquet`: the selected rows of the scores table with their combined `score` and metrics (rows
+  in table order, then the rows chosen at the cut, best first; uids added by `--union` are not in it:
+  they have no row in the scores table);
+- `subset.json`: the machine-readable summary (counts, target, rules, cut, pool vs subset statistics).
+
+Every file is written under a temporary name and renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from hype.data.uids import UID_DTYPE, is_sorted, load_subset
+from hype.select.errors import SelectError
+from hype.select.stats import RunningStats
+from hype.select.uidcodec import pairs_to_arrow, sorted_uids
+
+
+def output_paths(out: str | os.PathLike) -> tuple[Path, Path, Path]:
+    """`subset.npy` -> (`subset.npy`, `subset.parquet`, `subset.json`)."""
+    npy = Path(out)
+    if npy.suffix != ".npy":
+        raise SelectError(
+            f"--out {out}: the subset file must end in .npy (DataComp's format), e.g. subset.npy"
+        )
+    return npy, npy.with_suffix(".parquet"), npy.with_suffix(".json")
+
+
+def _tmp(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+class SubsetWriter:
+    """The reducer's sink: streams kept rows to the Parquet file, keeps their uids and statistics."""
+
+    def __init__(self, parquet: Path, metrics: list[str]):
+        self.parquet = parquet
+        self.metrics = metrics
+        self.stats = {m: RunningStats() for m in [*metrics, "score"]}
+        self.hi: list[np.ndarray] = []
+        self.lo: list[np.ndarray] = []
+        self.rows = 0
+        self.schema = pa.schema(
+            [("uid", pa.string()), ("score", pa.float64()), *[(m, pa.float32()) for m in metrics]]
+        )
+        parquet.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = _tmp(parquet)
+        self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
+            self._tmp,
+            self.schema,
+            compression="zstd",
+            use_dictionary=False,  # uids are unique: no dictionary
+        )
+
+    def __call__(
+        self,
+        hi: np.ndarray,
+        lo: np.ndarray,
+        score: np.ndarray,
+        columns: dict[str, np.ndarray],
+        uids: pa.Array | None = None,
+    ) -> None:
+        if len(hi) == 0:
+            return
+        self.hi.append(hi)
+        self.lo.append(lo)
+        self.rows += len(hi)
+        self.stats["score"].add(score)
+        if uids is None:
+            uids = pairs_to_arrow(hi, lo)
+        arrays = [uids.cast(pa.string()), pa.array(score, pa.float64())]
+        for m in self.metrics:
+            self.stats[m].add(columns[m])
+            arrays.append(pa.array(np.asarray(columns[m], dtype=np.float32)))
+        assert self._writer is not None
+        self._writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
+
+    def uid_array(self) -> np.ndarray:
+        """The kept uids as a sorted `"u8,u8"` array (the chunks are released); raises when the scores table
+        listed one of them twice."""
+        arr = sorted_uids(self.hi, self.lo)
+        hi, lo = arr["f0"], arr["f1"]
+        dup = np.flatnonzero((hi[1:] == hi[:-1]) & (lo[1:] == lo[:-1]))
+        if len(dup):
+            uid = f"{int(hi[dup[0]]):016x}{int(lo[dup[0]]):016x}"
+            raise SelectError(
+                f"uid {uid} (and {len(dup) - 1} more) appears more than once in the scores table, so the "
+                "subset would repeat it; a shard was probably scored twice: remove the duplicate part files "
+                "from the run's scores/ folder or rescore"
+            )
+        return arr
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+            os.replace(self._tmp, self.parquet)
+
+    def abort(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self._tmp.unlink(missing_ok=True)
+
+
+def write_subset(path: Path, arr: np.ndarray) -> np.ndarray:
+    """Write a sorted `"u8,u8"` array as a DataComp subset file and read it back through `load_subset`.
+
+    Same bytes as `hype.data.uids.save_subset` (np.save of a sorted "u8,u8" array, atomically), but
+    without its structured-array sort, which alone takes ~30 s for 20M already-sorted uids.
+    """
+    if arr.dtype != UID_DTYPE or not is_sorted(arr):
+        raise AssertionError("write_subset expects a sorted 'u8,u8' array")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp(path)
+    with open(tmp, "wb") as f:
+        np.save(f, arr, allow_pickle=False)
+    os.replace(tmp, path)
+    back = load_subset(path)
+    if len(back) != len(arr):
+        raise AssertionError(f"{path}: wrote {len(arr)} uids, read back {len(back)}")
+    return back
+
+
+def write_json(path: Path, obj: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp(path)
+    tmp.write_text(json.dumps(obj, indent=2, allow_nan=False, default=_json_default) + "\n")
+    os.replace(tmp, path)
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")

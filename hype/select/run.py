@@ -1,0 +1,270 @@
+"""`select_subset`: a scores table in, a DataComp subset file (+ Parquet + JSON summary) out.
+
+Resolution order of the options: the preset (default `hype`, the paper's Eq. 1) gives the ranking rule,
+weights, normalization and filters; `rank`, `weights` and `normalize` replace the preset's values;
+`filters` and `intersect` add masks to the preset's; `union` files are added after ranking.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import filters as rules
+from filters.base import Rule
+from filters.uid_set import Intersect, union
+from hype import __version__
+from hype.scoring.schema import METRICS
+from hype.select.errors import SelectError
+from hype.select.outputs import SubsetWriter, output_paths, write_json, write_subset
+from hype.select.presets import DEFAULT_PRESET, load_preset
+from hype.select.reducer import Target, describe_cut, parse_frac, reduce
+from hype.select.stats import RunningStats
+from hype.select.table import ScoresTable
+from hype.select.uidcodec import to_structured
+
+ROUNDING = "k = floor(frac * rows + 1/2) (round half up), computed exactly from the decimal --frac"
+
+
+@dataclass
+class SelectRequest:
+    scores: str | Path
+    out: str | Path
+    frac: float | str | None = None
+    top_k: int | None = None
+    threshold: float | None = None
+    keep_all: bool = False
+    frac_of: str = "pool"
+    preset: str | None = None
+    rank: str | None = None
+    weights: str | dict | None = None
+    normalize: str | None = None
+    filters: list[str] = field(default_factory=list)
+    intersect: list[str] = field(default_factory=list)
+    union: list[str] = field(default_factory=list)
+    seed: int | None = None
+    workers: int = 2
+    progress: bool = True
+
+
+def build_rules(req: SelectRequest) -> tuple[str, Rule, list[Rule]]:
+    """(preset name, ranking rule, mask rules) for a request."""
+    preset = load_preset(req.preset or DEFAULT_PRESET)
+    rank_spec = req.rank or preset.rank
+    name, _ = rules.parse_spec(rank_spec)
+    name = name.replace("-", "_")
+    params: dict[str, Any] = {}
+    if name == "hype":
+        weights = req.weights if req.weights is not None else preset.weights
+        if weights is not None:
+            params["weights"] = weights
+    elif req.weights is not None:
+        raise SelectError(
+            f"--weights applies to the 'hype' ranking rule, not {name!r}; drop --weights or use --rank hype"
+        )
+    normalize = req.normalize or (preset.normalize if preset.normalize != "none" else None)
+    if normalize is not None:
+        if name not in ("hype", "clip_score", "specificity"):
+            raise SelectError(
+                f"--normalize applies to weighted sums (hype, clip_score, specificity), not {name!r}"
+            )
+        params["normalize"] = normalize
+    if req.seed is not None:
+        if name != "random":
+            raise SelectError(f"--seed applies to the 'random' ranking rule, not {name!r}")
+        params["seed"] = req.seed
+    ranker = rules.make_rule(rank_spec, kind="score", **params)
+    masks = [rules.make_rule(spec, kind="mask") for spec in [*preset.filters, *req.filters]]
+    masks += [Intersect(path=str(p)) for p in req.intersect]
+    return preset.name, ranker, masks
+
+
+def make_target(req: SelectRequest) -> Target:
+    given = [
+        n
+        for n, v in (("--frac", req.frac), ("--top-k", req.top_k), ("--threshold", req.threshold))
+        if v is not None
+    ] + (["--keep-all"] if req.keep_all else [])
+    if len(given) != 1:
+        raise SelectError(
+            "say how much to keep with exactly one of --frac F, --top-k N, --threshold T, --keep-all"
+            + (f" (got {', '.join(given)})" if given else "")
+        )
+    if req.keep_all:
+        return Target(threshold=-math.inf)
+    if req.frac is not None:
+        return Target(frac=parse_frac(req.frac), frac_of=req.frac_of)
+    if req.top_k is not None:
+        return Target(k=int(req.top_k))
+    return Target(threshold=float(req.threshold))  # type: ignore[arg-type]
+
+
+def select_subset(req: SelectRequest) -> dict:
+    """Run a selection; returns the summary that is also written to `subset.json`."""
+    start = time.perf_counter()
+    npy, parquet, summary_path = output_paths(req.out)
+    target = make_target(req)
+    preset_name, ranker, masks = build_rules(req)
+    table = ScoresTable(req.scores)
+    table.require(["uid"], "every selection")
+    table.require(ranker.columns(), f"ranking rule {ranker.spec()!r}")
+    for m in masks:
+        table.require(m.columns(), f"filter {m.spec()!r}")
+    metrics = table.present_metrics()
+    cached = _read_pool_cache(table)
+    pool_stats = {} if cached else {m: RunningStats() for m in metrics}
+    score_stats = RunningStats()
+    writer = SubsetWriter(parquet, metrics)
+    try:
+        result = reduce(
+            table,
+            ranker,
+            masks,
+            target,
+            writer,
+            carry=metrics,
+            pool_stats=pool_stats,
+            score_stats=score_stats,
+            workers=req.workers,
+            progress=req.progress,
+        )
+        arr = writer.uid_array()
+    except BaseException:
+        writer.abort()
+        raise
+    unions = []
+    for path in req.union:
+        hi, lo, info = union(arr["f0"], arr["f1"], path)
+        arr = to_structured(hi, lo)
+        unions.append(info)
+    arr = write_subset(npy, arr)
+    writer.close()
+    pool = cached or {m: st.to_dict() for m, st in pool_stats.items()}
+    if not cached:
+        _write_pool_cache(table, pool)
+    pool["score"] = score_stats.to_dict()
+    summary = {
+        "subset": str(npy),
+        "parquet": str(parquet),
+        "scores": str(table.folder),
+        "pool_rows": result.pool_rows,
+        "eligible_rows": result.eligible_rows,
+        "selected_rows": result.kept_rows,
+        "subset_rows": int(len(arr)),
+        "target": _describe_target(target, result.k),
+        "preset": preset_name,
+        "rank": ranker.describe(),
+        "filters": [{**m.describe(), "removed_rows": result.removed_by[m.spec()]} for m in masks],
+        "union": unions,
+        "cut": describe_cut(result),
+        "tie_break": "score descending, then uid ascending",
+        "metrics": {
+            name: {
+                "pool": pool[name],
+                "subset": writer.stats[name].to_dict(),
+            }
+            for name in [*metrics, "score"]
+        },
+        "passes": result.passes,
+        "seconds": round(time.perf_counter() - start, 3),
+        "hype_version": __version__,
+    }
+    write_json(summary_path, summary)
+    summary["summary"] = str(summary_path)
+    return summary
+
+
+def _pool_cache_path(table: ScoresTable) -> Path:
+    """Per-metric pool statistics depend only on the scores table: cache them next to it, keyed by the
+    part files' names, sizes and modification times, so repeated selections skip computing them."""
+    h = hashlib.sha256()
+    for f in table.files:
+        st = f.stat()
+        h.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return table.folder.parent / "select_cache" / f"pool-stats-{h.hexdigest()[:20]}.json"
+
+
+def _read_pool_cache(table: ScoresTable) -> dict | None:
+    try:
+        data = json.loads(_pool_cache_path(table).read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(data, dict) and set(data) == set(table.present_metrics())
+    return data if ok else None
+
+
+def _write_pool_cache(table: ScoresTable, pool: dict) -> None:
+    try:
+        write_json(_pool_cache_path(table), pool)
+    except OSError:
+        pass  # a read-only run directory: recompute next time
+
+
+def _describe_target(target: Target, k: int | None) -> dict:
+    if target.threshold is not None:
+        return (
+            {"mode": "keep_all"}
+            if math.isinf(target.threshold)
+            else {"mode": "threshold", "threshold": target.threshold}
+        )
+    if target.frac is not None:
+        return {
+            "mode": "frac",
+            "frac": float(target.frac),
+            "frac_of": target.frac_of,
+            "k": k,
+            "rounding": ROUNDING,
+        }
+    return {"mode": "top_k", "k": k}
+
+
+def format_summary(s: dict) -> str:
+    """The short human summary printed at the end of `hype select`."""
+    t = s["target"]
+    pct = 100.0 * s["selected_rows"] / s["pool_rows"]
+    how = {
+        "frac": f"--frac {t.get('frac')} of the {t.get('frac_of')}, round half up",
+        "top_k": f"--top-k {t.get('k')}",
+        "threshold": f"score >= {t.get('threshold')}",
+        "keep_all": "every eligible row",
+    }[t["mode"]]
+    rank = s["rank"]
+    rule = rank["rule"]
+    if rule == "hype":
+        w = " + ".join(f"{v:g}*{m}" if v != 1 else m for m, v in rank["weights"].items() if v)
+        rule = f"hype ({w}; normalize {rank['normalize']})"
+    lines = [
+        f"selected {s['selected_rows']:,} of {s['pool_rows']:,} scored samples ({pct:.2f}%; {how}) "
+        f"with preset {s['preset']}, ranked by {rule}"
+    ]
+    cut = s["cut"]
+    if cut["score"] is not None:
+        tie = ""
+        if cut["rows_at_cut_score"] > cut["kept_at_cut_score"]:
+            tie = f"; {cut['kept_at_cut_score']} of {cut['rows_at_cut_score']} rows tied at it, kept by uid"
+        lines.append(f"  cut: score >= {cut['score']:.6g}{tie}")
+    for f in s["filters"]:
+        spec = f["rule"] + (f" {f['path']}" if "path" in f else "")
+        lines.append(f"  filter {spec}: removed {f['removed_rows']:,} rows")
+    if s["filters"]:
+        lines.append(f"  eligible after filters: {s['eligible_rows']:,}")
+    for u in s["union"]:
+        lines.append(f"  union {u['path']}: +{u['added_rows']:,} rows")
+    lines.append(f"  {'metric':<10} {'pool mean':>11} {'subset mean':>12}")
+    for name, st in s["metrics"].items():
+        pool = st["pool"]["mean"] if st["pool"] and st["pool"].get("count") else float("nan")
+        sub = st["subset"].get("mean", float("nan"))
+        lines.append(f"  {name:<10} {pool:>11.4f} {sub:>12.4f}")
+    lines.append(
+        f"wrote {s['subset']} ({s['subset_rows']:,} uids), {s['parquet']}, {s['summary']} "
+        f"in {s['seconds']:.1f} s"
+    )
+    return "\n".join(lines)
+
+
+__all__ = ["SelectRequest", "select_subset", "format_summary", "METRICS"]

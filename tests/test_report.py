@@ -1,0 +1,147 @@
+"""`hype report`: content, escaping of untrusted captions, and rendering in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+from test_select_helpers import make_world, truth_scores, write_scores
+
+from hype.cli import main
+from hype.report import write_report
+from hype.select import SelectError
+from hype.select.run import SelectRequest, select_subset
+
+SCRIPT = "<script>document.title='pwned';document.body.setAttribute('data-pwned','1')</script>"
+IMG = "<img src=x onerror=\"document.body.setAttribute('data-pwned','2')\">"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    world = make_world(root / "world", size=600)
+    df = truth_scores(world)
+    # Untrusted web captions: every other caption carries a script or an event-handler payload.
+    df.loc[::2, "text"] = [f"{t} {SCRIPT if i % 2 else IMG}" for i, t in enumerate(df["text"][::2])]
+    run = write_scores(df, root / "run", parts=2, row_group_size=128)
+    summary = {
+        "counts": {"scored": 600, "skipped": 3},
+        "skips": {"corrupt_image": 3},
+        "note": "</td><script>document.title='pwned'</script>",
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+    select_subset(SelectRequest(scores=run, out=root / "subset.npy", frac=0.2, progress=False))
+    out = root / "report.html"
+    info = write_report(run, out, subset=root / "subset.npy", progress=False)
+    return {"root": root, "run": run, "out": out, "info": info, "df": df, "world": world}
+
+
+def chromium(*args: str, tmp) -> subprocess.CompletedProcess:
+    if CHROMIUM is None:
+        pytest.skip("headless Chromium is not installed (apt-get install chromium)")
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp}",
+        *args,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
+
+
+def test_page_is_self_contained_and_escapes_untrusted_text(report):
+    page = report["out"].read_text()
+    assert report["info"]["thumbnails"]["shown"] == 60  # 2 metrics x 5 buckets x 6 samples
+    assert page.count("src='data:image/jpeg;base64,") == 60
+    assert "<script" not in page.lower() and "onerror=" not in page.replace("onerror=&quot;", "")
+    assert "&lt;script&gt;document.title=&#x27;pwned&#x27;" in page
+    assert "&lt;img src=x onerror=&quot;" in page
+    assert not re.search(r"(src|href)=['\"]?(https?:|//)", page)  # nothing fetched from anywhere
+    assert "Content-Security-Policy" in page and "default-src 'none'" in page
+    assert page.count("<svg") == 5 + 1  # a histogram per metric and the correlation matrix
+    # The run summary and the selection summary are shown (skips highlighted).
+    assert "counts.skipped" in page and "skips.corrupt_image" in page and "target.k" in page
+
+
+def test_statistics_match_the_table(report):
+    from hype.report.collect import collect
+
+    data = collect(report["run"], report["root"] / "subset.npy", progress=False)
+    df = report["df"]
+    assert data.pool_rows == 600 and data.subset_in_pool == 120
+    np.testing.assert_allclose(
+        data.correlation, df[list(data.metrics)].astype(float).corr().to_numpy(), atol=1e-9
+    )
+    for m in data.metrics:
+        assert data.pool_hist[m].sum() == 600 and data.subset_hist[m].sum() == 120
+    for m, buckets in data.buckets.items():
+        edges = data.bucket_edges[m]
+        for k, samples in enumerate(buckets):
+            assert len(samples) == 6
+            assert all(edges[k] - 1e-3 <= s.values[m] <= edges[k + 1] + 1e-3 for s in samples)
+
+
+def test_chromium_renders_histograms_and_runs_no_injected_code(report, tmp_path):
+    dom = chromium("--dump-dom", report["out"].as_uri(), tmp=tmp_path / "profile-dom").stdout
+    assert "<title>HYPE report</title>" in dom  # no payload changed the title
+    assert not re.search(r"<body[^>]*data-pwned", dom)  # ... nor set an attribute on the body
+    assert (
+        dom.count("<svg") == 6 and dom.count('class="bar pool"') > 20 and dom.count('class="bar subset"') > 10
+    )
+    assert "&lt;script&gt;document.title=" in dom  # shown as text, not run
+    assert "<script" not in dom.lower()
+
+    png = tmp_path / "shot.png"
+    chromium(
+        f"--screenshot={png}",
+        "--window-size=1280,1400",
+        "--hide-scrollbars",
+        report["out"].as_uri(),
+        tmp=tmp_path / "profile-shot",
+    )
+    img = np.asarray(Image.open(png).convert("RGB")).astype(int)
+    assert img.shape[1] == 1280 and img.std() > 10  # not blank
+
+    def near(colour, region):
+        return int((np.abs(region - np.array(colour)).sum(axis=2) < 40).sum())
+
+    charts = img[250:900]  # the histogram rows, below the title and the counters
+    pool = (232, 137, 138)  # #d62728 at 55% over white
+    subset = (139, 203, 139)  # #2ca02c at 55% over white
+    assert near(pool, charts) > 300 and near(subset, charts) > 300
+    assert near(pool, img[:200]) < 50  # the header above the charts has no bars
+
+
+def test_cli_missing_shards_and_errors(report, tmp_path):
+    moved = tmp_path / "moved"
+    shutil.copytree(report["world"] / "pool" / "shards", moved)
+    run = tmp_path / "run"
+    df = report["df"].copy()
+    df["shard"] = ["gone/" + s.rsplit("/", 1)[1] for s in df["shard"]]
+    write_scores(df, run, parts=1)
+    out = tmp_path / "r.html"
+    res = CliRunner().invoke(main, ["report", "--scores", str(run), "--out", str(out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert "60 unavailable: pass --pool" in res.output and "could not be shown" in out.read_text()
+    res = CliRunner().invoke(
+        main,
+        ["report", "--scores", str(run), "--out", str(out), "--pool", str(moved), "--no-progress", "--json"],
+    )
+    assert json.loads(res.output)["thumbnails"]["shown"] == 60
+    with pytest.raises(SelectError, match="HTML page"):
+        write_report(run, tmp_path / "r.pdf", progress=False)
+    with pytest.raises(SelectError, match="no scores found"):
+        write_report(tmp_path, tmp_path / "r.html", progress=False)

@@ -1,0 +1,200 @@
+"""`hype reshard`: DataComp-resharder-compatible output, repeats, resumption, bad input."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import tarfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import webdataset as wds
+from click.testing import CliRunner
+from test_select_helpers import make_world
+
+from hype.cli import main
+from hype.data.uids import save_subset
+from hype.reshard import reshard
+from hype.select import SelectError
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reshard")
+    world = make_world(root / "world", size=600)
+    truth = pd.read_parquet(world / "truth.parquet")
+    uids = list(truth["uid"])
+    rng = np.random.default_rng(0)
+    picked = list(rng.choice(uids, 150, replace=False))
+    subset = picked + picked[:20] + picked[:5] + ["a" * 32, "b" * 32, "b" * 32]  # repeats and absent uids
+    save_subset(root / "subset.npy", subset)
+    return {
+        "root": root,
+        "shards": world / "pool" / "shards",
+        "subset": root / "subset.npy",
+        "list": subset,
+        "uids": uids,
+    }
+
+
+def members_by_uid(shards: Path) -> dict[str, dict[str, bytes]]:
+    """Independent reading of the pool with tarfile: uid -> {suffix: bytes}."""
+    out = {}
+    for tar_path in sorted(shards.glob("*.tar")):
+        with tarfile.open(tar_path) as tar:
+            samples: dict[str, dict[str, bytes]] = {}
+            for m in tar.getmembers():
+                key, ext = m.name.split(".", 1)
+                samples.setdefault(key, {})[ext] = tar.extractfile(m).read()
+        for files in samples.values():
+            out[json.loads(files["json"])["uid"]] = files
+    return out
+
+
+def read_output(out: Path) -> list[tuple[str, dict[str, bytes]]]:
+    samples = []
+    for tar_path in sorted(out.glob("*.tar")):
+        with tarfile.open(tar_path) as tar:
+            for m in tar.getmembers():
+                key, ext = m.name.split(".", 1)
+                if not samples or samples[-1][0] != key:
+                    samples.append((key, {}))
+                samples[-1][1][ext] = tar.extractfile(m).read()
+    return samples
+
+
+def test_output_matches_datacomp_resharder(pool, tmp_path):
+    out = tmp_path / "out"
+    meta = reshard(pool["shards"], pool["subset"], out, shard_size=64, workers=2, progress=False)
+    source = members_by_uid(pool["shards"])
+    expected = Counter(u for u in pool["list"] if u in source)
+    got = read_output(out)
+    # Each pool sample once per occurrence of its uid, keyed <uid>-<j>, members copied byte for byte.
+    assert Counter(json.loads(f["json"])["uid"] for _, f in got) == expected
+    for key, files in got:
+        uid, j = key.rsplit("-", 1)
+        assert int(j) < expected[uid]
+        assert files == source[uid]
+        assert list(files) == sorted(files)  # suffix order, as webdataset's TarWriter writes them
+    assert sorted(k for k, _ in got) == sorted(f"{u}-{j}" for u, c in expected.items() for j in range(c))
+    # Shards of --shard-size samples (the last one shorter), each with its _stats.json.
+    n = sum(expected.values())
+    sizes = [
+        json.loads((out / f"{k:08d}_stats.json").read_text())["successes"]
+        for k in range(meta["output_shards"])
+    ]
+    assert sizes == [64] * (n // 64) + ([n % 64] if n % 64 else [])
+    assert meta["output_samples"] == n and meta["matched_samples"] == 150 and meta["missing_uids"] == 2
+    assert meta["missing_rows"] == 3 and meta["subset_rows"] == len(pool["list"]) and meta["verified"]
+    assert json.loads((out / "meta.json").read_text())["output_samples"] == n
+    assert not (out / ".reshard").exists()
+    # webdataset (what open_clip / DataComp training use) reads it.
+    ds = wds.WebDataset(sorted(str(p) for p in out.glob("*.tar")), shardshuffle=False)
+    assert sum(1 for _ in ds) == n
+
+
+def test_resume_after_an_interruption_is_byte_identical(pool, tmp_path, monkeypatch):
+    import hype.reshard.run as run
+
+    reference = tmp_path / "reference"
+    full = reshard(pool["shards"], pool["subset"], reference, shard_size=50, workers=1, progress=False)
+    assert full["output_shards"] == 4
+    real = run._write_job
+
+    def dies_at_shard_2(out, k, pieces):
+        if k == 2:
+            raise KeyboardInterrupt
+        return real(out, k, pieces)
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(run, "_write_job", dies_at_shard_2)
+    with pytest.raises(KeyboardInterrupt):
+        reshard(pool["shards"], pool["subset"], out, shard_size=50, workers=1, progress=False)
+    assert not (out / "meta.json").exists() and (out / "00000001_stats.json").exists()
+    monkeypatch.setattr(run, "_write_job", real)
+    resumed = reshard(pool["shards"], pool["subset"], out, shard_size=50, workers=2, progress=False)
+    assert resumed["shards_written"] == 2 and resumed["shards_resumed"] == 2
+    names = sorted(p.name for p in reference.glob("0*"))
+    assert names == sorted(p.name for p in out.glob("0*"))
+    assert all((out / n).read_bytes() == (reference / n).read_bytes() for n in names)
+    again = reshard(pool["shards"], pool["subset"], out, shard_size=50, workers=1, progress=False)
+    assert again["resumed"] == "already complete"
+
+
+def test_refuses_to_mix_jobs(pool, tmp_path):
+    out = tmp_path / "out"
+    reshard(pool["shards"], pool["subset"], out, shard_size=100, workers=1, progress=False)
+    other = tmp_path / "other.npy"
+    save_subset(other, pool["uids"][:10])
+    with pytest.raises(SelectError, match="--overwrite"):
+        reshard(pool["shards"], other, out, shard_size=100, workers=1, progress=False)
+    meta = reshard(pool["shards"], other, out, shard_size=100, workers=1, overwrite=True, progress=False)
+    assert meta["output_samples"] == 10 and len(list(out.glob("*.tar"))) == 1
+
+
+def test_bad_samples_are_skipped_and_counted(pool, tmp_path):
+    shards = tmp_path / "shards"
+    shutil.copytree(pool["shards"], shards)
+    # Shard 0: one sample's json replaced by garbage, one sample without json; shard 2: cut in half.
+    src = shards / "00000000.tar"
+    with tarfile.open(src) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+    with tarfile.open(src, "w") as tar:
+        for m, data in members:
+            if m.name == "000000000.json":
+                data = b"{not json"
+            if m.name == "000000001.json":
+                continue
+            info = tarfile.TarInfo(m.name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    last = shards / "00000002.tar"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+    save_subset(tmp_path / "all.npy", pool["uids"])
+    meta = reshard(shards, tmp_path / "all.npy", tmp_path / "out", shard_size=1000, workers=1, progress=False)
+    counts = meta["skipped"]["counts"]
+    # Two damaged samples in shard 0, plus the sample whose .json was cut off in shard 2.
+    assert (
+        counts["bad_json"] == 3 and counts.get("truncated_member", 0) + counts.get("unreadable_shard", 0) >= 1
+    )
+    examples = " ".join(meta["skipped"]["examples"]["bad_json"])
+    assert "000000000" in examples and "000000001: no .json member" in examples
+    assert 256 + 256 - 2 <= meta["output_samples"] < 600 - 2
+    assert meta["missing_uids"] == 600 - meta["output_samples"]
+
+
+def test_cli_and_errors(pool, tmp_path):
+    res = CliRunner().invoke(
+        main,
+        [
+            "reshard",
+            "--pool",
+            str(pool["shards"]),
+            "--subset",
+            str(pool["subset"]),
+            "--out",
+            str(tmp_path / "o"),
+            "--shard-size",
+            "1000",
+            "--workers",
+            "1",
+            "--no-progress",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    assert "resharded 175 samples" in res.output and "2 not in the pool" in res.output
+    save_subset(tmp_path / "stranger.npy", ["c" * 32])
+    for args, message in [
+        (["--subset", str(tmp_path / "stranger.npy")], "none of the 1 uids"),
+        (["--subset", str(tmp_path / "missing.npy")], "subset file not found"),
+        (["--pool", str(tmp_path / "nowhere")], "no such file or folder"),
+        (["--shard-size", "0"], "--shard-size must be >= 1"),
+    ]:
+        base = {"--pool": str(pool["shards"]), "--subset": str(pool["subset"]), "--out": str(tmp_path / "e")}
+        base.update(dict(zip(args[::2], args[1::2], strict=True)))
+        res = CliRunner().invoke(main, ["reshard", *[x for kv in base.items() for x in kv], "--no-progress"])
+        assert res.exit_code == 2 and message in res.output, res.output

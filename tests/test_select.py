@@ -1,0 +1,402 @@
+"""`hype select`: exact top-fraction selection over a partitioned scores table, presets, outputs, errors.
+
+Every selection is compared with an independent reference (pandas, float64 sums, sort by score desc then
+uid asc) on tables written in the scores-table schema.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from test_select_helpers import make_world, reference_top, truth_scores, write_scores
+
+from hype.cli import main
+from hype.data.uids import array_to_uids, load_subset
+from hype.scoring.schema import METRICS
+from hype.select import SelectError
+from hype.select import reducer as reducer_module
+from hype.select.run import SelectRequest, select_subset
+
+ALL = dict.fromkeys(METRICS, 1.0)
+PRESET_WEIGHTS = {
+    "hype": ALL,
+    "no-c-in": {"eps_i": 1, "eps_t": 1, "neg_d_l": 1, "cos_theta": 1},
+    "no-cos": {"eps_i": 1, "eps_t": 1, "neg_d_l": 1, "c_in": 1},
+    "cos-only": {"cos_theta": 1},
+    "specificity-only": {"eps_i": 1, "eps_t": 1},
+    "eps-i-only": {"eps_i": 1},
+    "eps-t-only": {"eps_t": 1},
+}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("select")
+    w = make_world(root / "world", size=600)
+    df = truth_scores(w)
+    write_scores(df, root / "run", parts=3, row_group_size=97)
+    return {"root": root, "world": w, "run": root / "run", "df": df}
+
+
+def table(n: int, seed: int = 0, ties: bool = False) -> pd.DataFrame:
+    """A made-up scores table; with `ties`, metrics take few distinct values so scores tie a lot."""
+    rng = np.random.default_rng(seed)
+    uids = [
+        f"{int(h):016x}{int(lo):016x}"
+        for h, lo in zip(
+            rng.integers(0, 2**64, n, dtype=np.uint64),
+            rng.integers(0, 2**64, n, dtype=np.uint64),
+            strict=True,
+        )
+    ]
+    cols = {}
+    for m in METRICS:
+        cols[m] = (rng.integers(0, 3, n) * 0.5 if ties else rng.normal(0, 1, n)).astype(np.float32)
+    cols["c_in"] = np.where(rng.random(n) < 0.3, 10.0, 0.0).astype(np.float32)
+    return pd.DataFrame(
+        {
+            "uid": uids,
+            **cols,
+            "shard": ["x.tar"] * n,
+            "key": [str(i) for i in range(n)],
+            "text": ["a photo of a red circle"] * n,
+            "width": np.full(n, 300, np.int32),
+            "height": np.full(n, 300, np.int32),
+        }
+    )
+
+
+def run_cli(*args: str) -> str:
+    res = CliRunner().invoke(main, ["select", *args, "--no-progress"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+def test_frac_0_2_keeps_exactly_20_percent_and_the_reference_top(world, tmp_path):
+    out = tmp_path / "subset.npy"
+    text = run_cli("--scores", str(world["run"]), "--frac", "0.2", "--out", str(out))
+    assert "selected 120 of 600" in text
+    arr = load_subset(out)  # validates dtype u8,u8 and sorting
+    uids = array_to_uids(arr)
+    assert len(uids) == 120 == round(0.2 * 600)
+    assert uids == reference_top(world["df"], ALL, 120)
+    assert set(uids) <= set(world["df"]["uid"])
+
+    kept = pd.read_parquet(tmp_path / "subset.parquet")
+    assert sorted(kept["uid"]) == uids
+    df = world["df"].set_index("uid").loc[kept["uid"]]
+    expected = sum(df[m].to_numpy(np.float64) for m in METRICS)
+    np.testing.assert_array_equal(kept["score"].to_numpy(), expected)
+    for m in METRICS:
+        np.testing.assert_array_equal(kept[m].to_numpy(), df[m].to_numpy())
+
+    summary = json.loads((tmp_path / "subset.json").read_text())
+    assert summary["pool_rows"] == 600 and summary["selected_rows"] == 120 and summary["subset_rows"] == 120
+    assert summary["target"] == {
+        "mode": "frac",
+        "frac": 0.2,
+        "frac_of": "pool",
+        "k": 120,
+        "rounding": summary["target"]["rounding"],
+    }
+    assert summary["rank"]["weights"] == ALL and summary["preset"] == "hype"
+    pool_mean = world["df"]["cos_theta"].to_numpy(np.float64).mean()
+    assert summary["metrics"]["cos_theta"]["pool"]["mean"] == pytest.approx(pool_mean, rel=1e-5)
+    assert summary["metrics"]["cos_theta"]["subset"]["mean"] == pytest.approx(
+        df["cos_theta"].mean(), rel=1e-5
+    )
+    q = summary["metrics"]["eps_i"]["pool"]["quantiles"]["p50"]
+    assert q == pytest.approx(np.quantile(world["df"]["eps_i"], 0.5), rel=5e-3, abs=1e-3)
+    assert summary["metrics"]["score"]["subset"]["min"] == pytest.approx(summary["cut"]["score"])
+
+
+@pytest.mark.parametrize("preset", sorted(PRESET_WEIGHTS))
+def test_presets_select_the_reference_top_for_their_weights(world, tmp_path, preset):
+    out = tmp_path / f"{preset}.npy"
+    run_cli("--scores", str(world["run"]), "--frac", "0.25", "--preset", preset, "--out", str(out))
+    assert array_to_uids(load_subset(out)) == reference_top(world["df"], PRESET_WEIGHTS[preset], 150)
+
+
+def test_hype_beats_clip_score_on_the_noise_it_is_meant_to_catch(world, tmp_path):
+    # On the synthetic truth, cos θ alone cannot see underspecified texts/images; HYPE's sum can.
+    truth = pd.read_parquet(world["world"] / "truth.parquet").set_index("uid")["noise"]
+    shares = {}
+    for preset in ("hype", "cos-only"):
+        out = tmp_path / f"{preset}.npy"
+        run_cli("--scores", str(world["run"]), "--frac", "0.3", "--preset", preset, "--out", str(out))
+        noise = truth.loc[array_to_uids(load_subset(out))]
+        shares[preset] = float(noise.isin(["underspecified_text", "underspecified_image"]).mean())
+    assert shares["hype"] < shares["cos-only"]
+
+
+def test_weights_option_and_json_output(world, tmp_path):
+    out = tmp_path / "w.npy"
+    text = run_cli(
+        "--scores",
+        str(world["run"]),
+        "--top-k",
+        "33",
+        "--weights",
+        "eps_i=2,cos_theta=0.5",
+        "--out",
+        str(out),
+        "--json",
+    )
+    summary = json.loads(text)
+    assert summary["selected_rows"] == 33 and summary["target"] == {"mode": "top_k", "k": 33}
+    assert array_to_uids(load_subset(out)) == reference_top(world["df"], {"eps_i": 2, "cos_theta": 0.5}, 33)
+
+
+@pytest.mark.parametrize(
+    ("n", "frac", "k"), [(7, "0.5", 4), (5, "0.3", 2), (10, "0.25", 3), (3, "1", 3), (600, "0.2", 120)]
+)
+def test_frac_rounds_half_up_exactly(tmp_path, n, frac, k):
+    df = table(n, seed=n)
+    write_scores(df, tmp_path / "run", parts=1)
+    s = select_subset(
+        SelectRequest(scores=tmp_path / "run", out=tmp_path / "s.npy", frac=frac, progress=False)
+    )
+    assert s["selected_rows"] == k == s["target"]["k"]
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("k", [1, 17, 2500, 4999, 5000])
+def test_reducer_matches_reference_with_and_without_ties(tmp_path, monkeypatch, ties, k):
+    # A small pruning threshold makes the candidate buffer prune many times mid-stream.
+    monkeypatch.setattr(reducer_module, "MIN_PRUNE_ROWS", 64)
+    df = table(5000, seed=1, ties=ties)
+    write_scores(df, tmp_path / "run", parts=4, row_group_size=333)
+    s = select_subset(SelectRequest(scores=tmp_path / "run", out=tmp_path / "s.npy", top_k=k, progress=False))
+    assert array_to_uids(load_subset(tmp_path / "s.npy")) == reference_top(df, ALL, k)
+    score = sum(df[m].to_numpy(np.float64) for m in METRICS)
+    cut = np.sort(score)[::-1][k - 1]
+    assert s["cut"]["score"] == cut
+    assert s["cut"]["rows_at_cut_score"] == int((score == cut).sum())
+    assert s["cut"]["kept_at_cut_score"] == k - int((score > cut).sum())
+
+
+def test_selection_does_not_depend_on_partitioning_order_or_threads(tmp_path):
+    df = table(3000, seed=2, ties=True)
+    write_scores(df, tmp_path / "a", parts=1, row_group_size=3000)
+    write_scores(df.sample(frac=1.0, random_state=0), tmp_path / "b", parts=5, row_group_size=101)
+    outs = []
+    for run, workers in (("a", 1), ("b", 3)):
+        out = tmp_path / f"{run}.npy"
+        select_subset(
+            SelectRequest(scores=tmp_path / run, out=out, frac=0.1, workers=workers, progress=False)
+        )
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+
+
+def test_threshold_and_keep_all(world, tmp_path):
+    df = world["df"]
+    score = sum(df[m].to_numpy(np.float64) for m in METRICS)
+    t = float(np.quantile(score, 0.6))
+    s = select_subset(SelectRequest(scores=world["run"], out=tmp_path / "t.npy", threshold=t, progress=False))
+    assert array_to_uids(load_subset(tmp_path / "t.npy")) == sorted(df["uid"][score >= t])
+    assert s["selected_rows"] == int((score >= t).sum()) and s["target"]["mode"] == "threshold"
+    s = select_subset(
+        SelectRequest(
+            scores=world["run"],
+            out=tmp_path / "all.npy",
+            keep_all=True,
+            filters=["image_cluster"],
+            progress=False,
+        )
+    )
+    assert array_to_uids(load_subset(tmp_path / "all.npy")) == sorted(df["uid"][df["c_in"] > 0])
+    assert s["filters"][0]["removed_rows"] == int((df["c_in"] <= 0).sum())
+
+
+def test_zscore_normalization_matches_a_float64_reference(tmp_path):
+    df = table(4000, seed=3)
+    df["neg_d_l"] = (df["neg_d_l"] * 50 - 300).astype(np.float32)  # very different units
+    write_scores(df, tmp_path / "run", parts=3, row_group_size=500)
+    select_subset(
+        SelectRequest(
+            scores=tmp_path / "run", out=tmp_path / "z.npy", top_k=400, normalize="zscore", progress=False
+        )
+    )
+    z = pd.DataFrame({"uid": df["uid"]})
+    for m in METRICS:
+        x = df[m].to_numpy(np.float64)
+        z[m] = (x - x.mean()) / x.std()
+    assert array_to_uids(load_subset(tmp_path / "z.npy")) == reference_top(z, ALL, 400)
+
+
+def test_rank_normalization_uses_pool_mid_ranks(tmp_path):
+    df = table(3000, seed=4)
+    rng = np.random.default_rng(4)
+    for m in METRICS:  # well-separated distinct values (ties included) so that the 22-bit keys are exact
+        df[m] = (rng.integers(1, 90, len(df)) * 0.25).astype(np.float32)
+    write_scores(df, tmp_path / "run", parts=2, row_group_size=700)
+    select_subset(
+        SelectRequest(
+            scores=tmp_path / "run",
+            out=tmp_path / "r.npy",
+            top_k=300,
+            normalize="rank",
+            weights="eps_i=1,eps_t=2,cos_theta=1",
+            progress=False,
+        )
+    )
+    r = pd.DataFrame({"uid": df["uid"]})
+    for m in METRICS:
+        r[m] = (df[m].rank(method="average").to_numpy() - 0.5) / len(df)
+    assert array_to_uids(load_subset(tmp_path / "r.npy")) == reference_top(
+        r, {"eps_i": 1, "eps_t": 2, "cos_theta": 1}, 300
+    )
+
+
+def test_intersect_and_union_with_external_subsets(world, tmp_path):
+    from hype.data.uids import save_subset
+
+    df = world["df"]
+    dfn = list(df["uid"].iloc[::3]) + ["f" * 32, "e" * 32]  # a third of the pool plus two unknown uids
+    save_subset(tmp_path / "dfn.npy", dfn)
+    s = select_subset(
+        SelectRequest(
+            scores=world["run"],
+            out=tmp_path / "i.npy",
+            top_k=50,
+            intersect=[str(tmp_path / "dfn.npy")],
+            progress=False,
+        )
+    )
+    inside = df[df["uid"].isin(dfn)]
+    assert array_to_uids(load_subset(tmp_path / "i.npy")) == reference_top(inside, ALL, 50)
+    assert s["eligible_rows"] == len(inside)
+
+    extra = ["0" * 32, "0" * 32, reference_top(df, ALL, 1)[0]]  # a repeated unscored uid and a selected one
+    save_subset(tmp_path / "extra.npy", extra)
+    s = select_subset(
+        SelectRequest(
+            scores=world["run"],
+            out=tmp_path / "u.npy",
+            top_k=20,
+            union=[str(tmp_path / "extra.npy")],
+            progress=False,
+        )
+    )
+    got = array_to_uids(load_subset(tmp_path / "u.npy"))
+    assert got == sorted(reference_top(df, ALL, 20) + ["0" * 32, "0" * 32])
+    assert s["union"][0]["added_rows"] == 2 and s["union"][0]["already_selected"] == 1
+    assert s["subset_rows"] == 22 and s["selected_rows"] == 20
+
+
+def test_frac_of_eligible_and_too_few_eligible(world, tmp_path):
+    n_el = int((world["df"]["c_in"] > 0).sum())
+    s = select_subset(
+        SelectRequest(
+            scores=world["run"],
+            out=tmp_path / "e.npy",
+            frac=0.5,
+            frac_of="eligible",
+            filters=["image_cluster"],
+            progress=False,
+        )
+    )
+    assert s["selected_rows"] == int(np.floor(0.5 * n_el + 0.5))
+    with pytest.raises(SelectError, match="--frac-of eligible"):
+        select_subset(
+            SelectRequest(
+                scores=world["run"],
+                out=tmp_path / "e.npy",
+                frac=0.9,
+                filters=["image_cluster"],
+                progress=False,
+            )
+        )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"frac": 0}, r"--frac 0.0 is outside \(0, 1\]"),
+        ({"frac": 1.5}, r"outside \(0, 1\]"),
+        ({"frac": "abc"}, "not a number"),
+        ({"frac": 0.0001}, "rounds to 0 samples"),
+        ({"frac": 0.2, "top_k": 3}, "exactly one of"),
+        ({}, "exactly one of"),
+        ({"frac": 0.2, "weights": "eps_x=1"}, "unknown metric 'eps_x'"),
+        ({"frac": 0.2, "weights": "eps_i=0"}, "every weight is 0"),
+        ({"frac": 0.2, "weights": "eps_i"}, "not METRIC=WEIGHT"),
+        ({"frac": 0.2, "preset": "nope"}, "no such preset"),
+        ({"frac": 0.2, "filters": ["basic:min_sid=3"]}, "unknown parameter 'min_sid'"),
+        ({"frac": 0.2, "filters": ["hype"]}, "not a filter"),
+        ({"frac": 0.2, "rank": "basic"}, "not a ranking rule"),
+        ({"frac": 0.2, "seed": 3}, "--seed applies to the 'random'"),
+        ({"threshold": 1e9}, "empty selection"),
+    ],
+)
+def test_bad_requests_say_what_to_fix(world, tmp_path, kwargs, message):
+    with pytest.raises(SelectError, match=message):
+        select_subset(SelectRequest(scores=world["run"], out=tmp_path / "x.npy", progress=False, **kwargs))
+
+
+def test_bad_tables_say_what_to_fix(tmp_path):
+    with pytest.raises(SelectError, match="no such run directory"):
+        select_subset(SelectRequest(scores=tmp_path / "nope", out=tmp_path / "x.npy", frac=0.2))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SelectError, match="no scores found.*hype score"):
+        select_subset(SelectRequest(scores=tmp_path / "empty", out=tmp_path / "x.npy", frac=0.2))
+
+    df = table(50, seed=5)
+    write_scores(df.drop(columns=["eps_t"]).assign(eps_t=np.float32(0)), tmp_path / "ok", parts=1)
+    df_missing = df.copy()
+    df_missing.loc[7, "cos_theta"] = np.nan
+    write_scores(df_missing, tmp_path / "nan", parts=1)
+    with pytest.raises(SelectError, match=f"'cos_theta' has 1 NaN.*uid {df.uid[7]}"):
+        select_subset(
+            SelectRequest(scores=tmp_path / "nan", out=tmp_path / "x.npy", frac=0.2, progress=False)
+        )
+    # The NaN column is not read when its weight is 0.
+    select_subset(
+        SelectRequest(
+            scores=tmp_path / "nan", out=tmp_path / "x.npy", frac=0.2, weights="eps_i=1", progress=False
+        )
+    )
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "cols" / "scores").mkdir(parents=True)
+    pq.write_table(
+        pa.table({"uid": df["uid"], "eps_i": df["eps_i"]}), tmp_path / "cols" / "scores" / "part-0.parquet"
+    )
+    with pytest.raises(
+        SelectError, match=r"part-0.parquet: missing column\(s\) eps_t, neg_d_l, cos_theta, c_in"
+    ):
+        select_subset(
+            SelectRequest(scores=tmp_path / "cols", out=tmp_path / "x.npy", frac=0.2, progress=False)
+        )
+
+    dup = pd.concat([df, df.iloc[:1]])
+    write_scores(dup, tmp_path / "dup", parts=2)
+    with pytest.raises(SelectError, match="appears more than once"):
+        select_subset(
+            SelectRequest(scores=tmp_path / "dup", out=tmp_path / "x.npy", top_k=51, progress=False)
+        )
+    bad = df.copy()
+    bad.loc[3, "uid"] = "XYZ"
+    bad.loc[3, "eps_i"] = 100.0  # uids are decoded (and checked) for the rows a selection keeps
+    write_scores(bad, tmp_path / "baduid", parts=1)
+    with pytest.raises(SelectError, match="malformed uid 'XYZ'"):
+        select_subset(
+            SelectRequest(scores=tmp_path / "baduid", out=tmp_path / "x.npy", frac=0.2, progress=False)
+        )
+    with pytest.raises(SelectError, match="must end in .npy"):
+        select_subset(SelectRequest(scores=tmp_path / "ok", out=tmp_path / "x.txt", frac=0.2, progress=False))
+
+
+def test_cli_reports_errors_without_a_traceback(world, tmp_path):
+    res = CliRunner().invoke(
+        main, ["select", "--scores", str(world["run"]), "--frac", "2", "--out", str(tmp_path / "x.npy")]
+    )
+    assert res.exit_code == 2 and "outside (0, 1]" in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "x.npy").exists()
