@@ -1,0 +1,165 @@
+"""`hype score`: ε_i, ε_t, −d_L, cos θ and c_IN for every sample of a pool -> a scores table."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import click
+
+EXIT_FAILED_SHARDS = 2
+
+
+class _Warnings(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(f"hype score: {record.levelname.lower()}: {record.getMessage()}", err=True)
+
+
+@click.command("score", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--pool",
+    metavar="DIR_OR_PATTERN",
+    help="Pool shards: a folder of .tar, 'dir/{00000000..00000127}.tar' or a glob; join several with '::'.",
+)
+@click.option(
+    "--meru",
+    metavar="CKPT",
+    help="MERU scorer (hype .safetensors checkpoint; `hype convert` for released ones).",
+)
+@click.option("--clip", metavar="CKPT", help="CLIP scorer for cos θ and c_IN (optional with --metadata).")
+@click.option("--out", metavar="RUN_DIR", help="Run directory (created; a rerun resumes it).")
+@click.option(
+    "--executor", type=click.Choice(["local", "ray"]), help="Where per-shard work runs [default: local]."
+)
+@click.option(
+    "--ray-address",
+    metavar="ADDR",
+    help="Join a Ray cluster (host:port or auto); default starts a local Ray.",
+)
+@click.option(
+    "--reference",
+    "reference_file",
+    metavar="FILE",
+    help="Reference sets S_i/S_t (hype .safetensors or HYPE's released {img, txt} .pt) instead of "
+    "selecting them from the pool.",
+)
+@click.option(
+    "--class-features",
+    metavar="FILE",
+    help="(N, d) CLIP features of the reference classes (.npy or "
+    ".safetensors) for c_IN, e.g. ImageNet-1k train.",
+)
+@click.option(
+    "--class-images",
+    metavar="DIR_OR_PATTERN",
+    help="Webdataset tars of reference-class images (.jpg + .cls), embedded with --clip, for c_IN.",
+)
+@click.option(
+    "--metadata",
+    metavar="DIR",
+    help="DataComp metadata folder (<hash>.parquet + .npz): cos θ and CLIP "
+    "features come from it; MERU still embeds the images.",
+)
+@click.option("--device", metavar="cpu|cuda", help="Device of the models [default: auto].")
+@click.option("--batch-size", type=int, help="Samples per forward pass [default: 256].")
+@click.option(
+    "--hinge", is_flag=True, default=None, help="ε_i/ε_t as the paper's hinged L_e instead of the raw energy."
+)
+@click.option(
+    "--num-clusters", type=int, help="k-means clusters for c_IN [default: ~128 samples per centroid]."
+)
+@click.option(
+    "--config",
+    "config",
+    metavar="NAME|PATH",
+    default="default",
+    show_default=True,
+    help="Score preset (configs/score/NAME.yaml) or a YAML file.",
+)
+@click.option("--progress/--no-progress", default=None, help="Progress bars on stderr [default: on].")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of text.")
+@click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
+def score(
+    pool,
+    meru,
+    clip,
+    out,
+    executor,
+    ray_address,
+    reference_file,
+    class_features,
+    class_images,
+    metadata,
+    device,
+    batch_size,
+    hinge,
+    num_clusters,
+    config,
+    progress,
+    as_json,
+    overrides,
+) -> None:
+    """Score every sample of a pool with the HYPE terms and write the scores table.
+
+    \b
+    Examples:
+      hype score --pool world/pool/shards --meru meru.safetensors --clip clip.safetensors \\
+          --class-images world/eval/reference --out runs/score
+      hype score --pool 'pool/{00000000..00001287}.tar' --meru meru.safetensors --metadata pool/metadata \\
+          --class-features in1k_l14.npy --out runs/small --executor ray --ray-address auto --device cuda
+
+    Stages (each resumable; a rerun skips finished shards): embed -> dedup -> reference -> specificity ->
+    clusters -> merge. Output: RUN_DIR/scores/part-*.parquet (uid, eps_i, eps_t, neg_d_l, cos_theta,
+    c_in, shard, key, text, width, height), RUN_DIR/summary.json, per-shard stats under RUN_DIR/<stage>/.
+    KEY=VALUE overrides any config field (reference.n_top=5000, executor.workers=8, clusters.gpu=true, ...).
+    """
+    from hype.models import ConfigError
+    from hype.scoring.config import load_score_config
+    from hype.scoring.runner import ScoreError, ScoreFailed, run_score
+    from hype.scoring.summary import format_summary
+
+    extra = []
+    options = (
+        ("pool", pool),
+        ("meru", meru),
+        ("clip", clip),
+        ("out", out),
+        ("executor.kind", executor),
+        ("executor.ray_address", ray_address),
+        ("reference.file", reference_file),
+        ("clusters.class_features", class_features),
+        ("clusters.class_images", class_images),
+        ("metadata.dir", metadata),
+        ("device", device),
+        ("batch_size", batch_size),
+        ("specificity.hinge", hinge),
+        ("clusters.num_clusters", num_clusters),
+        ("progress", progress),
+    )
+    for key, value in options:
+        if value is not None:
+            extra.append(f"{key}={json.dumps(value)}")  # JSON scalars are YAML scalars: paths stay strings
+    try:
+        cfg = load_score_config(config, [*overrides, *extra])
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from None
+
+    handler = _Warnings(logging.WARNING)
+    loggers = [logging.getLogger(n) for n in ("hype", "pipelines")]
+    for lg in loggers:
+        lg.addHandler(handler)
+        lg.setLevel(logging.INFO)
+        lg.propagate = False
+    try:
+        summary = run_score(cfg)
+    except ScoreFailed as e:
+        click.echo(json.dumps(e.summary, indent=2) if as_json else format_summary(e.summary))
+        click.echo(f"hype score: error: {e}", err=True)
+        sys.exit(EXIT_FAILED_SHARDS)
+    except (ScoreError, ConfigError) as e:
+        raise click.ClickException(str(e)) from None
+    finally:
+        for lg in loggers:
+            lg.removeHandler(handler)
+    click.echo(json.dumps(summary, indent=2) if as_json else format_summary(summary))

@@ -1,0 +1,269 @@
+"""`hype score` configuration: YAML presets under `configs/score/` -> a validated, frozen dataclass.
+
+    hype score --pool pool/shards --meru meru.safetensors --clip clip.safetensors --out runs/score \
+        reference.n_top=5000 clusters.num_clusters=1000 executor.workers=4
+
+Command-line options fill the same fields as `key=value` overrides (`--hinge` is
+`specificity.hinge=true`, `--executor ray` is `executor.kind=ray`, ...); values are parsed as YAML.
+Every mistake is a `ConfigError` naming the file (or `override`) and the dotted key.
+
+Settings fall in two groups. Those that change the scores (models, reference sizes, hinge, K, clusters,
+caption filter, JPEG draft decoding) enter the fingerprints of the stage outputs they affect, so a
+rerun with a different value recomputes exactly those stages and reuses the rest. Run settings
+(executor, workers, device, batch size, threads, progress) may change between reruns freely.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hype.models import ConfigError
+from hype.models.factory import config_dir
+
+EXECUTORS = ("local", "ray")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+def _at_least(obj: Any, low: float, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and not value >= low:
+            raise ConfigError(name, f"must be >= {low}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class EmbedConfig:
+    decode: str = "processes"  # decode workers: processes (no GIL contention with the model) | threads
+    decode_workers: int = 0  # decode workers per embedding worker (0: the CPUs this worker may use)
+    prefetch_batches: int = 2  # batches decoded ahead of the model
+    jpeg_draft: bool = True  # decode JPEGs >= 4x the model input at a reduced DCT scale (faster, ~same)
+
+    def __post_init__(self) -> None:
+        if self.decode not in ("processes", "threads"):
+            raise ConfigError("decode", f"must be processes or threads, got {self.decode!r}")
+        _at_least(self, 0, "decode_workers")
+        _at_least(self, 1, "prefetch_batches")
+
+
+@dataclass(frozen=True)
+class ReferenceConfig:
+    """Reference sets S_i / S_t (HYPE §3.3): selected from the pool, or read from `file`."""
+
+    file: str | None = None  # hype .safetensors or HYPE's released {"img", "txt"} .pt (--reference)
+    n_top: int = 20_000  # N: pairs with the highest cos θ
+    m: int = 20_000  # M: images / texts with the highest mean L_e against those N
+    hinge: bool = True  # the paper selects by the hinged L_e = max(0, E)
+
+    def __post_init__(self) -> None:
+        _at_least(self, 1, "n_top", "m")
+
+
+@dataclass(frozen=True)
+class SpecificityConfig:
+    hinge: bool = False  # False: raw energy E (HYPE's released code); True: the paper's L_e (--hinge)
+    K: float | None = None  # cone constant; null: the MERU model's entailment K
+    budget_elems: int = 1 << 24  # elements of one (rows x M) block: bounds memory, not results
+
+    def __post_init__(self) -> None:
+        if self.K is not None and not self.K > 0:
+            raise ConfigError("K", f"must be > 0, got {self.K!r}")
+        _at_least(self, 1024, "budget_elems")
+
+
+@dataclass(frozen=True)
+class ClustersConfig:
+    """c_IN (DataComp's image-based clustering, SPEC §2.4)."""
+
+    class_features: str | None = None  # (N, d) CLIP image features: .npy or .safetensors
+    class_images: str | None = None  # webdataset tars of labelled images, embedded with --clip
+    num_clusters: int | None = None  # K; null: default_num_clusters(pool size)
+    niter: int = 20
+    seed: int = 0
+    points_per_centroid: int = 256  # k-means trains on at most this many points per centroid
+    max_train_points: int | None = None  # optional hard cap on k-means training points (memory)
+    gpu: bool = False  # faiss-gpu k-means (GPU nodes with faiss-gpu installed)
+    caption_filter: bool = True  # DataComp's baseline also requires English, > 1 word, > 5 chars
+
+    def __post_init__(self) -> None:
+        if self.class_features is not None and self.class_images is not None:
+            raise ConfigError("class_features", "give class_features or class_images, not both")
+        _at_least(self, 1, "num_clusters", "niter", "points_per_centroid", "max_train_points")
+
+
+@dataclass(frozen=True)
+class MetadataConfig:
+    """DataComp pool metadata (`<hash>.parquet` + row-aligned `<hash>.npz`) as the source of cos θ and
+    the CLIP image features for c_IN; MERU still embeds the images of the shards."""
+
+    dir: str | None = None  # --metadata
+    score_column: str = "clip_l14_similarity_score"
+    features_key: str = "l14_img"
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    kind: str = "local"  # local | ray (--executor)
+    ray_address: str | None = None  # join a cluster: host:port or auto; null starts a local Ray
+    workers: int = 0  # actors per stage on Ray (0: as many as the cluster's resources allow)
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 1.0  # only when device is cuda; fractions share a GPU
+    retries: int = 2  # extra attempts for a shard whose worker died or raised
+
+    def __post_init__(self) -> None:
+        if self.kind not in EXECUTORS:
+            raise ConfigError("kind", f"must be one of {', '.join(EXECUTORS)}; got {self.kind!r}")
+        _at_least(self, 0, "workers", "retries")
+        if not self.cpus_per_worker > 0 or not self.gpus_per_worker > 0:
+            raise ConfigError("cpus_per_worker", "cpus_per_worker and gpus_per_worker must be > 0")
+
+
+@dataclass(frozen=True)
+class DebugConfig:
+    """Test hooks: make a worker hold a shard so that a test can kill it mid-shard."""
+
+    pid_dir: str | None = None  # a worker writes <pid_dir>/<stage>-<shard id>.pid when it starts a shard
+    hold_s: float = 0.0  # ... then sleeps this long before processing it
+    stage: str = "embed"  # the stage the hooks apply to
+
+
+@dataclass(frozen=True)
+class ScoreConfig:
+    name: str = ""
+    description: str = ""
+    pool: str | None = None  # DIR_OR_PATTERN of the pool's webdataset shards (--pool)
+    meru: str | None = None  # hype checkpoint of the MERU scorer (--meru)
+    clip: str | None = None  # hype checkpoint of the CLIP scorer (--clip); optional with metadata
+    out: str | None = None  # run directory (--out)
+    device: str = "auto"  # auto (cuda when available) | cpu | cuda | cuda:N
+    precision: str = "auto"  # towers under autocast: auto = bf16 on cuda, fp32 on cpu
+    batch_size: int = 256
+    threads: int = 0  # torch threads per worker (0: torch's default; Ray: the actor's CPUs)
+    progress: bool = True
+    embed: EmbedConfig = field(default_factory=EmbedConfig)
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig)
+    specificity: SpecificityConfig = field(default_factory=SpecificityConfig)
+    clusters: ClustersConfig = field(default_factory=ClustersConfig)
+    metadata: MetadataConfig = field(default_factory=MetadataConfig)
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+
+    def __post_init__(self) -> None:
+        _at_least(self, 1, "batch_size")
+        _at_least(self, 0, "threads")
+        if self.device != "auto" and not self.device.startswith(("cpu", "cuda")):
+            raise ConfigError("device", f"must be auto, cpu, cuda or cuda:N; got {self.device!r}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError("precision", f"must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return copy.deepcopy(dataclasses.asdict(self))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> ScoreConfig:
+        from hype.train.config import _build  # the project's dict -> dataclass builder (type checks)
+
+        try:
+            return _build(cls, data, "")
+        except ConfigError as e:
+            raise e.from_source(source) from None
+
+    def check_inputs(self) -> None:
+        """The settings a run needs, with the option that provides each."""
+        missing = [
+            opt
+            for opt, value in (("--pool", self.pool), ("--meru", self.meru), ("--out", self.out))
+            if value is None
+        ]
+        if missing:
+            raise ConfigError("", f"missing {', '.join(missing)} (or set them in the config)")
+        if self.clip is None and self.metadata.dir is None:
+            raise ConfigError(
+                "clip",
+                "cos θ needs a CLIP scorer: pass --clip CKPT, or --metadata DIR with DataComp metadata",
+            )
+        if self.clusters.class_images is not None and self.clip is None:
+            raise ConfigError(
+                "clusters.class_images",
+                "embedding class images needs --clip (the CLIP that made the metadata features), or pass "
+                "precomputed features with --class-features",
+            )
+
+
+def score_config_dir() -> Path:
+    return config_dir() / "score"
+
+
+def list_score_configs() -> list[str]:
+    folder = score_config_dir()
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def load_score_config(config: str | PathLike | dict | None = None, overrides: list[str] | None = None):
+    """A preset name (`configs/score/NAME.yaml`, default `default`), a YAML path or a dict, with `key=value`
+    overrides applied, validated."""
+    if isinstance(config, dict):
+        data, source = copy.deepcopy(config), "<dict>"
+    else:
+        path = _resolve(config or "default")
+        source = str(path)
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError("", f"not valid YAML ({e})", source) from None
+        if not isinstance(data, dict):
+            raise ConfigError("", f"must be a mapping, got {type(data).__name__}", source)
+        data.setdefault("name", path.stem)
+    for item in overrides or []:
+        apply_override(data, item)
+    return ScoreConfig.from_dict(data, source + (" (with overrides)" if overrides else ""))
+
+
+def apply_override(data: dict, item: str) -> None:
+    """Set a dotted key in the raw config dict; unknown keys raise with the valid ones listed."""
+    from hype.train.config import parse_override
+
+    path, value = parse_override(item)
+    cls: Any = ScoreConfig
+    node = data
+    for depth, part in enumerate(path):
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if part not in fields:
+            where = ".".join(path[:depth]) or "the top level"
+            raise ConfigError(
+                ".".join(path[: depth + 1]),
+                f"unknown key; valid keys in {where}: {', '.join(fields)}",
+                "override",
+            )
+        if depth == len(path) - 1:
+            node[part] = value
+            return
+        sub = fields[part].default_factory  # type: ignore[misc]
+        if sub is dataclasses.MISSING or not dataclasses.is_dataclass(sub):
+            raise ConfigError(".".join(path[: depth + 1]), "is not a section; set it directly", "override")
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node, cls = node[part], sub
+
+
+def _resolve(config: str | PathLike) -> Path:
+    path = Path(config)
+    if path.suffix in (".yaml", ".yml") or path.is_file():
+        if not path.is_file():
+            raise ConfigError("", "score config file not found", str(path))
+        return path
+    named = score_config_dir() / f"{config}.yaml"
+    if not named.is_file():
+        raise ConfigError(
+            "", f"unknown score preset {str(config)!r}; available: {', '.join(list_score_configs()) or '-'}"
+        )
+    return named

@@ -1,0 +1,363 @@
+"""Embed stage: one input tar -> `RUN_DIR/embed/<shard id>.parquet` (format: `hype.scoring.embed_format`).
+
+Inside one worker (SPEC §4.4: decode and embed in the same worker): the tar is streamed member by member
+(`hype.data.samples.iter_tar_samples`, robust to truncated tars), decode workers (`hype.scoring.decode`:
+processes by default) parse, decode, resize and crop samples ahead of the model (a bounded window of
+`prefetch_batches` batches), and the worker's main thread tokenizes and normalizes each batch and runs
+MERU (image, text) and CLIP (image, text) on it. Only the shard's small stats dict leaves the worker; the
+Parquet is written here, atomically, marker last.
+
+Bad data is skipped and counted per shard with the reason and example messages (SPEC §4.5): missing
+image / caption / json, invalid json, missing or malformed uid, undecodable or oversized image,
+non-finite embeddings, uids absent from the metadata, and unreadable (e.g. truncated) tars, whose
+samples before the damage are kept. Empty captions are scored (they are what ε_t is for) and counted.
+Batches are consecutive runs of `batch_size` samples in tar order, so a shard's output does not depend on
+the worker, the retry or the executor.
+
+`ClassEmbedStage` embeds labelled reference images (`<key>.jpg` + `<key>.cls`, e.g. the synthetic
+world's `eval/reference`) with the CLIP model for c_IN, with the same machinery.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from hype.data.samples import SkipStats
+from hype.geometry import get_geometry
+from hype.scoring import embed_format
+from hype.scoring.decode import Decoded, DecodePool, DecodeSpec, Skipped
+from hype.scoring.imageprep import Preprocess
+from hype.scoring.rundir import (
+    RunDir,
+    ShardTask,
+    atomic_write_json,
+    file_identity,
+    fingerprint,
+    write_parquet,
+)
+from hype.scoring.stagebase import ShardStage, resolve_device
+
+NONFINITE = "nonfinite_embedding"
+NOT_IN_METADATA = "not_in_metadata"
+VERSION = 1  # bump when the embed output changes for the same inputs
+
+
+class ModelError(ValueError):
+    """A checkpoint that cannot serve as the MERU or CLIP scorer."""
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A checkpoint path and its content digest (the digest enters the fingerprints)."""
+
+    path: str
+    digest: str
+
+
+def load_scorer(ref: ModelRef, role: str, device: str) -> torch.nn.Module:
+    from hype.checkpoint import load_checkpoint
+
+    model = load_checkpoint(ref.path, device=device)
+    geometry = model.geometry.name
+    if role == "meru" and not geometry.startswith("hyperbolic"):
+        raise ModelError(
+            f"{ref.path}: --meru needs a hyperbolic (MERU) model, this one is {geometry!r}; "
+            "pass the CLIP checkpoint with --clip"
+        )
+    if role == "clip" and geometry not in ("clip", "elliptic"):
+        raise ModelError(
+            f"{ref.path}: --clip needs a CLIP (cosine) model, this one is {geometry!r}; "
+            "pass MERU checkpoints with --meru"
+        )
+    return model
+
+
+def _autocast(device: str, precision: str):
+    dev = torch.device(device).type
+    if precision == "auto":
+        precision = "bf16" if dev == "cuda" else "fp32"
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    return torch.autocast(device_type=dev, dtype=dtype, enabled=dtype is not None)
+
+
+class _EmbedBase(ShardStage):
+    """Shared worker machinery: the decode pool, tokenization and the batch loop."""
+
+    def __init__(
+        self,
+        run: RunDir,
+        *,
+        batch_size: int,
+        decode_workers: int,
+        decode: str,
+        prefetch_batches: int,
+        jpeg_draft: bool,
+        precision: str,
+        **kw,
+    ):
+        super().__init__(run, **kw)
+        self.batch_size = batch_size
+        self.decode_workers = decode_workers
+        self.decode = decode
+        self.prefetch_batches = prefetch_batches
+        self.jpeg_draft = jpeg_draft
+        self.precision = precision
+
+    def _start_decoding(self, models: dict, labelled: bool) -> None:
+        self._models = models
+        self._preps = {role: Preprocess.of(m) for role, m in models.items()}
+        spec = DecodeSpec(tuple(self._preps.values()), self.jpeg_draft, labelled)
+        n = self.decode_workers or self.threads or len(os.sched_getaffinity(0))
+        self._decoder = DecodePool(spec, n, self.decode)
+
+    def teardown(self) -> None:
+        if getattr(self, "_decoder", None) is not None:
+            self._decoder.close()
+
+    def _samples(self, task: ShardTask, stats: SkipStats, counts: dict) -> Iterator[Decoded]:
+        for out in self._decoder.decode(task.source, stats, self.prefetch_batches * self.batch_size):
+            counts["samples"] += 1
+            if isinstance(out, Skipped):
+                stats.add(out.reason, out.message)
+            else:
+                yield out
+
+    def _batches(self, items: Iterator[Decoded]) -> Iterator[list[Decoded]]:
+        batch: list[Decoded] = []
+        for item in items:
+            batch.append(item)
+            if len(batch) == self.batch_size:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    def _images(self, batch: list[Decoded], role: str) -> torch.Tensor:
+        prep = self._preps[role]
+        return prep.batch([it.pixels[prep.geometry] for it in batch], self.device)
+
+    def _tokens(self, batch: list[Decoded], role: str, cache: dict) -> torch.Tensor:
+        # One BPE for every model: tokenize once per context length.
+        tok = self._models[role].tokenizer()
+        if tok.context_length not in cache:
+            cache[tok.context_length] = tok([it.text for it in batch]).to(self.device)
+        return cache[tok.context_length]
+
+
+class EmbedStage(_EmbedBase):
+    name = "embed"
+
+    def __init__(
+        self,
+        run: RunDir,
+        *,
+        meru: ModelRef,
+        clip: ModelRef | None,
+        metadata: dict | None = None,
+        **kw,
+    ):
+        super().__init__(run, **kw)
+        self.meru_ref, self.clip_ref = meru, clip
+        self.metadata = metadata  # {"dir", "features_key", "index_digest"} in metadata mode
+
+    def fingerprint(self, task: ShardTask) -> str:
+        return fingerprint(
+            {
+                "stage": self.name,
+                "v": VERSION,
+                "input": file_identity(task.source),
+                "meru": self.meru_ref.digest,
+                "clip": None if self.metadata else self.clip_ref.digest,
+                "metadata": self.metadata,
+                "jpeg_draft": self.jpeg_draft,
+            }
+        )
+
+    def setup(self) -> None:
+        super().setup()
+        self.device = resolve_device(self.device)
+        self._meru = load_scorer(self.meru_ref, "meru", self.device)
+        self._clip = None if self.metadata else load_scorer(self.clip_ref, "clip", self.device)
+        models = {"meru": self._meru} | ({"clip": self._clip} if self._clip is not None else {})
+        self._curv = float(self._meru.curv.detach())
+        self._meru_dim = self._meru.config.embed_dim
+        self._K = float(self._meru.config.loss.entailment_K or 0.1)  # recorded, for later stages
+        self._lookup = None
+        if self.metadata:
+            from hype.scoring.metadata import MetadataLookup
+
+            self._lookup = MetadataLookup(
+                self.metadata["dir"], self.run_dir.metadata_index, self.metadata["features_key"]
+            )
+        self._clip_dim = self._clip.config.embed_dim if self._clip is not None else self._lookup.feature_dim()
+        self._start_decoding(models, labelled=False)
+
+    def run(self, task: ShardTask) -> dict:
+        started = time.perf_counter()
+        fp = self.fingerprint(task)  # identity of the input as read now
+        self._debug_hook(task)
+        stats, counts = SkipStats(), {"samples": 0}
+        cols: dict[str, list] = {k: [] for k in embed_format.PAIR_COLUMNS + embed_format.EMBEDDING_COLUMNS}
+        for batch in self._batches(self._samples(task, stats, counts)):
+            self._embed_batch(batch, cols, stats)
+        dims = {"meru_img": self._meru_dim, "meru_txt": self._meru_dim, "clip_img": self._clip_dim}
+        pairs = {k: cols[k] for k in ("uid", "key", "text", "width", "height")}
+        for k in ("neg_d_l", "cos_theta"):
+            pairs[k] = np.concatenate(cols[k]) if cols[k] else np.zeros(0, np.float32)
+        arrays = {
+            k: np.concatenate(cols[k]) if cols[k] else np.zeros((0, dims[k]), np.float32)
+            for k in embed_format.EMBEDDING_COLUMNS
+        }
+        schema = embed_format.embed_schema(self._meru_dim, self._clip_dim, self._curv, self._K)
+        output = write_parquet(
+            self.run_dir.shard_output(self.name, task), embed_format.build_table(pairs, arrays, schema)
+        )
+        seconds = time.perf_counter() - started
+        marker = self._marker(
+            task,
+            fp,
+            output,
+            started,
+            input=file_identity(task.source) | {"given": task.path},
+            counts={
+                "samples": counts["samples"],
+                "embedded": output["rows"],
+                "skipped": stats.total,
+                "empty_captions": sum(1 for t in cols["text"] if not t),
+            },
+            skipped=stats.to_dict(),
+            samples_per_s=round(counts["samples"] / seconds, 2) if seconds > 0 else None,
+            curv=self._curv,
+            K=self._K,
+            dims={"meru": self._meru_dim, "clip": self._clip_dim},
+        )
+        atomic_write_json(self.run_dir.shard_stats(self.name, task), marker)
+        return marker
+
+    @torch.inference_mode()
+    def _embed_batch(self, batch: list[Decoded], cols: dict, stats: SkipStats) -> None:
+        cos = clip_img = None
+        if self._lookup is not None:
+            found, scores, feats = self._lookup.lookup([it.uid for it in batch])
+            for it, ok in zip(batch, found, strict=True):
+                if not ok:
+                    stats.add(NOT_IN_METADATA, f"{it.where}: uid {it.uid} is not in the metadata")
+            batch = [it for it, ok in zip(batch, found, strict=True) if ok]
+            if not batch:
+                return
+            cos, clip_img = torch.from_numpy(scores[found]), torch.from_numpy(feats)
+        dev = torch.device(self.device).type
+        tokens: dict = {}
+        with _autocast(self.device, self.precision):
+            mi = self._meru.encode_image(self._images(batch, "meru"))
+            mt = self._meru.encode_text(self._tokens(batch, "meru", tokens))
+            if self._clip is not None:
+                ci = self._clip.encode_image(self._images(batch, "clip"))
+                ct = self._clip.encode_text(self._tokens(batch, "clip", tokens))
+        with torch.autocast(device_type=dev, enabled=False):
+            # −d_L itself (also for a hyperbolic-squared MERU), in fp32 (SPEC §2.1).
+            mi, mt = mi.float(), mt.float()
+            neg_d_l = get_geometry("hyperbolic").rowwise(mi, mt, curv=self._curv)
+            if self._clip is not None:
+                clip_img = ci.float()
+                cos = get_geometry("clip").rowwise(clip_img, ct.float())
+        mi, mt, neg_d_l = mi.cpu(), mt.cpu(), neg_d_l.cpu()
+        clip_img, cos = clip_img.float().cpu(), cos.float().cpu()
+        ok = (
+            torch.isfinite(mi).all(1)
+            & torch.isfinite(mt).all(1)
+            & torch.isfinite(clip_img).all(1)
+            & torch.isfinite(neg_d_l)
+            & torch.isfinite(cos)
+        )
+        if not bool(ok.all()):
+            for it, good in zip(batch, ok.tolist(), strict=True):
+                if not good:
+                    stats.add(NONFINITE, f"{it.where}: NaN or inf in an embedding or score")
+            batch = [it for it, good in zip(batch, ok.tolist(), strict=True) if good]
+            mi, mt, clip_img, neg_d_l, cos = mi[ok], mt[ok], clip_img[ok], neg_d_l[ok], cos[ok]
+        for it in batch:
+            cols["uid"].append(it.uid)
+            cols["key"].append(it.key)
+            cols["text"].append(it.text)
+            cols["width"].append(it.width)
+            cols["height"].append(it.height)
+        cols["neg_d_l"].append(neg_d_l.numpy().astype(np.float32))
+        cols["cos_theta"].append(cos.numpy().astype(np.float32))
+        cols["meru_img"].append(mi.numpy())
+        cols["meru_txt"].append(mt.numpy())
+        cols["clip_img"].append(clip_img.numpy())
+
+
+class ClassEmbedStage(_EmbedBase):
+    """CLIP image features of labelled reference images (`--class-images`) for the c_IN targets."""
+
+    name = "classes"
+
+    def __init__(self, run: RunDir, *, clip: ModelRef, **kw):
+        super().__init__(run, **kw)
+        self.clip_ref = clip
+
+    def fingerprint(self, task: ShardTask) -> str:
+        return fingerprint(
+            {
+                "stage": self.name,
+                "v": VERSION,
+                "input": file_identity(task.source),
+                "clip": self.clip_ref.digest,
+                "jpeg_draft": self.jpeg_draft,
+            }
+        )
+
+    def setup(self) -> None:
+        super().setup()
+        self.device = resolve_device(self.device)
+        self._clip = load_scorer(self.clip_ref, "clip", self.device)
+        self._start_decoding({"clip": self._clip}, labelled=True)
+
+    @torch.inference_mode()
+    def run(self, task: ShardTask) -> dict:
+        started = time.perf_counter()
+        fp = self.fingerprint(task)
+        self._debug_hook(task)
+        stats, counts = SkipStats(), {"samples": 0}
+        keys, labels, feats = [], [], []
+        for batch in self._batches(self._samples(task, stats, counts)):
+            with _autocast(self.device, self.precision):
+                x = self._clip.encode_image(self._images(batch, "clip"))
+            x = x.float().cpu()
+            ok = torch.isfinite(x).all(1).tolist()
+            for it, good in zip(batch, ok, strict=True):
+                if not good:
+                    stats.add(NONFINITE, f"{it.where}: NaN or inf in the image embedding")
+            keys += [it.key for it, good in zip(batch, ok, strict=True) if good]
+            labels += [it.label for it, good in zip(batch, ok, strict=True) if good]
+            feats.append(x[torch.tensor(ok, dtype=torch.bool)].numpy())
+        dim = self._clip.config.embed_dim
+        arr = np.concatenate(feats) if feats else np.zeros((0, dim), np.float32)
+        table = pa.table(
+            {
+                "key": pa.array(keys, pa.string()),
+                "cls": pa.array(labels, pa.int32()),
+                "clip_img": embed_format.fixed_list(arr.reshape(-1, dim)),
+            }
+        )
+        output = write_parquet(self.run_dir.shard_output(self.name, task), table)
+        marker = self._marker(
+            task,
+            fp,
+            output,
+            started,
+            input=file_identity(task.source),
+            counts={"samples": counts["samples"], "embedded": output["rows"], "skipped": stats.total},
+            skipped=stats.to_dict(),
+        )
+        atomic_write_json(self.run_dir.shard_stats(self.name, task), marker)
+        return marker

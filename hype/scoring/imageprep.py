@@ -1,0 +1,120 @@
+"""Image decoding and the models' eval preprocessing, split for throughput.
+
+open_clip's eval transform is resize (shortest side, bicubic) -> center crop -> to tensor -> normalize.
+The first two run per image in the decode workers on PIL images and give uint8 arrays (this module
+imports only Pillow and NumPy at the top, so decode processes start in a fraction of a second); the
+conversion to float and the normalization run once per batch on the model's device (`Preprocess.batch`),
+which also keeps host-to-device copies at one byte per channel. The result is bit-identical to
+`model.preprocess(train=False)` on the same RGB image (tested): the resize and crop arithmetic below is
+torchvision's for PIL images.
+
+Images are converted to RGB before resizing, like the training pipeline (`hype.data.samples`), so that
+scorer and trainer see the same pixels. Big JPEGs are decoded at a reduced DCT scale (`draft`) that
+still leaves at least twice the model's input size, so the bicubic resize that follows sees nearly the
+same image at a fraction of the decoding cost.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+_PIL_INTERP = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR}
+
+
+class ImageError(ValueError):
+    """An image that cannot be used; `reason` is the skip reason counted in the shard's stats."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def decode_rgb(data: bytes, draft_size: int | None = None) -> tuple[Image.Image, tuple[int, int]]:
+    """Bytes -> (fully decoded RGB image, size in the file). Raises `ImageError` (corrupt_image,
+    image_too_large)."""
+    with warnings.catch_warnings():
+        # Pillow warns on odd web images (EXIF noise, palette transparency, big images); they decode.
+        warnings.simplefilter("ignore")
+        try:
+            img = Image.open(io.BytesIO(data))
+            size = img.size
+            if draft_size and img.format == "JPEG":
+                img.draft("RGB", (2 * draft_size, 2 * draft_size))
+            img.load()
+            return img.convert("RGB"), size
+        except Image.DecompressionBombError as e:
+            raise ImageError("image_too_large", f"{e}") from None
+        except Exception as e:  # Pillow raises many types (OSError, SyntaxError, ValueError, ...)
+            raise ImageError("corrupt_image", f"{type(e).__name__}: {e}") from None
+
+
+def _resize_shortest(img: Image.Image, size: int, resample) -> Image.Image:
+    # torchvision.transforms.functional.resize(img, size) on a PIL image, step for step.
+    w, h = img.size
+    short, long = (w, h) if w <= h else (h, w)
+    new_short, new_long = size, int(size * long / short)
+    new_w, new_h = (new_short, new_long) if w <= h else (new_long, new_short)
+    return img if (new_w, new_h) == (w, h) else img.resize((new_w, new_h), resample)
+
+
+def _center_crop(img: Image.Image, size: int) -> Image.Image:
+    # torchvision.transforms.functional.center_crop for an image at least `size` on both sides.
+    w, h = img.size
+    top, left = int(round((h - size) / 2.0)), int(round((w - size) / 2.0))
+    return img.crop((left, top, left + size, top + size))
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """One model's eval preprocessing, from its config."""
+
+    size: int
+    resize_mode: str
+    interpolation: str
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    @classmethod
+    def of(cls, model) -> Preprocess:
+        p = model.config.preprocess
+        size = model.config.vision.image_size
+        return cls(size, p.resize_mode, p.interpolation, tuple(p.mean), tuple(p.std))
+
+    @property
+    def geometry(self) -> tuple:
+        """What the per-image (uint8) part depends on."""
+        return (self.size, self.resize_mode, self.interpolation)
+
+    def pixels(self, img: Image.Image) -> np.ndarray:
+        """RGB PIL image -> resized and cropped (size, size, 3) uint8 array."""
+        resample = _PIL_INTERP[self.interpolation]
+        if self.resize_mode == "shortest":
+            img = _center_crop(_resize_shortest(img, self.size, resample), self.size)
+        elif self.resize_mode == "squash":
+            if img.size != (self.size, self.size):
+                img = img.resize((self.size, self.size), resample)
+        else:  # "longest": open_clip's own resize-long-side and pad-to-square (rare; imports torch)
+            from open_clip.transform import CenterCropOrPad, ResizeKeepRatio
+            from torchvision.transforms import InterpolationMode
+
+            mode = InterpolationMode(self.interpolation)
+            img = ResizeKeepRatio(self.size, interpolation=mode, longest=1)(img)
+            img = CenterCropOrPad(self.size, fill=0)(img)
+        return np.array(img, dtype=np.uint8)  # a writable copy, as ToTensor makes
+
+    def batch(self, pixels: list[np.ndarray], device):
+        """uint8 arrays -> normalized (B, 3, size, size) float32 batch on `device` (ToTensor + Normalize)."""
+        import torch
+
+        x = torch.from_numpy(np.stack(pixels))
+        if torch.device(device).type == "cuda":
+            x = x.pin_memory().to(device, non_blocking=True)
+        x = x.permute(0, 3, 1, 2).contiguous().to(torch.float32).div(255)
+        mean = torch.as_tensor(self.mean, dtype=torch.float32, device=x.device)[None, :, None, None]
+        std = torch.as_tensor(self.std, dtype=torch.float32, device=x.device)[None, :, None, None]
+        return x.sub_(mean).div_(std)

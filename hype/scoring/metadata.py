@@ -1,0 +1,191 @@
+"""DataComp pool metadata as the source of cos θ and CLIP image features (`hype score --metadata DIR`).
+
+DataComp ships, next to the shards, a flat folder of `<hash>.parquet` (columns include `uid` and
+`clip_l14_similarity_score`) with row-aligned `<hash>.npz` (arrays `l14_img`, `l14_txt`, `b32_img`, ...,
+L2-normalized). Samples are not in the same order as the shards, so the driver builds one sorted index
+of every metadata row once per run directory:
+
+    RUN_DIR/metadata/index.npy   structured array (hi, lo, file, row, score), sorted by uid (hi, lo)
+    RUN_DIR/metadata/index.json  completion marker: the metadata files (name, size, mtime) it covers
+
+28 bytes per row on disk; workers memory-map it and look a shard's uids up with a binary search, then
+read the feature rows from the few `.npz` files they fall in (kept in a small per-worker cache).
+`.npz` files are opened with `allow_pickle=False`.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+import zipfile
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from hype.scoring.rundir import atomic_write_bytes, atomic_write_json, file_identity, fingerprint, read_json
+
+INDEX_DTYPE = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("file", "<u4"), ("row", "<u4"), ("score", "<f4")])
+
+
+class MetadataError(ValueError):
+    """A metadata folder that cannot be used; the message names the file and the fix."""
+
+
+def metadata_files(folder: str | Path) -> list[Path]:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise MetadataError(f"{folder}: metadata folder not found")
+    files = sorted(p for p in folder.iterdir() if p.suffix == ".parquet")
+    if not files:
+        raise MetadataError(f"{folder}: no <hash>.parquet metadata files in this folder")
+    for p in files:
+        if not p.with_suffix(".npz").is_file():
+            raise MetadataError(
+                f"{p}: no row-aligned {p.with_suffix('.npz').name} next to it; DataComp metadata comes as "
+                ".parquet + .npz pairs (download both)"
+            )
+    return files
+
+
+def uids_to_halves(uids) -> tuple[np.ndarray, np.ndarray]:
+    """32-hex-char uids -> (hi, lo) uint64 arrays (vectorised; uids must be valid)."""
+    if len(uids) == 0:
+        return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+    raw = np.frombuffer(bytes.fromhex("".join(uids)), dtype=">u8").reshape(-1, 2)
+    return raw[:, 0].astype(np.uint64), raw[:, 1].astype(np.uint64)
+
+
+def build_index(folder: str | Path, index_path: Path, score_column: str) -> dict:
+    """Write the sorted uid index of a metadata folder (atomically, marker last); reuse a current one."""
+    files = metadata_files(folder)
+    fp = fingerprint({"files": [file_identity(p) for p in files], "score_column": score_column})
+    marker = index_path.with_suffix(".json")
+    done = read_json(marker)
+    if done is not None and done.get("fingerprint") == fp and index_path.is_file():
+        return done
+    started = time.perf_counter()
+    parts = []
+    from hype.data.uids import UidError, validate_uid
+
+    for i, path in enumerate(files):
+        try:
+            table = pq.read_table(path, columns=["uid", score_column])
+        except Exception as e:  # noqa: BLE001 - pyarrow raises several types for bad files/columns
+            raise MetadataError(
+                f"{path}: cannot read columns uid, {score_column} ({e}); set metadata.score_column to "
+                "the CLIP score column of this metadata"
+            ) from None
+        uids = [u.lower() for u in table.column("uid").to_pylist()]
+        try:
+            for u in uids:
+                validate_uid(u)
+        except UidError as e:
+            raise MetadataError(f"{path}: {e}") from None
+        hi, lo = uids_to_halves(uids)
+        part = np.empty(len(uids), INDEX_DTYPE)
+        part["hi"], part["lo"], part["file"] = hi, lo, i
+        part["row"] = np.arange(len(uids), dtype=np.uint32)
+        part["score"] = table.column(score_column).to_numpy(zero_copy_only=False).astype(np.float32)
+        parts.append(part)
+    index = np.concatenate(parts)
+    # Stable by (hi, lo): a uid listed twice resolves to its first (file, row).
+    index = index[np.lexsort((index["lo"], index["hi"]))]
+    buf = io.BytesIO()
+    np.save(buf, index, allow_pickle=False)
+    atomic_write_bytes(index_path, buf.getvalue())
+    info = {
+        "fingerprint": fp,
+        "folder": str(Path(folder).resolve()),
+        "files": [p.name for p in files],
+        "rows": int(index.shape[0]),
+        "score_column": score_column,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+    atomic_write_json(marker, info)
+    return info
+
+
+class MetadataLookup:
+    """Per-worker uid lookups in the index and feature reads from the `.npz` files."""
+
+    def __init__(self, folder: str | Path, index_path: Path, features_key: str, cache_files: int = 4):
+        self.folder = Path(folder)
+        info = read_json(index_path.with_suffix(".json")) or {}
+        self.files = [self.folder / name for name in info.get("files", [])]
+        self.index = np.load(index_path, mmap_mode="r", allow_pickle=False)
+        self.features_key = features_key
+        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._cache_files = cache_files
+
+    def feature_dim(self) -> int:
+        """Width of the feature array, from the first .npz's array header (nothing else is read)."""
+        path = self.files[0].with_suffix(".npz")
+        try:
+            with zipfile.ZipFile(path) as z, z.open(f"{self.features_key}.npy") as f:
+                major, _ = np.lib.format.read_magic(f)
+                read_header = (
+                    np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+                )
+                shape, _, _ = read_header(f)
+        except KeyError:
+            raise MetadataError(
+                f"{path}: no array {self.features_key!r}; set metadata.features_key (e.g. l14_img, b32_img)"
+            ) from None
+        except (OSError, ValueError, zipfile.BadZipFile) as e:
+            raise MetadataError(f"{path}: unreadable .npz ({e})") from None
+        if len(shape) != 2:
+            raise MetadataError(f"{path}: {self.features_key} has shape {shape}, expected (rows, d)")
+        return int(shape[1])
+
+    def lookup(self, uids: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(found mask, scores, features of the found rows (n_found, d) float32)."""
+        hi, lo = uids_to_halves(uids)
+        idx_hi, idx_lo = self.index["hi"], self.index["lo"]
+        left = np.searchsorted(idx_hi, hi, side="left")
+        right = np.searchsorted(idx_hi, hi, side="right")
+        pos = np.full(len(uids), -1, dtype=np.int64)
+        for i in range(len(uids)):  # hi collisions are vanishingly rare: a short scan of lo
+            a, b = int(left[i]), int(right[i])
+            if a < b:
+                j = a + int(np.searchsorted(idx_lo[a:b], lo[i], side="left"))
+                if j < b and idx_lo[j] == lo[i]:
+                    pos[i] = j
+        found = pos >= 0
+        rec = self.index[pos[found]]
+        scores = np.full(len(uids), np.nan, dtype=np.float32)
+        scores[found] = rec["score"]
+        if not found.any():
+            return found, scores, None
+        feats = None
+        order = np.argsort(rec["file"], kind="stable")
+        for f in np.unique(rec["file"]):
+            sel = order[rec["file"][order] == f]
+            arr = self._features(int(f))
+            block = np.asarray(arr[rec["row"][sel].astype(np.int64)], dtype=np.float32)
+            if feats is None:
+                feats = np.empty((len(rec), block.shape[1]), dtype=np.float32)
+            feats[sel] = block
+        return found, scores, feats
+
+    def _features(self, file_index: int) -> np.ndarray:
+        if file_index in self._cache:
+            self._cache.move_to_end(file_index)
+            return self._cache[file_index]
+        path = self.files[file_index].with_suffix(".npz")
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                arr = npz[self.features_key]
+        except KeyError:
+            raise MetadataError(
+                f"{path}: no array {self.features_key!r}; set metadata.features_key (e.g. l14_img, b32_img)"
+            ) from None
+        except (OSError, ValueError) as e:
+            raise MetadataError(f"{path}: unreadable .npz ({e})") from None
+        if arr.ndim != 2:
+            raise MetadataError(f"{path}: {self.features_key} has shape {arr.shape}, expected (rows, d)")
+        self._cache[file_index] = arr
+        while len(self._cache) > self._cache_files:
+            self._cache.popitem(last=False)
+        return arr

@@ -1,0 +1,225 @@
+"""Clusters stage: c_IN, DataComp's image-based clustering filter as a per-sample term. SPEC §2.4.
+
+1. `load_class_features` (driver): the reference-class image features, from `--class-features` (an
+   (N, d) float array in .npy, read with allow_pickle=False, or .safetensors) or from the `classes`
+   stage outputs (`--class-images` embedded with the CLIP model).
+2. `train_clusters` (driver): faiss k-means (L2, `niter` iterations, `seed`) of the pool's CLIP image
+   features into K centroids, trained on a deterministic sample of at most `points_per_centroid`·K
+   rows streamed from the embed outputs (the rows with the smallest uid hashes: independent of shard
+   order and of the executor); the centroids some class image is nearest to (inner product) are the
+   targets -> `RUN_DIR/clusters/centroids.npy`, `targets.npy`, marker `model.json`.
+3. `AssignStage` (per shard): each sample's nearest centroid (inner product, as DataComp assigns),
+   DataComp's caption filter (English, > 1 word, > 5 characters; switchable), and
+   c_IN = 10 when the centroid is a target and the caption passes -> `RUN_DIR/clusters/<id>.parquet`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from hype.scoring import embed_format
+from hype.scoring.clusters import c_in, kmeans_centroids, nearest_centroid, target_centroids
+from hype.scoring.dedup import keep_mask
+from hype.scoring.metadata import uids_to_halves
+from hype.scoring.rundir import (
+    RunDir,
+    ShardTask,
+    atomic_write_bytes,
+    atomic_write_json,
+    completed,
+    fingerprint,
+    write_parquet,
+)
+from hype.scoring.stagebase import ShardStage
+from hype.scoring.topk import RunningTopK, order_id
+
+
+class ClassFeatureError(ValueError):
+    """Reference-class features that cannot be used; names the file and the fix."""
+
+
+def read_class_features_file(path: str | Path, dim: int) -> np.ndarray:
+    """(N, dim) float32 features from .npy (no pickles) or .safetensors (a `features` tensor, or the
+    only tensor)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ClassFeatureError(f"{path}: class features file not found")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.numpy import load_file
+
+            tensors = load_file(str(path))
+            if "features" in tensors:
+                arr = tensors["features"]
+            elif len(tensors) == 1:
+                arr = next(iter(tensors.values()))
+            else:
+                raise ClassFeatureError(
+                    f"{path}: several tensors ({', '.join(sorted(tensors))}); name the features 'features'"
+                )
+        else:
+            arr = np.load(path, allow_pickle=False)
+    except ClassFeatureError:
+        raise
+    except Exception as e:  # noqa: BLE001 - numpy/safetensors raise several types
+        raise ClassFeatureError(
+            f"{path}: not a plain .npy array or safetensors file ({type(e).__name__}: {e}); save the "
+            "features with np.save(path, array) (float, shape (N, d))"
+        ) from None
+    if not isinstance(arr, np.ndarray) or arr.ndim != 2 or arr.dtype.kind != "f" or arr.shape[0] == 0:
+        shape = getattr(arr, "shape", None)
+        raise ClassFeatureError(f"{path}: expected a non-empty (N, d) float array, got shape {shape}")
+    if arr.shape[1] != dim:
+        raise ClassFeatureError(
+            f"{path}: features have width {arr.shape[1]} but the CLIP features of the pool have {dim}; they "
+            "must come from the same CLIP model"
+        )
+    if not np.isfinite(arr).all():
+        raise ClassFeatureError(f"{path}: features contain NaN or inf")
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def class_features_from_stage(run: RunDir, tasks: list[ShardTask]) -> np.ndarray:
+    parts = [embed_format.read_embeddings(run.shard_output("classes", t), "clip_img") for t in tasks]
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        raise ClassFeatureError(
+            "--class-images: no image could be embedded (see RUN_DIR/classes/*_stats.json)"
+        )
+    return np.concatenate(parts)
+
+
+def train_clusters(
+    run: RunDir,
+    tasks: list[ShardTask],
+    drops: dict[int, np.ndarray],
+    class_features: np.ndarray,
+    *,
+    k: int,
+    niter: int,
+    seed: int,
+    max_points: int,
+    gpu: bool,
+    fp: str,
+    warn: Callable[[str], None],
+) -> dict:
+    """k-means on a deterministic sample of the pool's CLIP features, then the target centroids."""
+    done = completed(run.clusters_marker, fp)
+    if done is not None and run.centroids.is_file() and run.targets.is_file():
+        return done
+    started = time.perf_counter()
+    sample = RunningTopK(max_points, largest=False)
+    pool = 0
+    for task in tasks:
+        t = pq.read_table(run.shard_output("embed", task), columns=["uid", "clip_img"])
+        rows = np.nonzero(keep_mask(t.num_rows, drops.get(task.index)))[0]
+        pool += len(rows)
+        if not len(rows):
+            continue
+        hi, _ = uids_to_halves(t.column("uid").take(pa.array(rows)).to_pylist())
+        feats = embed_format.fixed_list_to_numpy(t.column("clip_img"))[rows]
+        sample.add(hi, order_id(task.index, rows), feats)
+    if pool == 0:
+        raise ValueError("no sample was embedded: nothing to cluster")
+    if k > len(sample):
+        warn(f"{len(sample)} training points for k-means: number of clusters reduced from {k}")
+        k = len(sample)
+    centroids = kmeans_centroids(sample.payload, k, niter=niter, seed=seed, gpu=gpu)
+    targets = target_centroids(class_features, centroids).astype(np.int64)
+    for path, arr in ((run.centroids, centroids), (run.targets, targets)):
+        buf = io.BytesIO()
+        np.save(buf, arr, allow_pickle=False)
+        atomic_write_bytes(path, buf.getvalue())
+    info = {
+        "fingerprint": fp,
+        "digest": _digest_arrays(centroids, targets),
+        "k": int(k),
+        "train_points": len(sample),
+        "pool": pool,
+        "class_images": int(class_features.shape[0]),
+        "targets": int(len(targets)),
+        "niter": niter,
+        "seed": seed,
+        "seconds": round(time.perf_counter() - started, 4),
+    }
+    atomic_write_json(run.clusters_marker, info)
+    return info
+
+
+def _digest_arrays(*arrays: np.ndarray) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+class AssignStage(ShardStage):
+    """Per shard: nearest centroid, caption filter and c_IN."""
+
+    name = "clusters"
+
+    def __init__(self, run: RunDir, *, model_digest: str, caption_filter: bool, **kw):
+        super().__init__(run, **kw)
+        self.model_digest = model_digest
+        self.caption_filter = caption_filter
+
+    def fingerprint(self, task: ShardTask) -> str:
+        return fingerprint(
+            {
+                "stage": self.name,
+                "embed": self.upstream_digest("embed", task),
+                "model": self.model_digest,
+                "caption_filter": self.caption_filter,
+            }
+        )
+
+    def setup(self) -> None:
+        super().setup()
+        self._centroids = np.load(self.run_dir.centroids, allow_pickle=False)
+        self._targets = np.load(self.run_dir.targets, allow_pickle=False)
+
+    def run(self, task: ShardTask) -> dict:
+        started = time.perf_counter()
+        fp = self.fingerprint(task)
+        self._debug_hook(task)
+        t = pq.read_table(self.run_dir.shard_output("embed", task), columns=["text", "clip_img"])
+        feats = embed_format.fixed_list_to_numpy(t.column("clip_img"))
+        texts = t.column("text").to_pylist()
+        cluster = nearest_centroid(feats, self._centroids) if len(feats) else np.zeros(0, np.int64)
+        if self.caption_filter:
+            from hype.text.language import datacomp_caption_ok
+
+            ok = datacomp_caption_ok(texts) if texts else np.zeros(0, bool)
+        else:
+            ok = np.ones(len(texts), dtype=bool)
+        flag = c_in(cluster, self._targets, ok)
+        table = pa.table(
+            {
+                "cluster": pa.array(cluster, pa.int32()),
+                "caption_ok": pa.array(ok, pa.bool_()),
+                "c_in": pa.array(flag, pa.float32()),
+            }
+        )
+        output = write_parquet(self.run_dir.shard_output(self.name, task), table)
+        marker = self._marker(
+            task,
+            fp,
+            output,
+            started,
+            counts={
+                "samples": output["rows"],
+                "c_in": int((flag > 0).sum()),
+                "in_target_cluster": int(np.isin(cluster, self._targets).sum()),
+                "caption_ok": int(ok.sum()),
+            },
+        )
+        atomic_write_json(self.run_dir.shard_stats(self.name, task), marker)
+        return marker

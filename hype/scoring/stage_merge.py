@@ -1,0 +1,94 @@
+"""Merge stage (per shard): the shard's part of THE scores table, `RUN_DIR/scores/part-<index:08d>.parquet`.
+
+Joins the row-aligned per-shard outputs (embed: uid, key, text, size, −d_L, cos θ; specificity: ε_i,
+ε_t; clusters: c_IN, or 0 when c_IN is off), drops rows whose uid appeared earlier in the pool (dedup),
+and writes exactly `hype.scoring.schema.SCHEMA`, with the input tar path as given in `shard`. Parts are
+numbered by shard order, so reading `part-*.parquet` sorted gives the pool order.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from hype.scoring.dedup import keep_mask
+from hype.scoring.rundir import RunDir, ShardTask, atomic_write_json, fingerprint, write_parquet
+from hype.scoring.schema import SCHEMA
+from hype.scoring.stagebase import ShardStage
+
+
+class MergeStage(ShardStage):
+    name = "merge"
+
+    def __init__(self, run: RunDir, *, c_in: bool, duplicates_digest: str, drops: dict | None = None, **kw):
+        super().__init__(run, **kw)
+        self.c_in = c_in
+        self.duplicates_digest = duplicates_digest
+        self.drops = drops or {}  # shard index -> rows to drop (only shards with duplicates)
+
+    def fingerprint(self, task: ShardTask) -> str:
+        return fingerprint(
+            {
+                "stage": self.name,
+                "index": task.index,
+                "shard": task.path,
+                "embed": self.upstream_digest("embed", task),
+                "specificity": self.upstream_digest("specificity", task),
+                "clusters": self.upstream_digest("clusters", task) if self.c_in else None,
+                "duplicates": self.duplicates_digest,
+                "schema": SCHEMA.to_string(),
+            }
+        )
+
+    def run(self, task: ShardTask) -> dict:
+        started = time.perf_counter()
+        fp = self.fingerprint(task)
+        self._debug_hook(task)
+        r = self.run_dir
+        emb = pq.read_table(
+            r.shard_output("embed", task),
+            columns=["uid", "key", "text", "width", "height", "neg_d_l", "cos_theta"],
+        )
+        spec = pq.read_table(r.shard_output("specificity", task))
+        n = emb.num_rows
+        if self.c_in:
+            c_in = pq.read_table(r.shard_output("clusters", task), columns=["c_in"]).column("c_in")
+        else:
+            c_in = pa.array(np.zeros(n, np.float32))
+        if spec.num_rows != n or len(c_in) != n:
+            raise RuntimeError(f"{task.shard_id}: stage outputs are not row-aligned; rerun to recompute them")
+        columns = {
+            "uid": emb.column("uid"),
+            "eps_i": spec.column("eps_i"),
+            "eps_t": spec.column("eps_t"),
+            "neg_d_l": emb.column("neg_d_l"),
+            "cos_theta": emb.column("cos_theta"),
+            "c_in": c_in,
+            "shard": pa.array([task.path] * n, pa.string()),
+            "key": emb.column("key"),
+            "text": emb.column("text"),
+            "width": emb.column("width"),
+            "height": emb.column("height"),
+        }
+        table = pa.Table.from_arrays([columns[f.name] for f in SCHEMA], schema=SCHEMA)
+        drop = self.drops.get(task.index)
+        if drop is not None and len(drop):
+            table = table.filter(pa.array(keep_mask(n, np.asarray(drop))))
+        output = write_parquet(r.shard_output(self.name, task), table)
+        marker = self._marker(
+            task,
+            fp,
+            output,
+            started,
+            counts={
+                "samples": output["rows"],
+                "duplicates_dropped": n - output["rows"],
+                "c_in": int(pc.sum(pc.greater(table.column("c_in"), 0)).as_py() or 0),
+            },
+        )
+        atomic_write_json(r.shard_stats(self.name, task), marker)
+        return marker

@@ -1,0 +1,249 @@
+"""Reference stage: the paper's two-step selection of S_i and S_t, streamed over the embed outputs.
+
+HYPE §3.3, exactly as `hype.scoring.reference.select_references` does it in memory (tested equal):
+1. `select_top_pairs` (driver): the N pairs with the highest cos θ across all shards, by a running
+   top-N over the cos θ column (ties: pool order), then their MERU image and text embeddings, in rank
+   order -> `RUN_DIR/reference/top_n.safetensors`.
+2. `CandidateStage` (per shard, any executor): the mean L_e of every image against the N texts and of
+   every text against the N images -> `RUN_DIR/reference/<shard id>.parquet` (img_score, txt_score).
+3. `select_top_m` (driver): a running top-M over those scores for images and for texts, then their
+   embeddings -> S_i, S_t as tangent vectors in `RUN_DIR/reference.safetensors` (ReferenceSet.save).
+
+Memory stays bounded by N, M and one shard. Duplicate uids (all but the first) take no part. N and M
+are reduced with a warning when the pool is smaller.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from safetensors.torch import load_file, save_file
+
+from hype.geometry import lorentz
+from hype.scoring import embed_format
+from hype.scoring.dedup import keep_mask
+from hype.scoring.reference import ReferenceSet, load_reference
+from hype.scoring.rundir import (
+    RunDir,
+    ShardTask,
+    atomic_write_json,
+    completed,
+    file_digest,
+    fingerprint,
+    read_json,
+    write_parquet,
+)
+from hype.scoring.specificity import DEFAULT_BUDGET_ELEMS, image_specificity, text_specificity
+from hype.scoring.stagebase import ShardStage, resolve_device
+from hype.scoring.topk import RunningTopK, order_id, split_order_id
+
+log = logging.getLogger(__name__)
+
+
+def _gather(
+    run: RunDir, tasks: list[ShardTask], ids: np.ndarray, columns: list[str]
+) -> dict[str, np.ndarray]:
+    """Embeddings of the rows `ids` (global order ids), in the order of `ids`."""
+    by_index = {t.index: t for t in tasks}
+    shard, row = split_order_id(ids)
+    out: dict[str, np.ndarray] = {}
+    for s in np.unique(shard):
+        sel = np.nonzero(shard == s)[0]
+        table = pq.read_table(run.shard_output("embed", by_index[int(s)]), columns=columns)
+        for c in columns:
+            block = embed_format.fixed_list_to_numpy(table.column(c))[row[sel]]
+            if c not in out:
+                out[c] = np.empty((len(ids), block.shape[1]), dtype=np.float32)
+            out[c][sel] = block
+    return out
+
+
+def select_top_pairs(
+    run: RunDir,
+    tasks: list[ShardTask],
+    drops: dict[int, np.ndarray],
+    n_top: int,
+    fp: str,
+    warn: Callable[[str], None],
+) -> dict:
+    """Step 1: the top-N pairs by cos θ and their MERU embeddings (reused when current)."""
+    marker = run.marker_of(run.top_n)
+    done = completed(marker, fp, run.top_n)
+    if done is not None:
+        return done
+    started = time.perf_counter()
+    top = RunningTopK(n_top)
+    pool = 0
+    for task in tasks:
+        cos = pq.read_table(run.shard_output("embed", task), columns=["cos_theta"]).column(0).to_numpy()
+        keep = keep_mask(len(cos), drops.get(task.index))
+        pool += int(keep.sum())
+        rows = np.nonzero(keep)[0]
+        top.add(cos[rows].astype(np.float32), order_id(task.index, rows))
+    if pool == 0:
+        raise ValueError("no sample was embedded: nothing to select references from (see the embed stats)")
+    if n_top > pool:
+        warn(f"pool of {pool} samples: reference N reduced from {n_top} to {pool}")
+    emb = _gather(run, tasks, top.ids, ["meru_img", "meru_txt"])
+    tensors = {
+        "img": torch.from_numpy(emb["meru_img"]),
+        "txt": torch.from_numpy(emb["meru_txt"]),
+        "ids": torch.from_numpy(top.ids),
+    }
+    run.top_n.parent.mkdir(parents=True, exist_ok=True)
+    tmp = run.top_n.with_name(f".{run.top_n.name}.tmp")
+    save_file(tensors, str(tmp))
+    tmp.replace(run.top_n)
+    info = {
+        "fingerprint": fp,
+        "output": {"file": run.top_n.name, "bytes": run.top_n.stat().st_size},
+        "digest": file_digest(run.top_n),
+        "n_top": len(top),
+        "pool": pool,
+        "seconds": round(time.perf_counter() - started, 4),
+    }
+    atomic_write_json(marker, info)
+    return info
+
+
+class CandidateStage(ShardStage):
+    """Step 2, per shard: mean L_e of each image (text) against the N top texts (images)."""
+
+    name = "reference"
+
+    def __init__(
+        self,
+        run: RunDir,
+        *,
+        curv: float,
+        K: float,
+        hinge: bool,
+        top_n_digest: str,
+        budget_elems: int = DEFAULT_BUDGET_ELEMS,
+        **kw,
+    ):
+        super().__init__(run, **kw)
+        self.curv, self.K, self.hinge = curv, K, hinge
+        self.top_n_digest = top_n_digest
+        self.budget_elems = budget_elems
+
+    def fingerprint(self, task: ShardTask) -> str:
+        return fingerprint(
+            {
+                "stage": self.name,
+                "embed": self.upstream_digest("embed", task),
+                "top_n": self.top_n_digest,
+                "hinge": self.hinge,
+                "K": self.K,
+                "curv": self.curv,
+            }
+        )
+
+    def setup(self) -> None:
+        super().setup()
+        self.device = resolve_device(self.device)
+        data = load_file(str(self.run_dir.top_n))
+        self._top_img = data["img"].to(self.device)
+        self._top_txt = data["txt"].to(self.device)
+
+    def run(self, task: ShardTask) -> dict:
+        started = time.perf_counter()
+        fp = self.fingerprint(task)
+        self._debug_hook(task)
+        path = self.run_dir.shard_output("embed", task)
+        images = torch.from_numpy(embed_format.read_embeddings(path, "meru_img")).to(self.device)
+        texts = torch.from_numpy(embed_format.read_embeddings(path, "meru_txt")).to(self.device)
+        kw = {"K": self.K, "hinge": self.hinge, "budget_elems": self.budget_elems}
+        img_score = image_specificity(images, self._top_txt, self.curv, **kw).float().cpu().numpy()
+        txt_score = text_specificity(texts, self._top_img, self.curv, **kw).float().cpu().numpy()
+        table = pa.table(
+            {"img_score": pa.array(img_score, pa.float32()), "txt_score": pa.array(txt_score, pa.float32())}
+        )
+        output = write_parquet(self.run_dir.shard_output(self.name, task), table)
+        marker = self._marker(task, fp, output, started, counts={"samples": output["rows"]})
+        atomic_write_json(self.run_dir.shard_stats(self.name, task), marker)
+        return marker
+
+
+def select_top_m(
+    run: RunDir,
+    tasks: list[ShardTask],
+    drops: dict[int, np.ndarray],
+    m: int,
+    meta: dict,
+    fp: str,
+    warn: Callable[[str], None],
+) -> dict:
+    """Step 3: S_i and S_t, the M images and texts with the highest mean L_e; saved as tangent vectors."""
+    marker = run.reference_marker
+    done = completed(marker, fp, run.reference)
+    if done is not None:
+        return done
+    started = time.perf_counter()
+    top_img, top_txt = RunningTopK(m), RunningTopK(m)
+    pool = 0
+    for task in tasks:
+        t = pq.read_table(run.shard_output("reference", task))
+        rows = np.nonzero(keep_mask(t.num_rows, drops.get(task.index)))[0]
+        pool += len(rows)
+        ids = order_id(task.index, rows)
+        top_img.add(t.column("img_score").to_numpy()[rows], ids)
+        top_txt.add(t.column("txt_score").to_numpy()[rows], ids)
+    if m > pool:
+        warn(f"pool of {pool} samples: reference M reduced from {m} to {pool}")
+    curv = meta["curv"]
+    img = _gather(run, tasks, top_img.ids, ["meru_img"])["meru_img"]
+    txt = _gather(run, tasks, top_txt.ids, ["meru_txt"])["meru_txt"]
+    refs = ReferenceSet(
+        lorentz.log_map0(torch.from_numpy(img), curv).float(),
+        lorentz.log_map0(torch.from_numpy(txt), curv).float(),
+        meta | {"m": len(top_img), "pool": pool, "source": "selected", "streaming": True},
+    )
+    refs.save(run.reference)
+    info = {
+        "fingerprint": fp,
+        "output": {"file": run.reference.name, "bytes": run.reference.stat().st_size},
+        "digest": file_digest(run.reference),
+        "source": "selected",
+        "meta": refs.meta,
+        "seconds": round(time.perf_counter() - started, 4),
+    }
+    atomic_write_json(marker, info)
+    return info
+
+
+def copy_reference_file(run: RunDir, path: str, dim: int, fp: str) -> dict:
+    """A user-supplied reference file (`--reference`): validated, then copied into the run directory."""
+    marker = run.reference_marker
+    done = completed(marker, fp, run.reference)
+    if done is not None:
+        return done
+    started = time.perf_counter()
+    refs = load_reference(path, dim=dim)
+    if str(path).endswith(".safetensors"):
+        tmp = run.reference.with_name(f".{run.reference.name}.tmp")
+        shutil.copyfile(path, tmp)
+        tmp.replace(run.reference)
+    else:
+        refs.save(run.reference)
+    info = {
+        "fingerprint": fp,
+        "output": {"file": run.reference.name, "bytes": run.reference.stat().st_size},
+        "digest": file_digest(run.reference),
+        "source": str(path),
+        "meta": {"m_img": refs.img.shape[0], "m_txt": refs.txt.shape[0]},
+        "seconds": round(time.perf_counter() - started, 4),
+    }
+    atomic_write_json(marker, info)
+    return info
+
+
+def reference_info(run: RunDir) -> dict | None:
+    return read_json(run.reference_marker)

@@ -1,0 +1,125 @@
+"""The contract between per-shard stages and executors (datatrove-style).
+
+A stage is a small picklable object holding its settings and the run directory. An executor (in-process
+or Ray, see `pipelines/`) ships it to each worker once, calls `setup()` there (load models, references,
+centroids: once per worker), then `run(task)` for every shard it is given. `run` reads its inputs from
+the run directory, writes its outputs there atomically with the completion marker last, and returns
+the small stats dict it wrote in that marker; nothing else leaves the worker. Stages know nothing about
+the executor, and executors nothing about the stages.
+
+`fingerprint(task)` is what the shard's output depends on; the driver skips tasks whose marker already
+records it (`pending`), and `run` stores it, so both sides agree without talking.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+import torch
+
+from hype.scoring.rundir import RunDir, ShardTask, completed, read_json
+
+
+class ShardStage:
+    """Base class of the per-shard stages."""
+
+    name = "stage"
+
+    def __init__(self, run: RunDir, *, device: str = "cpu", threads: int = 0, debug=None):
+        self.run_dir = run
+        self.device = device
+        self.threads = threads
+        self.debug = debug
+        self._digests: dict[tuple[str, str], str] = {}
+
+    def __getstate__(self) -> dict:
+        # Workers receive settings only: models, thread pools and driver caches (`_*`) stay behind and
+        # are rebuilt by `setup` in the worker.
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._digests = {}
+
+    def upstream_digest(self, stage: str, task: ShardTask) -> str | None:
+        """Digest of this shard's output of an earlier stage (from its marker; cached by the driver)."""
+        key = (stage, task.shard_id)
+        if key not in self._digests:
+            stats = read_json(self.run_dir.shard_stats(stage, task)) or {}
+            digest = (stats.get("output") or {}).get("digest")
+            if digest is None:
+                return None
+            self._digests[key] = digest
+        return self._digests[key]
+
+    def remember(self, stage: str, task: ShardTask, stats: dict) -> None:
+        self._digests[(stage, task.shard_id)] = stats["output"]["digest"]
+
+    # --- driver side ------------------------------------------------------------------------------
+
+    def fingerprint(self, task: ShardTask) -> str:
+        raise NotImplementedError
+
+    def done(self, task: ShardTask) -> dict | None:
+        """The stats of this shard's finished output, or None when it must be (re)computed."""
+        return completed(
+            self.run_dir.shard_stats(self.name, task),
+            self.fingerprint(task),
+            self.run_dir.shard_output(self.name, task),
+        )
+
+    def pending(self, tasks: list[ShardTask]) -> tuple[list[ShardTask], list[dict]]:
+        """(tasks to run, stats of the ones already done)."""
+        todo, done = [], []
+        for task in tasks:
+            stats = self.done(task)
+            (todo.append(task) if stats is None else done.append(stats))
+        return todo, done
+
+    # --- worker side ------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        """Per-worker initialisation; subclasses load their heavy state and call this first."""
+        if self.threads:
+            torch.set_num_threads(self.threads)
+
+    def run(self, task: ShardTask) -> dict:
+        raise NotImplementedError
+
+    def teardown(self) -> None:
+        """Per-worker clean-up after the last shard (decode processes, ...)."""
+
+    def _debug_hook(self, task: ShardTask) -> None:
+        # Lets a test find the process holding a shard and kill it mid-shard.
+        dbg = self.debug
+        if dbg is None or dbg.pid_dir is None or dbg.stage != self.name:
+            return
+        Path(dbg.pid_dir).mkdir(parents=True, exist_ok=True)
+        (Path(dbg.pid_dir) / f"{self.name}-{task.shard_id}.pid").write_text(str(os.getpid()))
+        if dbg.hold_s > 0:
+            time.sleep(dbg.hold_s)
+
+    def _marker(self, task: ShardTask, fingerprint: str, output: dict, started: float, **extra) -> dict:
+        stats = {
+            "stage": self.name,
+            "shard": task.path,
+            "shard_id": task.shard_id,
+            "index": task.index,
+            "fingerprint": fingerprint,
+            "output": output,
+            "seconds": round(time.perf_counter() - started, 4),
+            "worker": {"host": socket.gethostname(), "pid": os.getpid()},
+        }
+        stats.update(extra)
+        return stats
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device {device!r} requested but CUDA is not available on {socket.gethostname()}")
+    return device

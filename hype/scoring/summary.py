@@ -1,0 +1,153 @@
+"""The run summary of `hype score`: `RUN_DIR/summary.json` (read by `hype report`) and its text form.
+
+`status` is `running` while a run is in progress, `complete` once every part of the scores table is
+written, `failed` when shards failed after their retries (they are listed; rerunning retries them).
+Sample counts come from the per-shard markers, so they cover reused shards as well as new ones.
+"""
+
+from __future__ import annotations
+
+from hype.data.samples import EMPTY_SHARD, UNREADABLE_SHARD, SkipStats
+from hype.scoring.config import ScoreConfig
+from hype.scoring.rundir import RunDir
+
+SHARD_REASONS = (UNREADABLE_SHARD, EMPTY_SHARD)
+
+
+def build_summary(
+    cfg: ScoreConfig,
+    run: RunDir,
+    plan: dict,
+    *,
+    status: str,
+    stages: dict,
+    warnings: list[str],
+    failures: list[dict],
+    seconds: float,
+    executor: str,
+    embed_stats: list[dict] | None = None,
+    merge_stats: list[dict] | None = None,
+    duplicates: dict | None = None,
+    reference: dict | None = None,
+    clusters: dict | None = None,
+) -> dict:
+    skips = SkipStats()
+    read = embedded = empty_captions = 0
+    for s in embed_stats or []:
+        skips.merge(s.get("skipped") or {})
+        c = s.get("counts") or {}
+        read += int(c.get("samples", 0))
+        embedded += int(c.get("embedded", 0))
+        empty_captions += int(c.get("empty_captions", 0))
+    fresh = int((stages.get("embed") or {}).get("samples", 0))
+    per_sample = {r: n for r, n in sorted(skips.counts.items()) if r not in SHARD_REASONS}
+    scored = sum(int(s["output"]["rows"]) for s in merge_stats) if merge_stats is not None else None
+    c_in_on = clusters is not None
+    out = {
+        "status": status,
+        "run_dir": str(run.root),
+        "scores_dir": str(run.scores),
+        "pool": plan.get("pool"),
+        "executor": executor,
+        "models": {"meru": cfg.meru, "clip": cfg.clip, "metadata": cfg.metadata.dir},
+        "shards": {
+            "total": plan.get("shards", 0),
+            "empty": list(plan.get("empty_shards", [])),
+            "unreadable": int(skips.counts.get(UNREADABLE_SHARD, 0)),
+            "unreadable_examples": list(skips.examples.get(UNREADABLE_SHARD, [])),
+            "failed": failures,
+        },
+        "samples": {
+            "read": read,
+            "embedded": embedded,
+            "scored": scored,
+            "skipped": sum(per_sample.values()),
+            "skipped_by_reason": per_sample,
+            "skip_examples": {r: skips.examples.get(r, []) for r in per_sample},
+            "duplicates": int(duplicates["duplicates"]) if duplicates else None,
+            "empty_captions": empty_captions,
+        },
+        "reference": None
+        if reference is None
+        else {"source": reference.get("source"), **(reference.get("meta") or {}), "file": str(run.reference)},
+        "specificity": {"hinge": cfg.specificity.hinge, "K": cfg.specificity.K},
+        "c_in": {"enabled": c_in_on},
+        "stages": stages,
+        "seconds": round(seconds, 3),
+        # Throughput of this invocation: samples embedded now (not those reused from an earlier run).
+        "samples_per_s": round(fresh / seconds, 1) if seconds > 0 and fresh else None,
+        "warnings": list(warnings),
+    }
+    if c_in_on:
+        out["c_in"] |= {
+            "k": clusters.get("k"),
+            "targets": clusters.get("targets"),
+            "class_images": clusters.get("class_images"),
+            "class_source": clusters.get("class_source"),
+            "train_points": clusters.get("train_points"),
+            "caption_filter": clusters.get("caption_filter"),
+            "samples_c_in": sum(int(s["counts"].get("c_in", 0)) for s in merge_stats or []),
+        }
+    else:
+        out["c_in"]["note"] = "no --class-features/--class-images: c_in = 0 for every sample"
+    return out
+
+
+def format_summary(s: dict) -> str:
+    """A short human summary."""
+    smp, sh = s["samples"], s["shards"]
+    lines = []
+    head = {"complete": "scored", "failed": "FAILED", "running": "interrupted"}.get(s["status"], s["status"])
+    scored = smp["scored"] if smp["scored"] is not None else smp["embedded"]
+    lines.append(
+        f"hype score: {head}: {scored:,} samples from {sh['total']} shards in {s['seconds']:.1f} s"
+        + (f" ({s['samples_per_s']:,.1f} samples/s)" if s.get("samples_per_s") else "")
+    )
+    lines.append(f"  scores      {s['scores_dir']}/part-*.parquet")
+    if smp["skipped"]:
+        reasons = ", ".join(f"{r} {n:,}" for r, n in smp["skipped_by_reason"].items())
+        lines.append(f"  skipped     {smp['skipped']:,} ({reasons})")
+        for r, ex in smp["skip_examples"].items():
+            if ex:
+                lines.append(f"              e.g. {r}: {ex[0]}")
+    if sh["unreadable"] or sh["empty"]:
+        lines.append(
+            f"  bad shards  {sh['unreadable']} unreadable/truncated (samples before the damage kept), "
+            f"{len(sh['empty'])} empty"
+        )
+    if smp.get("duplicates"):
+        lines.append(
+            f"  duplicates  {smp['duplicates']:,} repeated uids dropped (kept the first by shard order)"
+        )
+    if smp.get("empty_captions"):
+        lines.append(f"  empty captions {smp['empty_captions']:,} (scored)")
+    ref = s.get("reference")
+    if ref:
+        if ref.get("source") == "selected":
+            lines.append(
+                f"  reference   selected from the pool: N={ref.get('n_top')}, M={ref.get('m')} "
+                f"({'hinged L_e' if ref.get('hinge') else 'raw E'}) -> {ref['file']}"
+            )
+        else:
+            lines.append(f"  reference   from {ref.get('source')}")
+    c = s["c_in"]
+    if c["enabled"]:
+        lines.append(
+            f"  c_IN        K={c['k']} clusters, {c['targets']} targets from {c['class_images']:,} class "
+            f"images; {c['samples_c_in']:,} samples with c_IN=10"
+            + ("" if c["caption_filter"] else " (caption filter off)")
+        )
+    else:
+        lines.append("  c_IN        off (no --class-features/--class-images): 0 for every sample")
+    parts = []
+    for name, m in s["stages"].items():
+        rate = f", {m['samples_per_s']:,.0f}/s" if m.get("samples_per_s") else ""
+        reused = f", {m['shards_reused']} reused" if m.get("shards_reused") else ""
+        parts.append(f"{name} {m['seconds']:.1f}s{rate}{reused}")
+    lines.append("  stages      " + " · ".join(parts))
+    if sh["failed"]:
+        lines.append(f"  FAILED      {len(sh['failed'])} shard(s); rerun the same command to retry them:")
+        lines += [f"              {f['shard']} ({f.get('stage')}): {f['error']}" for f in sh["failed"][:5]]
+    for w in s["warnings"]:
+        lines.append(f"  warning     {w}")
+    return "\n".join(lines)

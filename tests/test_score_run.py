@@ -1,0 +1,279 @@
+"""`hype score` end to end with the in-process executor: the scores table, reruns, incremental recompute,
+crash and resume, a user-supplied reference set, DataComp metadata input and input errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import torch
+from test_score_support import (
+    POOL_SIZE,
+    baseline,
+    cli_command,
+    digests,
+    kill9,
+    models,
+    run_cli,
+    score_args,
+    wait_for,
+    world,
+)
+
+from hype.scoring import embed_format
+from hype.scoring.schema import SCHEMA
+
+
+def _scores(run):
+    return ds.dataset(run / "scores", format="parquet").to_table()
+
+
+def _summary(run) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def test_local_run_writes_the_scores_table(tmp_path_factory):
+    run = baseline(tmp_path_factory)
+    w = world(tmp_path_factory)
+    table = _scores(run)
+    assert table.schema.equals(SCHEMA)
+    truth = pq.read_table(w / "truth.parquet").to_pandas()
+    df = table.to_pandas()
+    assert len(df) == POOL_SIZE and df.uid.is_unique and set(df.uid) == set(truth.uid)
+    assert sorted(p.name for p in (run / "scores").iterdir()) == [f"part-{i:08d}.parquet" for i in range(3)]
+    for col in ("eps_i", "eps_t", "neg_d_l", "cos_theta"):
+        assert np.isfinite(df[col]).all(), col
+    assert (df.neg_d_l <= 0).all() and (df.cos_theta.abs() <= 1 + 1e-6).all()
+    assert set(df.c_in) <= {0.0, 10.0} and (df.c_in == 10).any()
+    # Pool order: parts by shard, rows in tar order.
+    assert list(df.key[:3]) == sorted(df.key[:3]) and df.shard.iloc[0].endswith("00000000.tar")
+    merged = df.merge(truth[["uid", "caption", "width", "height"]], on="uid", suffixes=("", "_truth"))
+    assert (merged.text == merged.caption.str.strip()).all()
+    assert (merged.width == merged.width_truth).all() and (merged.height == merged.height_truth).all()
+
+    s = _summary(run)
+    assert s["status"] == "complete" and s["samples"]["scored"] == POOL_SIZE
+    assert s["samples"]["skipped"] == 0 and s["samples"]["duplicates"] == 0
+    assert s["c_in"]["enabled"] and s["c_in"]["targets"] >= 1
+    assert s["reference"]["n_top"] == 100 and s["reference"]["m"] == 80
+    assert set(s["stages"]) >= {"embed", "dedup", "reference", "specificity", "classes", "clusters", "merge"}
+    assert s["stages"]["embed"]["samples_per_s"] > 0
+
+
+def test_scores_match_the_models_run_by_hand(tmp_path_factory):
+    """−d_L and cos θ from open_clip's own preprocessing and the models; ε from the stored embeddings."""
+    from hype.checkpoint import load_checkpoint
+    from hype.data.samples import SkipStats, decode_image, iter_tar_samples
+    from hype.geometry import lorentz
+    from hype.scoring.reference import load_reference
+    from hype.scoring.specificity import image_specificity, text_specificity
+
+    run = baseline(tmp_path_factory)
+    w = world(tmp_path_factory)
+    meru_path, clip_path = models(tmp_path_factory)
+    meru, clip = load_checkpoint(meru_path), load_checkpoint(clip_path)
+    shard = w / "pool" / "shards" / "00000001.tar"
+    samples = [s for _, s in zip(range(6), iter_tar_samples(str(shard), SkipStats()), strict=False)]
+    images = [decode_image(s.image_bytes()) for s in samples]
+    texts = [s.caption() for s in samples]
+    with torch.no_grad():
+        mi = meru.encode_image(torch.stack([meru.preprocess(False)(im) for im in images]))
+        mt = meru.encode_text(meru.tokenizer()(texts))
+        ci = clip.encode_image(torch.stack([clip.preprocess(False)(im) for im in images]))
+        ct = clip.encode_text(clip.tokenizer()(texts))
+    part = pq.read_table(run / "scores" / "part-00000001.parquet").to_pandas().iloc[:6]
+    np.testing.assert_allclose(part.neg_d_l, -lorentz.distance(mi, mt, meru.curv.item()).numpy(), atol=2e-5)
+    np.testing.assert_allclose(
+        part.cos_theta, torch.nn.functional.cosine_similarity(ci, ct).numpy(), atol=2e-5
+    )
+
+    embed = next((run / "embed").glob("00000001-*.parquet"))
+    curv, K = embed_format.model_scalars(embed)
+    s_i, s_t = load_reference(run / "reference.safetensors").lifted(curv)
+    img = torch.from_numpy(embed_format.read_embeddings(embed, "meru_img"))
+    txt = torch.from_numpy(embed_format.read_embeddings(embed, "meru_txt"))
+    np.testing.assert_allclose(img[:6].numpy(), mi.numpy(), atol=2e-5)
+    full = pq.read_table(run / "scores" / "part-00000001.parquet").to_pandas()
+    np.testing.assert_allclose(
+        full.eps_i, image_specificity(img.double(), s_t.double(), curv, K=K), atol=1e-4
+    )
+    np.testing.assert_allclose(full.eps_t, text_specificity(txt.double(), s_i.double(), curv, K=K), atol=1e-4)
+
+
+def test_rerun_is_a_no_op_and_changed_settings_recompute_only_what_they_affect(tmp_path_factory, tmp_path):
+    base = baseline(tmp_path_factory)
+    w = world(tmp_path_factory)
+    meru, clip = models(tmp_path_factory)
+    run = tmp_path / "run"
+    shutil.copytree(base, run)
+    before = digests(run / "scores")
+    result = run_cli(score_args(w, meru, clip, run))
+    assert result.exit_code == 0, result.output
+    s = _summary(run)
+    assert all(m.get("shards_run", 0) == 0 for m in s["stages"].values()), s["stages"]
+    assert digests(run / "scores") == before
+
+    # ε settings change ε only: embeddings, references and clusters are reused.
+    result = run_cli([*score_args(w, meru, clip, run), "--hinge", "specificity.K=0.3"])
+    assert result.exit_code == 0, result.output
+    s = _summary(run)
+    assert s["stages"]["embed"]["shards_run"] == 0 and s["stages"]["clusters"]["shards_run"] == 0
+    assert s["stages"]["specificity"]["shards_run"] == 3 and s["specificity"]["hinge"] is True
+    old, new = _scores(base).to_pandas(), _scores(run).to_pandas()
+    assert (old.neg_d_l == new.neg_d_l).all() and (old.c_in == new.c_in).all()
+    assert not np.allclose(old.eps_t, new.eps_t) and (new.eps_t >= 0).all()
+
+
+def test_kill_9_mid_run_then_rerun_gives_identical_bytes(tmp_path_factory, tmp_path):
+    base = baseline(tmp_path_factory)
+    w = world(tmp_path_factory)
+    meru, clip = models(tmp_path_factory)
+    run, pids = tmp_path / "run", tmp_path / "pids"
+    # The hook makes the worker hold each embed shard for a while before processing it, so the kill
+    # lands while a shard is in progress.
+    args = score_args(w, meru, clip, run, f"debug.pid_dir={pids}", "debug.hold_s=3")
+    proc = subprocess.Popen(cli_command(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: any((run / "embed").glob("*_stats.json")), 180, proc, "the first shard's stats")
+        wait_for(lambda: len(list(pids.glob("*.pid"))) >= 2, 30, proc, "the second shard to start")
+        kill9(proc.pid)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -9
+    assert len(list((run / "embed").glob("*_stats.json"))) == 1
+    assert len(list((run / "embed").glob("*.parquet"))) == 1  # no partial output under a final name
+    assert not (run / "scores").exists() or not any((run / "scores").iterdir())
+
+    result = run_cli(score_args(w, meru, clip, run))
+    assert result.exit_code == 0, result.output
+    s = _summary(run)
+    assert s["stages"]["embed"]["shards_reused"] == 1 and s["stages"]["embed"]["shards_run"] == 2
+    assert not list(run.rglob(".*.tmp-*"))
+    assert digests(run / "scores") == digests(base / "scores")
+    assert digests(run / "embed") == digests(base / "embed")
+    assert (run / "reference.safetensors").read_bytes() == (base / "reference.safetensors").read_bytes()
+
+
+def test_user_reference_file_replaces_the_selection(tmp_path_factory, tmp_path):
+    from hype.scoring.reference import load_reference
+
+    base = baseline(tmp_path_factory)
+    w = world(tmp_path_factory)
+    meru, clip = models(tmp_path_factory)
+    run = tmp_path / "run"
+    shutil.copytree(base, run)
+    g = torch.Generator().manual_seed(3)
+    released = {"img": torch.randn(7, 64, generator=g) * 0.3, "txt": torch.randn(5, 64, generator=g) * 0.2}
+    torch.save(released, tmp_path / "reference.pt")  # HYPE's released format: tangent vectors
+    result = run_cli([*score_args(w, meru, clip, run), "--reference", str(tmp_path / "reference.pt")])
+    assert result.exit_code == 0, result.output
+    s = _summary(run)
+    assert s["reference"]["source"].endswith("reference.pt") and s["stages"]["embed"]["shards_run"] == 0
+    refs = load_reference(run / "reference.safetensors")
+    assert torch.equal(refs.img, released["img"]) and torch.equal(refs.txt, released["txt"])
+    assert not np.allclose(_scores(run).to_pandas().eps_i, _scores(base).to_pandas().eps_i)
+
+    torch.save({"img": torch.zeros(3, 8), "txt": torch.zeros(3, 8)}, tmp_path / "wrong.pt")
+    result = run_cli([*score_args(w, meru, clip, run), "--reference", str(tmp_path / "wrong.pt")])
+    assert result.exit_code != 0 and "does not match" in result.output
+
+
+def test_datacomp_metadata_supplies_cos_theta_and_clip_features(tmp_path_factory, tmp_path):
+    """--metadata without --clip: cos θ and the c_IN features come from <hash>.parquet + <hash>.npz."""
+    import pyarrow as pa
+
+    w = world(tmp_path_factory)
+    meru, _ = models(tmp_path_factory)
+    truth = pq.read_table(w / "truth.parquet").to_pandas()
+    rng = np.random.default_rng(0)
+    uids = list(truth.uid)
+    missing = set(uids[10:15])  # not in the metadata: skipped with a reason
+    listed = [u for u in uids if u not in missing][::-1]  # another order than the shards
+    meta = tmp_path / "metadata"
+    meta.mkdir()
+    expected_cos, expected_feat = {}, {}
+    for name, chunk in (("a1b2", listed[:60]), ("c3d4", listed[60:])):
+        cos = rng.uniform(0.1, 0.4, len(chunk)).astype(np.float32)
+        feats = rng.normal(size=(len(chunk), 32)).astype(np.float32)
+        feats /= np.linalg.norm(feats, axis=1, keepdims=True)
+        pq.write_table(
+            pa.table({"uid": chunk, "text": ["x"] * len(chunk), "clip_l14_similarity_score": cos}),
+            meta / f"{name}.parquet",
+        )
+        np.savez(meta / f"{name}.npz", l14_img=feats.astype(np.float16), b32_img=feats[:, :8])
+        expected_cos.update(zip(chunk, cos, strict=True))
+        expected_feat.update(zip(chunk, feats.astype(np.float16).astype(np.float32), strict=True))
+    np.save(tmp_path / "classes.npy", rng.normal(size=(20, 32)).astype(np.float32))
+    run = tmp_path / "run"
+    args = [
+        "--pool",
+        str(w / "pool" / "shards"),
+        "--meru",
+        str(meru),
+        "--metadata",
+        str(meta),
+        "--class-features",
+        str(tmp_path / "classes.npy"),
+        "--out",
+        str(run),
+        "--num-clusters",
+        "4",
+        "batch_size=32",
+        "progress=false",
+        "reference.n_top=100",
+        "reference.m=80",
+    ]
+    result = run_cli(args)
+    assert result.exit_code == 0, result.output
+    df = _scores(run).to_pandas()
+    assert len(df) == POOL_SIZE - len(missing) and not (set(df.uid) & missing)
+    np.testing.assert_array_equal(df.cos_theta.to_numpy(), np.array([expected_cos[u] for u in df.uid]))
+    embed = next((run / "embed").glob("00000000-*.parquet"))
+    t = pq.read_table(embed, columns=["uid", "clip_img"])
+    feats = embed_format.fixed_list_to_numpy(t.column("clip_img"))
+    np.testing.assert_array_equal(feats, np.stack([expected_feat[u] for u in t.column("uid").to_pylist()]))
+    s = _summary(run)
+    assert s["samples"]["skipped_by_reason"] == {"not_in_metadata": len(missing)}
+    assert s["c_in"]["enabled"] and s["c_in"]["k"] == 4
+
+
+def test_bad_inputs_are_clear_errors(tmp_path_factory, tmp_path):
+    w = world(tmp_path_factory)
+    meru, clip = models(tmp_path_factory)
+    pool = str(w / "pool" / "shards")
+    r = run_cli(["--pool", pool, "--clip", str(clip), "--out", str(tmp_path / "r")])
+    assert r.exit_code != 0 and "--meru" in r.output
+    r = run_cli(["--pool", pool, "--meru", str(clip), "--clip", str(clip), "--out", str(tmp_path / "r")])
+    assert r.exit_code != 0 and "hyperbolic (MERU)" in r.output
+    r = run_cli(
+        ["--pool", str(tmp_path / "nope"), "--meru", str(meru), "--clip", str(clip), "--out", str(tmp_path)]
+    )
+    assert r.exit_code != 0 and "no such file or folder" in r.output
+    r = run_cli(
+        ["--pool", pool, "--meru", str(meru), "--clip", str(clip), "--out", str(tmp_path), "reference.nn=3"]
+    )
+    assert r.exit_code != 0 and "valid keys in reference: file, n_top, m, hinge" in r.output
+    np.save(tmp_path / "pickled.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    r = run_cli(
+        [
+            "--pool",
+            pool,
+            "--meru",
+            str(meru),
+            "--clip",
+            str(clip),
+            "--out",
+            str(tmp_path / "r2"),
+            "--class-features",
+            str(tmp_path / "pickled.npy"),
+            "progress=false",
+            "batch_size=64",
+        ]
+    )
+    assert r.exit_code != 0 and "not a plain .npy" in r.output
