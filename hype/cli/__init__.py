@@ -22,6 +22,19 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "eval": ("hype.cli.eval", "eval_cmd", "Run the DataComp zero-shot benchmark (or the synthetic one)."),
     "convert": ("hype.cli.convert", "convert", "Convert released MERU / HYPE checkpoints to hype's format."),
+    "score": ("hype.cli.score", "score", "Score a pool: ε_i, ε_t, −d_L, cos θ and c_IN for every sample."),
+    "select": (
+        "hype.cli.select",
+        "select",
+        "Select a subset from a scores table (HYPE, ablations, filters).",
+    ),
+    "reshard": (
+        "hype.cli.reshard",
+        "reshard",
+        "Write training shards for a subset (DataComp resharder layout).",
+    ),
+    "report": ("hype.cli.report", "report", "Write an HTML report of a scored pool and a subset."),
+    "submit": ("hype.cli.submit", "submit", "Assemble and validate a DataComp submission folder."),
 }
 
 
