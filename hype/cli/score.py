@@ -105,7 +105,7 @@ def score(
     \b
     Examples:
       hype score --pool world/pool/shards --meru meru.safetensors --clip clip.safetensors \\
-          --class-images world/eval/reference --out runs/score
+          --class-images world/eval/reference/train --out runs/score
       hype score --pool 'pool/{00000000..00001287}.tar' --meru meru.safetensors --metadata pool/metadata \\
           --class-features in1k_l14.npy --out runs/small --executor ray --ray-address auto --device cuda
 

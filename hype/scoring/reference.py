@@ -54,6 +54,9 @@ class ReferenceSet:
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         tensors = {"img": self.img.float().contiguous().cpu(), "txt": self.txt.float().contiguous().cpu()}
         save_file(tensors, str(tmp), metadata={"hype_reference": json.dumps(self.meta, sort_keys=True)})
+        umask = os.umask(0)  # safetensors creates 0600 files; use the user's default mode
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         tmp.replace(path)
         return path
 
