@@ -394,6 +394,19 @@ def test_bad_tables_say_what_to_fix(tmp_path):
         select_subset(SelectRequest(scores=tmp_path / "ok", out=tmp_path / "x.txt", frac=0.2, progress=False))
 
 
+def test_runs_hype_score_has_not_finished(tmp_path):
+    df = table(40, seed=6)
+    run = write_scores(df, tmp_path / "run", parts=1)
+    (run / "summary.json").write_text(json.dumps({"status": "running"}))
+    with pytest.raises(SelectError, match="still running"):
+        select_subset(SelectRequest(scores=run, out=tmp_path / "x.npy", frac=0.5, progress=False))
+    (run / "summary.json").write_text(
+        json.dumps({"status": "failed", "shards": {"failed": [{"shard": "a"}]}})
+    )
+    s = select_subset(SelectRequest(scores=run, out=tmp_path / "x.npy", frac=0.5, progress=False))
+    assert s["selected_rows"] == 20 and "failed on 1 shard(s)" in s["warnings"][0]
+
+
 def test_cli_reports_errors_without_a_traceback(world, tmp_path):
     res = CliRunner().invoke(
         main, ["select", "--scores", str(world["run"]), "--frac", "2", "--out", str(tmp_path / "x.npy")]

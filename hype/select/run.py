@@ -111,6 +111,7 @@ def select_subset(req: SelectRequest) -> dict:
     target = make_target(req)
     preset_name, ranker, masks = build_rules(req)
     table = ScoresTable(req.scores)
+    warnings = table.require_finished()
     table.require(["uid"], "every selection")
     table.require(ranker.columns(), f"ranking rule {ranker.spec()!r}")
     for m in masks:
@@ -170,6 +171,7 @@ def select_subset(req: SelectRequest) -> dict:
             }
             for name in [*metrics, "score"]
         },
+        "warnings": warnings,
         "passes": result.passes,
         "seconds": round(time.perf_counter() - start, 3),
         "hype_version": __version__,
@@ -260,6 +262,7 @@ def format_summary(s: dict) -> str:
         pool = st["pool"]["mean"] if st["pool"] and st["pool"].get("count") else float("nan")
         sub = st["subset"].get("mean", float("nan"))
         lines.append(f"  {name:<10} {pool:>11.4f} {sub:>12.4f}")
+    lines += [f"  warning: {w}" for w in s.get("warnings", [])]
     lines.append(
         f"wrote {s['subset']} ({s['subset_rows']:,} uids), {s['parquet']}, {s['summary']} "
         f"in {s['seconds']:.1f} s"

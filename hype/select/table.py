@@ -8,6 +8,7 @@ metric values must be finite and non-null, and the error names the file, column,
 
 from __future__ import annotations
 
+import json
 import sys
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -128,6 +129,32 @@ class ScoresTable:
         self.num_rows = row
         if self.num_rows == 0:
             raise SelectError(f"{folder}: the scores table has no rows; rerun `hype score` (see its summary)")
+
+    def run_summary(self) -> dict | None:
+        """The `summary.json` `hype score` keeps next to the scores (None when absent or unreadable)."""
+        try:
+            data = json.loads((self.folder.parent / "summary.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def require_finished(self) -> list[str]:
+        """Refuse a table that `hype score` is still writing; return warnings for one whose run failed."""
+        summary = self.run_summary() or {}
+        status = summary.get("status")
+        if status == "running":
+            raise SelectError(
+                f"{self.folder.parent}: hype score is still running there (summary.json status 'running'), "
+                "so its scores table is incomplete; wait for it to finish, or rerun it to resume an "
+                "interrupted run"
+            )
+        if status == "failed":
+            failed = (summary.get("shards") or {}).get("failed") or []
+            return [
+                f"the scoring run failed on {len(failed)} shard(s) (summary.json status 'failed'): their "
+                "samples are not in the scores table; rerun hype score to retry them"
+            ]
+        return []
 
     def has_column(self, name: str) -> bool:
         return all(name in s.names for s in self.schemas.values())
