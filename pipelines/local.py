@@ -13,6 +13,8 @@ import pickle
 import traceback
 from collections.abc import Callable
 
+from hype.scoring.stagebase import StageSetupError
+
 log = logging.getLogger(__name__)
 
 
@@ -37,7 +39,10 @@ class LocalExecutor:
         if not tasks:
             return []
         worker = pickle.loads(pickle.dumps(stage))
-        worker.setup()
+        try:
+            worker.setup()
+        except Exception as e:  # noqa: BLE001 - every shard would fail the same way
+            raise StageSetupError(f"{stage.name} setup failed: {type(e).__name__}: {e}") from e
         failures = []
         try:
             for task in tasks:

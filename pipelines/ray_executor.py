@@ -24,11 +24,9 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 
+from hype.scoring.stagebase import StageSetupError
+
 log = logging.getLogger(__name__)
-
-
-class StageSetupError(RuntimeError):
-    """A stage could not be set up in a worker; retrying on another worker would not help."""
 
 
 class _Worker:
@@ -38,7 +36,8 @@ class _Worker:
     and each stage is set up (models loaded) once per actor.
     """
 
-    def __init__(self):
+    def __init__(self, cpus: float):
+        self.cpus = cpus
         self.key: str | None = None
         self.stage = None
         self.error: str | None = None
@@ -46,6 +45,9 @@ class _Worker:
     def install(self, key: str, stage) -> None:
         self.release()
         self.key, self.stage, self.error = key, stage, None
+        if not getattr(stage, "threads", 0):
+            # The CPU budget of this actor (torch threads, decode workers), not the whole node's.
+            stage.threads = max(1, int(self.cpus))
         try:
             stage.setup()
         except Exception as e:  # noqa: BLE001 - reported to the driver on the first `run`
@@ -84,7 +86,7 @@ class RayExecutor:
         address: str | None = None,
         *,
         workers: int = 0,
-        cpus_per_worker: float = 1.0,
+        cpus_per_worker: float = 0.0,
         gpus_per_worker: float = 1.0,
         device: str = "auto",
         retries: int = 2,
@@ -113,6 +115,11 @@ class RayExecutor:
             )
         self.gpus = gpus_per_worker if wants_gpu else 0.0
         self.resources = resources
+        if not cpus_per_worker:
+            # Auto: on GPU clusters each actor decodes with its share of the CPUs; on CPU clusters one
+            # actor per CPU (torch then runs single-threaded in each).
+            share = resources.get("CPU", 1) / resources["GPU"] * self.gpus if self.gpus else 1.0
+            self.cpus = max(1.0, math.floor(share))
         self._workers: list = []
 
     def __enter__(self) -> RayExecutor:
@@ -138,7 +145,7 @@ class RayExecutor:
     def _new_worker(self):
         ray = self.ray
         cls = ray.remote(num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=0, max_task_retries=0)(_Worker)
-        return cls.remote()
+        return cls.remote(self.cpus)
 
     def map(self, stage, tasks: list, on_result: Callable[[object, dict], None]) -> list[dict]:
         if not tasks:

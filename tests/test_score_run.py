@@ -13,8 +13,10 @@ import pyarrow.parquet as pq
 import torch
 from test_score_support import (
     POOL_SIZE,
+    alive,
     baseline,
     cli_command,
+    descendants,
     digests,
     kill9,
     models,
@@ -140,12 +142,15 @@ def test_kill_9_mid_run_then_rerun_gives_identical_bytes(tmp_path_factory, tmp_p
     try:
         wait_for(lambda: any((run / "embed").glob("*_stats.json")), 180, proc, "the first shard's stats")
         wait_for(lambda: len(list(pids.glob("*.pid"))) >= 2, 30, proc, "the second shard to start")
+        children = descendants(proc.pid)  # its decode processes
+        assert children
         kill9(proc.pid)
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == -9
+    wait_for(lambda: not alive(children), 15, what="the killed run's decode processes to exit")
     assert len(list((run / "embed").glob("*_stats.json"))) == 1
     assert len(list((run / "embed").glob("*.parquet"))) == 1  # no partial output under a final name
     assert not (run / "scores").exists() or not any((run / "scores").iterdir())
@@ -277,3 +282,29 @@ def test_bad_inputs_are_clear_errors(tmp_path_factory, tmp_path):
         ]
     )
     assert r.exit_code != 0 and "not a plain .npy" in r.output
+
+
+def test_a_shard_that_keeps_failing_is_reported_and_retried_on_rerun(tmp_path_factory, tmp_path):
+    from hype.scoring.rundir import shard_id
+
+    base = baseline(tmp_path_factory)
+    w = world(tmp_path_factory)
+    meru, clip = models(tmp_path_factory)
+    run = tmp_path / "run"
+    bad = run / "embed" / f"{shard_id(w / 'pool' / 'shards' / '00000001.tar')}.parquet"
+    bad.mkdir(parents=True)  # the shard's output cannot be written: every attempt fails
+    result = run_cli([*score_args(w, meru, clip, run), "executor.retries=1"])
+    assert result.exit_code == 2
+    s = _summary(run)
+    assert s["status"] == "failed" and len(s["shards"]["failed"]) == 1
+    failed = s["shards"]["failed"][0]
+    assert failed["shard"].endswith("00000001.tar") and failed["attempts"] == 2 and failed["stage"] == "embed"
+    assert "FAILED" in result.output and "rerun the same command" in result.output
+    assert not (run / "scores").exists() or not any((run / "scores").iterdir())
+
+    bad.rmdir()
+    result = run_cli(score_args(w, meru, clip, run))
+    assert result.exit_code == 0, result.output
+    s = _summary(run)
+    assert s["status"] == "complete" and s["stages"]["embed"]["shards_reused"] == 2
+    assert digests(run / "scores") == digests(base / "scores")

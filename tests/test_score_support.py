@@ -129,3 +129,30 @@ def wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None, wh
 
 def kill9(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
+
+
+def descendants(pid: int) -> set[int]:
+    """All live descendants of a process (from /proc)."""
+    found: set[int] = set()
+    stack = [pid]
+    while stack:
+        p = stack.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = {int(c) for c in (task / "children").read_text().split()}
+            except OSError:
+                continue
+            stack += list(kids - found)
+            found |= kids
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    out = set()
+    for pid in pids:
+        try:
+            if "zombie" not in Path(f"/proc/{pid}/status").read_text().lower():
+                out.add(pid)
+        except OSError:
+            pass
+    return out

@@ -112,16 +112,16 @@ class ExecutorConfig:
     kind: str = "local"  # local | ray (--executor)
     ray_address: str | None = None  # join a cluster: host:port or auto; null starts a local Ray
     workers: int = 0  # actors per stage on Ray (0: as many as the cluster's resources allow)
-    cpus_per_worker: float = 1.0
+    cpus_per_worker: float = 0.0  # 0: 1 per actor on CPU clusters; on GPU clusters the CPUs per GPU share
     gpus_per_worker: float = 1.0  # only when device is cuda; fractions share a GPU
     retries: int = 2  # extra attempts for a shard whose worker died or raised
 
     def __post_init__(self) -> None:
         if self.kind not in EXECUTORS:
             raise ConfigError("kind", f"must be one of {', '.join(EXECUTORS)}; got {self.kind!r}")
-        _at_least(self, 0, "workers", "retries")
-        if not self.cpus_per_worker > 0 or not self.gpus_per_worker > 0:
-            raise ConfigError("cpus_per_worker", "cpus_per_worker and gpus_per_worker must be > 0")
+        _at_least(self, 0, "workers", "retries", "cpus_per_worker")
+        if not self.gpus_per_worker > 0:
+            raise ConfigError("gpus_per_worker", f"must be > 0, got {self.gpus_per_worker!r}")
 
 
 @dataclass(frozen=True)

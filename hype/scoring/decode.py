@@ -14,11 +14,14 @@ the model for the GIL. This module imports only Pillow and NumPy, so they start 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import queue
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from hype.data.samples import (
@@ -126,6 +129,21 @@ def _label(sample: RawSample) -> int | None:
         return None
 
 
+def _exit_with_parent(parent: int) -> None:
+    """Decode-process initializer: exit when the embedding process is gone (killed with SIGKILL, say).
+
+    A pool's workers share its queues' pipes, so they never see EOF when the parent dies; without this
+    they would linger forever.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="hype-parent-watch", daemon=True).start()
+
+
 _END = object()
 
 
@@ -194,7 +212,9 @@ class DecodePool:
             if self.mode == "processes":
                 # spawn, not fork: the embedding process runs torch and (on Ray) gRPC threads.
                 ctx = multiprocessing.get_context("spawn")
-                self._pool = ProcessPoolExecutor(self.workers, mp_context=ctx)
+                self._pool = ProcessPoolExecutor(
+                    self.workers, mp_context=ctx, initializer=_exit_with_parent, initargs=(os.getpid(),)
+                )
             else:
                 self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="hype-decode")
         return self._pool
@@ -207,9 +227,8 @@ class DecodePool:
             chunks = _chunks(iter_tar_samples(path, tar_stats), CHUNK)
             for results in ordered_map(self._executor(), self.spec.chunk, chunks, window):
                 yield from results
-        except Exception as e:
-            if type(e).__name__ == "BrokenProcessPool":  # a worker died (e.g. a crash in a decoder)
-                self.close()  # the next shard (or the retry) starts a fresh pool
+        except BrokenProcessPool:  # a decode process died (e.g. a crash inside an image decoder)
+            self.close()  # the retry (or the next shard) starts a fresh pool
             raise
         finally:
             stats.merge(tar_stats)

@@ -245,9 +245,15 @@ class RunDir:
     def remove_stale_temporaries(self) -> int:
         """Delete temporary files left by a killed run (call only while holding the lock)."""
         n = 0
-        for tmp in self.root.rglob(f".*{_TMP_TAG}*"):
-            tmp.unlink(missing_ok=True)
-            n += 1
+        for folder in (self.root, *(self.root / d for d in (*SHARD_STAGES, "scores", "dedup", "metadata"))):
+            try:
+                entries = list(os.scandir(folder))
+            except OSError:
+                continue
+            for entry in entries:
+                if entry.name.startswith(".") and _TMP_TAG in entry.name:
+                    Path(entry.path).unlink(missing_ok=True)
+                    n += 1
         return n
 
     def lock(self) -> RunLock:

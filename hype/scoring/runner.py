@@ -34,6 +34,7 @@ from hype.scoring.rundir import (
     fingerprint,
     make_tasks,
 )
+from hype.scoring.stagebase import StageSetupError
 
 log = logging.getLogger("hype.score")
 
@@ -84,6 +85,7 @@ class _Run:
         self.stages: dict[str, dict] = {}
         self.failures: list[dict] = []
         self.started = time.perf_counter()
+        self.plan: dict = {"pool": cfg.pool, "shards": 0}
 
     # --- helpers --------------------------------------------------------------------------------
 
@@ -121,6 +123,8 @@ class _Run:
 
         try:
             failures = self.executor.map(stage, todo, on_result) if todo else []
+        except StageSetupError as e:
+            raise ScoreError(str(e)) from None
         finally:
             bar.close()
         seconds = time.perf_counter() - started
@@ -242,7 +246,11 @@ def run_score(cfg: ScoreConfig, *, executor=None, progress: bool | None = None) 
     cfg = _with_absolute_paths(cfg)
     progress = cfg.progress if progress is None else progress
     own_executor = executor is None
-    executor = executor or make_executor(cfg)
+    if executor is None:
+        try:
+            executor = make_executor(cfg)
+        except (RuntimeError, ConnectionError, ValueError) as e:
+            raise ScoreError(f"--executor {cfg.executor.kind}: {e}") from None
     state = _Run(cfg, executor, progress)
     run = state.run
     run.create()
@@ -250,7 +258,12 @@ def run_score(cfg: ScoreConfig, *, executor=None, progress: bool | None = None) 
         with run.lock():
             run.remove_stale_temporaries()
             atomic_write_bytes(run.config, cfg.to_yaml().encode())
-            return _score(state)
+            try:
+                return _score(state)
+            except ScoreError as e:
+                # Readers (hype select/report) must not take a half-written run for a finished one.
+                state.summary(state.plan, status="failed", error=str(e))
+                raise
     finally:
         if own_executor:
             executor.close()
@@ -274,7 +287,7 @@ def _with_absolute_paths(cfg: ScoreConfig) -> ScoreConfig:
 def _score(state: _Run) -> dict:
     cfg, run = state.cfg, state.run
     tasks, empty = _plan(cfg, state.warn)
-    plan = {"pool": cfg.pool, "shards": len(tasks), "empty_shards": empty}
+    plan = state.plan = {"pool": cfg.pool, "shards": len(tasks), "empty_shards": empty}
     atomic_write_json(
         run.plan,
         {
@@ -379,6 +392,7 @@ def _score(state: _Run) -> dict:
         duplicates=dups,
         reference=ref_info,
         clusters=clusters_info,
+        specificity={"hinge": cfg.specificity.hinge, "K": K, "curv": curv},
     )
 
 

@@ -16,15 +16,15 @@ are reduced with a warning when the pool is smaller.
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from hype.geometry import lorentz
 from hype.scoring import embed_format
@@ -33,6 +33,7 @@ from hype.scoring.reference import ReferenceSet, load_reference
 from hype.scoring.rundir import (
     RunDir,
     ShardTask,
+    atomic_write_bytes,
     atomic_write_json,
     completed,
     file_digest,
@@ -97,10 +98,7 @@ def select_top_pairs(
         "txt": torch.from_numpy(emb["meru_txt"]),
         "ids": torch.from_numpy(top.ids),
     }
-    run.top_n.parent.mkdir(parents=True, exist_ok=True)
-    tmp = run.top_n.with_name(f".{run.top_n.name}.tmp")
-    save_file(tensors, str(tmp))
-    tmp.replace(run.top_n)
+    atomic_write_bytes(run.top_n, save(tensors))
     info = {
         "fingerprint": fp,
         "output": {"file": run.top_n.name, "bytes": run.top_n.stat().st_size},
@@ -228,9 +226,7 @@ def copy_reference_file(run: RunDir, path: str, dim: int, fp: str) -> dict:
     started = time.perf_counter()
     refs = load_reference(path, dim=dim)
     if str(path).endswith(".safetensors"):
-        tmp = run.reference.with_name(f".{run.reference.name}.tmp")
-        shutil.copyfile(path, tmp)
-        tmp.replace(run.reference)
+        atomic_write_bytes(run.reference, Path(path).read_bytes())
     else:
         refs.save(run.reference)
     info = {

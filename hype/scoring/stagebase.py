@@ -23,6 +23,11 @@ import torch
 from hype.scoring.rundir import RunDir, ShardTask, completed, read_json
 
 
+class StageSetupError(RuntimeError):
+    """A stage could not be set up in a worker (bad checkpoint, missing file, no GPU); retrying the shard
+    on another worker would not help, so executors raise this instead of retrying."""
+
+
 class ShardStage:
     """Base class of the per-shard stages."""
 

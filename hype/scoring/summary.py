@@ -30,6 +30,8 @@ def build_summary(
     duplicates: dict | None = None,
     reference: dict | None = None,
     clusters: dict | None = None,
+    specificity: dict | None = None,
+    error: str | None = None,
 ) -> dict:
     skips = SkipStats()
     read = embedded = empty_captions = 0
@@ -70,14 +72,16 @@ def build_summary(
         "reference": None
         if reference is None
         else {"source": reference.get("source"), **(reference.get("meta") or {}), "file": str(run.reference)},
-        "specificity": {"hinge": cfg.specificity.hinge, "K": cfg.specificity.K},
+        "specificity": specificity or {"hinge": cfg.specificity.hinge, "K": cfg.specificity.K},
         "c_in": {"enabled": c_in_on},
-        "stages": stages,
+        "stages": stages,  # this invocation's work; reused shards count in shards_reused
         "seconds": round(seconds, 3),
         # Throughput of this invocation: samples embedded now (not those reused from an earlier run).
         "samples_per_s": round(fresh / seconds, 1) if seconds > 0 and fresh else None,
         "warnings": list(warnings),
     }
+    if error is not None:
+        out["error"] = error
     if c_in_on:
         out["c_in"] |= {
             "k": clusters.get("k"),
