@@ -21,7 +21,7 @@ import json
 import math
 import os
 import shutil
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from os import PathLike
 from pathlib import Path
 
@@ -213,7 +213,7 @@ def make_submission(
             "main_metrics": {r["dataset"]: r["metrics"]["main_metric"] for r in results},
         },
         "selection": _selection_settings(selection),
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "hype_version": __version__,
     }
     (folder / "samples").mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ import html
 import json
 import math
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 
@@ -96,7 +96,7 @@ def render(
         "<h1>HYPE report</h1>",
         f"<div class='muted'>scores <span class='mono'>{e(data.run_dir)}</span>"
         + (f" · subset <span class='mono'>{e(data.subset_path)}</span>" if data.subset_path else "")
-        + f" · hype {e(__version__)} · {e(datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC'))}"
+        + f" · hype {e(__version__)} · {e(datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC'))}"
         + "</div>",
         _cards(data),
         _histograms(data),
