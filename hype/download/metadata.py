@@ -1,0 +1,136 @@
+"""Reading the pool metadata before a download: which files, how many shards, what looks wrong.
+
+img2dataset numbers shards across the input files in sorted order, `ceil(rows / per_shard)` per file,
+so the plan here gives every shard's id and size without downloading anything: the progress total, the
+shards already done, and the ones a run failed to finish. Problems that img2dataset would only report
+deep inside a worker (no parquet, a missing column) become errors naming the file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from hype.download.network import NetworkPolicy
+
+REQUIRED_COLUMNS = ("uid", "url", "text")
+# scheme and host of a url; the host keeps IPv6 brackets ("[::1]")
+_URL_RE = r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*):(?://(?:[^@/?#]*@)?(?P<host>\[[^\]/]*\]|[^:/?#]*))?"
+EXAMPLES = 5
+
+
+class DownloadError(ValueError):
+    """Bad input or arguments for a download; the message names the file and the fix."""
+
+
+@dataclass
+class MetadataPlan:
+    files: list[Path]
+    rows: list[int]  # per file
+    shards: list[tuple[int, int]]  # (shard id, samples), img2dataset's numbering
+    duplicate_uids: int = 0  # rows whose uid appeared before (in any file)
+    duplicate_examples: list[str] = field(default_factory=list)
+    has_bbox: bool = False  # every file has the bbox column
+    refused: dict[str, int] = field(default_factory=dict)  # urls refused by their host alone, per kind
+    refused_examples: list[str] = field(default_factory=list)
+
+    @property
+    def total_rows(self) -> int:
+        return sum(self.rows)
+
+
+def metadata_files(path: str | Path) -> list[Path]:
+    """The parquet files of a metadata folder (not recursive, as img2dataset reads it) or one file."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.glob("*.parquet") if p.is_file())
+        if not files:
+            raise DownloadError(
+                f"{path}: no .parquet files in this folder; --metadata takes a folder of DataComp metadata "
+                "parquet files (uid, url, text) or one such file"
+            )
+        return files
+    if not path.exists():
+        raise DownloadError(f"{path}: no such file or folder (--metadata)")
+    if path.suffix != ".parquet":
+        raise DownloadError(
+            f"{path}: not a .parquet file; --metadata takes parquet metadata (uid, url, text)"
+        )
+    return [path]
+
+
+def plan_metadata(
+    path: str | Path, samples_per_shard: int, bbox_col: str | None, policy: NetworkPolicy
+) -> MetadataPlan:
+    files = metadata_files(path)
+    rows: list[int] = []
+    shards: list[tuple[int, int]] = []
+    uids: list[pa.ChunkedArray] = []
+    host_counts: dict[tuple[str, str], int] = {}
+    examples: dict[tuple[str, str], str] = {}
+    has_bbox = bbox_col is not None
+    for file in files:
+        try:
+            schema = pq.read_schema(file)
+        except (OSError, pa.ArrowException) as e:
+            raise DownloadError(f"{file}: not a readable parquet file ({e})") from None
+        missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
+        if missing:
+            raise DownloadError(
+                f"{file}: missing column(s) {', '.join(missing)}; DataComp metadata has "
+                f"{', '.join(REQUIRED_COLUMNS)} (found: {', '.join(schema.names) or 'none'})"
+            )
+        has_bbox = has_bbox and bbox_col in schema.names
+        table = pq.read_table(file, columns=["uid", "url"])
+        n = table.num_rows
+        first = shards[-1][0] + 1 if shards else 0
+        for i in range(math.ceil(n / samples_per_shard)):
+            shards.append((first + i, min(samples_per_shard, n - i * samples_per_shard)))
+        rows.append(n)
+        uids.append(table.column("uid"))
+        _count_hosts(table.column("url"), host_counts, examples)
+    plan = MetadataPlan(files=files, rows=rows, shards=shards, has_bbox=has_bbox)
+    _count_duplicates(uids, plan)
+    for (scheme, host), n in sorted(host_counts.items(), key=lambda kv: -kv[1]):
+        if scheme in ("http", "https"):
+            kind = policy.host_refusal(host)
+        else:  # other schemes fail in img2dataset anyway; only those urllib could open are refusals
+            kind = policy.scheme_refusal(scheme)
+        if kind is not None:
+            plan.refused[kind] = plan.refused.get(kind, 0) + n
+            if len(plan.refused_examples) < EXAMPLES:
+                plan.refused_examples.append(examples[(scheme, host)])
+    return plan
+
+
+def _count_hosts(urls: pa.ChunkedArray, counts: dict, examples: dict) -> None:
+    urls = urls.cast(pa.string())
+    parts = pc.extract_regex(urls.fill_null(""), _URL_RE)
+    keys = pa.table(
+        {
+            "scheme": pc.utf8_lower(pc.struct_field(parts, "scheme")).fill_null(""),
+            "host": pc.struct_field(parts, "host").fill_null(""),
+            "url": urls.fill_null(""),
+        }
+    )
+    grouped = keys.group_by(["scheme", "host"]).aggregate([("url", "count"), ("url", "min")])
+    for scheme, host, n, example in zip(
+        *(grouped.column(c).to_pylist() for c in ("scheme", "host", "url_count", "url_min")), strict=True
+    ):
+        counts[(scheme, host)] = counts.get((scheme, host), 0) + n
+        examples.setdefault((scheme, host), example)
+
+
+def _count_duplicates(uids: list[pa.ChunkedArray], plan: MetadataPlan) -> None:
+    if not uids:
+        return
+    column = pa.chunked_array([c for u in uids for c in u.cast(pa.string()).chunks], type=pa.string())
+    counts = pc.value_counts(column)
+    repeated = pc.filter(counts, pc.greater(pc.struct_field(counts, "counts"), 1))
+    plan.duplicate_uids = int(pc.sum(pc.subtract(pc.struct_field(repeated, "counts"), 1)).as_py() or 0)
+    plan.duplicate_examples = [str(u) for u in pc.struct_field(repeated, "values")[:EXAMPLES].to_pylist()]

@@ -1,0 +1,425 @@
+"""`hype download`: img2dataset with DataComp's settings against a loopback server serving a synthetic pool,
+with broken urls (404, slow, not an image), resuming, and refusal of private-network targets."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from hype.cli import main
+from hype.download import DownloadError, download, load_download_config
+from hype.download.metadata import plan_metadata
+from hype.download.network import REFUSED, NetworkPolicy, address_kind, guarded_opener
+from hype.synth import make_world
+from hype.synth.serve import QuietHandler, serve_directory
+
+SLOW_S = 2.5  # the slow path answers after this; downloads use a 1 s timeout
+FAST = ["--processes", "1", "--threads", "8", "--no-progress"]
+
+
+class PoolHandler(QuietHandler):
+    """Serves a world's pool; `/slow/`, `/notimage/` and `/redirect?to=URL` are the broken urls. Every
+    request path is recorded in the class's `requests` (one subclass per server)."""
+
+    requests: list[str]
+    lock = threading.Lock()
+
+    def do_GET(self) -> None:
+        with self.lock:
+            self.requests.append(self.path)
+        path = urlsplit(self.path)
+        try:
+            if path.path.startswith("/slow/"):
+                time.sleep(SLOW_S)
+                self.send_error(404)
+            elif path.path.startswith("/notimage/"):
+                body = b"<html>this is not an image</html>"
+                self.send_response(200)
+                self.send_header("Content-Type", "image/jpeg")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            elif path.path == "/redirect":
+                self.send_response(302)
+                self.send_header("Location", parse_qs(path.query)["to"][0])
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            else:
+                super().do_GET()
+        except OSError:
+            pass  # the client gave up (timeout)
+
+
+def counting_handler() -> type[PoolHandler]:
+    return type("CountingHandler", (PoolHandler,), {"requests": []})
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("web")
+    handler = counting_handler()
+    with serve_directory(root / "world" / "pool", handler=handler) as base_url:
+        yield root, base_url, handler
+
+
+@pytest.fixture(scope="module")
+def world(server):
+    root, base_url, handler = server
+    # The server started before the world exists: the folder is looked up per request.
+    make_world(root / "world", size=40, eval_size=10, reference_per_class=1, base_url=base_url, workers=1)
+    return root / "world"
+
+
+def _metadata(world: Path, folder: Path, base_url: str) -> tuple[pa.Table, pa.Table]:
+    """meta/a.parquet: the pool (40 rows); meta/b.parquet: 2 x 404, 2 x slow, 2 x not an image, and one
+    repeat of the first pool row (a duplicate uid with a valid url)."""
+    (src,) = sorted((world / "pool" / "metadata").glob("*.parquet"))
+    a = pq.read_table(src, columns=["uid", "url", "text"])
+    broken = []
+    for i, kind in enumerate(["404", "404", "slow", "slow", "notimage", "notimage"]):
+        uid = f"{0xB0 + i:032x}"
+        path = {"404": "images", "slow": "slow", "notimage": "notimage"}[kind]
+        broken.append({"uid": uid, "url": f"{base_url}/{path}/{uid}.jpg", "text": f"broken {kind}"})
+    first = a.slice(0, 1).to_pylist()[0]
+    b = pa.Table.from_pylist([*broken, first], schema=a.schema)
+    folder.mkdir()
+    pq.write_table(a, folder / "a.parquet")
+    pq.write_table(b, folder / "b.parquet")
+    return a, b
+
+
+def _members(tar: Path) -> dict[str, dict[str, bytes]]:
+    samples: dict[str, dict[str, bytes]] = {}
+    with tarfile.open(tar) as tf:
+        for m in tf.getmembers():
+            key, ext = m.name.split(".", 1)
+            samples.setdefault(key, {})[ext] = tf.extractfile(m).read()
+    return samples
+
+
+def _shard_files(out: Path, shard: str) -> list[Path]:
+    return [out / f"{shard}{suffix}" for suffix in (".tar", ".parquet", "_stats.json")]
+
+
+@pytest.fixture(scope="module")
+def first_run(world, server, tmp_path_factory):
+    """One CLI download of the pool plus broken urls: (args, out, summary, a, b, request paths)."""
+    _, base_url, handler = server
+    tmp = tmp_path_factory.mktemp("first-run")
+    a, b = _metadata(world, tmp / "meta", base_url)
+    out = tmp / "out"
+    args = ["download", "--metadata", str(tmp / "meta"), "--out", str(out), "--allow-private-network"]
+    args += [*FAST, "--timeout", "1", "--retries", "1", "--samples-per-shard", "20", "--json"]
+    handler.requests.clear()
+    res = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    return args, out, json.loads(res.output), a, b, list(handler.requests)
+
+
+@pytest.mark.slow
+def test_download_pool_with_broken_urls(first_run):
+    _, out, summary, a, b, requests = first_run
+    assert summary == json.loads((out / "_hype" / "summary.json").read_text())
+
+    # 40 + 7 rows in 20-sample shards: a.parquet -> 00000000, 00000001; b.parquet -> 00000002
+    assert summary["status"] == "complete"
+    assert summary["shards"] == {"total": 3, "done": 3, "already_done": 0, "downloaded_now": 3, "failed": []}
+    for shard in ("00000000", "00000001", "00000002"):
+        assert all(p.is_file() for p in _shard_files(out, shard))
+    samples = summary["samples"]
+    assert (samples["count"], samples["successes"]) == (47, 41)
+    assert (samples["failed_to_download"], samples["failed_to_resize"]) == (4, 2)
+    reasons = samples["failures_by_reason"]
+    assert sum(n for r, n in reasons.items() if "404" in r) == 2
+    assert sum(n for r, n in reasons.items() if "timed out" in r) == 2
+    assert samples["refused_private_network"] == 0
+    assert summary["input"]["duplicate_uids"] == 1
+    assert summary["input"]["duplicate_examples"] == [a["uid"][0].as_py()]
+    # --retries 1: every failing url was asked for twice
+    for row in b.to_pylist()[:4]:
+        assert requests.count(urlsplit(row["url"]).path) == 2
+
+    # each sample: jpg + txt + json, and the json carries the metadata's uid for that url
+    by_url = {r["url"]: r for r in [*a.to_pylist(), *b.to_pylist()]}
+    seen = []
+    for shard, source in (("00000000", a.slice(0, 20)), ("00000001", a.slice(20)), ("00000002", b)):
+        members = _members(out / f"{shard}.tar")
+        for key, files in members.items():
+            assert set(files) == {"jpg", "txt", "json"} and key.startswith(shard)
+            meta = json.loads(files["json"])
+            assert meta["uid"] == by_url[meta["url"]]["uid"]
+            assert files["txt"].decode() == by_url[meta["url"]]["text"]
+            assert meta["url"] in source["url"].to_pylist()
+            seen.append(meta["uid"])
+    assert sorted(seen) == sorted([*a["uid"].to_pylist(), a["uid"][0].as_py()])
+
+
+@pytest.mark.slow
+def test_resume_redoes_only_missing_shards(first_run, server):
+    """Remove one shard's outputs: the rerun fetches only its urls and leaves the other shards alone."""
+    args, out, _, a, _, _ = first_run
+    handler = server[2]
+    kept = {
+        p: (p.read_bytes(), p.stat().st_mtime_ns)
+        for s in ("00000000", "00000002")
+        for p in _shard_files(out, s)
+    }
+    before = _members(out / "00000001.tar")
+    for p in _shard_files(out, "00000001"):
+        p.unlink()
+    handler.requests.clear()
+    res = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    again = json.loads(res.output)
+    assert again["shards"] == {"total": 3, "done": 3, "already_done": 2, "downloaded_now": 1, "failed": []}
+    assert (again["samples"]["count"], again["samples"]["successes"]) == (47, 41)
+    assert sorted(handler.requests) == sorted(urlsplit(u).path for u in a["url"].to_pylist()[20:])
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in kept} == kept
+    assert _members(out / "00000001.tar") == before
+
+    # everything done: no request at all
+    handler.requests.clear()
+    res = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert res.exit_code == 0 and json.loads(res.output)["shards"]["downloaded_now"] == 0
+    assert handler.requests == []
+
+
+@pytest.mark.slow
+def test_workers_refuse_redirects_to_private_addresses(world, server, tmp_path):
+    """Through img2dataset's real worker processes: 127.0.0.1 is allowed (allowed_networks), but neither a
+    redirect to another loopback server, nor one to the cloud metadata address, nor a direct url to it."""
+    _, base_url, handler = server
+    other = counting_handler()
+    with serve_directory(tmp_path, host="127.0.0.2", handler=other) as other_url:
+        (src,) = sorted((world / "pool" / "metadata").glob("*.parquet"))
+        good = pq.read_table(src, columns=["uid", "url", "text"]).slice(0, 4).to_pylist()
+        targets = [f"{other_url}/x.jpg", f"{other_url}/y.jpg", "http://169.254.169.254/latest/meta-data"]
+        rows = [*good]
+        for i, target in enumerate(targets):
+            rows.append({"uid": f"{0xC0 + i:032x}", "url": f"{base_url}/redirect?to={target}", "text": "r"})
+        rows.append({"uid": f"{0xD0:032x}", "url": f"{other_url}/direct.jpg", "text": "direct"})
+        (tmp_path / "meta").mkdir()
+        pq.write_table(pa.Table.from_pylist(rows), tmp_path / "meta" / "m.parquet")
+        cfg = load_download_config(
+            None,
+            ["allowed_networks=127.0.0.1/32", "img2dataset.processes_count=1", "img2dataset.thread_count=4"]
+            + ["img2dataset.retries=0", "img2dataset.timeout=2", "progress=false"],
+        )
+        handler.requests.clear()
+        summary = download(tmp_path / "meta", tmp_path / "out", config=cfg)
+    assert other.requests == []  # nothing reached the second server
+    assert sum(1 for p in handler.requests if p.startswith("/redirect")) == 3
+    assert summary["samples"]["successes"] == 4
+    assert summary["samples"]["refused_private_network"] == 4
+    assert summary["input"]["refused_by_host"] == {"loopback": 1}
+    assert all(REFUSED in r for r in summary["samples"]["failures_by_reason"])
+
+
+def test_refuses_loopback_pool_without_the_flag(world, server, tmp_path):
+    _, _, handler = server
+    handler.requests.clear()
+    out = tmp_path / "out"
+    res = CliRunner().invoke(
+        main, ["download", "--metadata", str(world / "pool" / "metadata"), "--out", str(out), *FAST]
+    )
+    assert res.exit_code == 1
+    assert "--allow-private-network" in res.output and "every url (40)" in res.output
+    assert handler.requests == []
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "address, kind",
+    [
+        ("127.0.0.1", "loopback"),
+        ("::1", "loopback"),
+        ("::ffff:127.0.0.1", "loopback"),
+        ("169.254.169.254", "link-local"),
+        ("fe80::1", "link-local"),
+        ("10.1.2.3", "private"),
+        ("192.168.0.1", "private"),
+        ("fd00::1", "private"),
+        ("0.0.0.0", "unspecified"),
+        ("224.0.0.1", "multicast"),
+        ("100.64.0.1", "non-global"),
+        ("8.8.8.8", None),
+        ("2001:4860:4860::8888", None),
+    ],
+)
+def test_address_kinds(address, kind):
+    import ipaddress
+
+    assert address_kind(ipaddress.ip_address(address)) == kind
+
+
+def test_policy_allow_lists():
+    assert NetworkPolicy().refusal("fe80::1%eth0") == "link-local"
+    assert NetworkPolicy(allow_private=True).refusal("127.0.0.1") is None
+    allowed = NetworkPolicy(allowed_networks=("10.2.0.0/16",))
+    assert allowed.refusal("10.2.3.4") is None and allowed.refusal("10.3.0.1") == "private"
+    assert allowed.refusal("::ffff:10.2.0.9") is None
+    assert NetworkPolicy().host_refusal("LOCALHOST.") == "loopback"
+    assert NetworkPolicy().host_refusal("[::1]") == "loopback"
+    assert NetworkPolicy().host_refusal("example.com") is None
+    assert NetworkPolicy().scheme_refusal("file") == "file: url"
+
+
+def test_guarded_opener_checks_every_connection(server, tmp_path):
+    root, base_url, handler = server
+    (root / "world").mkdir(exist_ok=True)
+    port = urlsplit(base_url).port
+    refuse_all = guarded_opener(NetworkPolicy())
+    handler.requests.clear()
+    for url in (f"{base_url}/x", f"http://localhost:{port}/x", f"http://[::ffff:127.0.0.1]:{port}/x"):
+        with pytest.raises(urllib.error.URLError, match=REFUSED):
+            refuse_all.open(url, timeout=5)
+    with pytest.raises(urllib.error.URLError, match=REFUSED):
+        refuse_all.open(Path("/etc/hostname").as_uri(), timeout=5)
+    assert handler.requests == []
+
+    local_only = guarded_opener(NetworkPolicy(allowed_networks=("127.0.0.1/32",)))
+    with pytest.raises(urllib.error.HTTPError) as e:  # allowed: the server answers (404)
+        local_only.open(f"{base_url}/missing.jpg", timeout=5)
+    assert e.value.code == 404
+    targets = ["http://127.0.0.2:9/x", "http://169.254.169.254/latest/meta-data", "http://10.0.0.1/"]
+    for target in targets:
+        with pytest.raises(urllib.error.URLError, match=REFUSED):
+            local_only.open(f"{base_url}/redirect?to={target}", timeout=5)
+    assert handler.requests == ["/missing.jpg", *(f"/redirect?to={t}" for t in targets)]
+
+
+def test_serve_directory_starts_before_the_folder_exists(tmp_path):
+    with serve_directory(tmp_path / "later") as base_url:
+        (tmp_path / "later").mkdir()
+        (tmp_path / "later" / "a.txt").write_text("hello")
+        assert urllib.request.urlopen(f"{base_url}/a.txt", timeout=5).read() == b"hello"
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"{base_url}/a.txt", timeout=5)
+
+
+def _write(path: Path, **columns) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(columns), path)
+
+
+def test_metadata_plan_and_errors(tmp_path):
+    policy = NetworkPolicy()
+    uids = [f"{i:032x}" for i in range(32)]
+    urls = [f"https://example.com/{i}.jpg" for i in range(30)] + ["http://127.0.0.1/a", "file:///etc/passwd"]
+    _write(tmp_path / "m" / "a.parquet", uid=uids[:25], url=urls[:25], text=["t"] * 25)
+    _write(tmp_path / "m" / "b.parquet", uid=uids[25:] + uids[:2], url=urls[25:] + urls[:2], text=["t"] * 9)
+    plan = plan_metadata(tmp_path / "m", 10, "face_bboxes", policy)
+    # img2dataset numbers shards across the sorted files, ceil(rows / 10) per file
+    assert plan.shards == [(0, 10), (1, 10), (2, 5), (3, 9)]
+    assert plan.duplicate_uids == 2 and sorted(plan.duplicate_examples) == uids[:2]
+    assert plan.refused == {"loopback": 1, "file: url": 1} and not plan.has_bbox
+    assert plan_metadata(tmp_path / "m" / "a.parquet", 10, None, policy).shards == [(0, 10), (1, 10), (2, 5)]
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DownloadError, match="no .parquet files"):
+        plan_metadata(tmp_path / "empty", 10, None, policy)
+    _write(tmp_path / "bad" / "c.parquet", uid=["a"], link=["https://x/1.jpg"])
+    with pytest.raises(DownloadError, match=r"c\.parquet: missing column\(s\) url, text"):
+        plan_metadata(tmp_path / "bad", 10, None, policy)
+    (tmp_path / "m.csv").write_text("url\n")
+    with pytest.raises(DownloadError, match="not a .parquet file"):
+        plan_metadata(tmp_path / "m.csv", 10, None, policy)
+
+
+def test_config_defaults_are_datacomps_and_overridable(tmp_path):
+    cfg = load_download_config()
+    i2d = cfg.img2dataset
+    assert (i2d.image_size, i2d.resize_mode, i2d.resize_only_if_bigger) == (512, "keep_ratio_largest", True)
+    assert (i2d.number_sample_per_shard, i2d.oom_shard_count, i2d.retries) == (10_000, 8, 2)
+    assert (i2d.encode_format, i2d.enable_wandb, cfg.allow_private_network) == ("jpg", False, False)
+    assert i2d.kwargs()["max_aspect_ratio"] == float("inf")
+    cfg = load_download_config("datacomp", ["img2dataset.timeout=0.5", "distributor=ray"])
+    assert (cfg.img2dataset.timeout, cfg.distributor) == (0.5, "ray")
+
+    res = CliRunner().invoke(
+        main, ["download", "--metadata", str(tmp_path), "--out", "o", "img2dataset.tread=1"]
+    )
+    assert (
+        res.exit_code == 2 and "img2dataset.tread: unknown key" in res.output and "thread_count" in res.output
+    )
+    res = CliRunner().invoke(
+        main, ["download", "--metadata", str(tmp_path), "--out", "o", "--resize-mode", "x"]
+    )
+    assert res.exit_code == 2
+    res = CliRunner().invoke(main, ["download", "--metadata", str(tmp_path), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 1 and "no .parquet files" in res.output and str(tmp_path) in res.output
+
+
+@pytest.mark.slow
+def test_ray_distributor_downloads_and_guards(world, server, tmp_path):
+    """~30 s on 2 cores: a local Ray, then img2dataset imported in each Ray worker."""
+    _, base_url, handler = server
+    (src,) = sorted((world / "pool" / "metadata").glob("*.parquet"))
+    rows = pq.read_table(src, columns=["uid", "url", "text"]).slice(0, 10).to_pylist()
+    rows.append({"uid": f"{0xE0:032x}", "url": f"{base_url}/redirect?to=http://10.0.0.1/x.jpg", "text": "r"})
+    (tmp_path / "meta").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "meta" / "m.parquet")
+    cfg = load_download_config(
+        None, ["allowed_networks=127.0.0.1/32", "img2dataset.number_sample_per_shard=6", "progress=false"]
+    )
+    summary = download(tmp_path / "meta", tmp_path / "out", config=cfg, distributor="ray")
+    assert summary["shards"]["done"] == 2 and summary["distributor"] == "ray"
+    assert summary["samples"]["successes"] == 10
+    assert summary["samples"]["refused_private_network"] == 1
+
+
+def test_resuming_with_other_settings_is_refused(tmp_path):
+    """A finished shard is never fetched again; a rerun whose shard layout or resize settings differ
+    from the first run's is refused instead of mixing two downloads in one folder."""
+    n = 5
+    _write(
+        tmp_path / "m" / "a.parquet",
+        uid=[f"{i:032x}" for i in range(n)],
+        url=[f"https://example.com/{i}.jpg" for i in range(n)],
+        text=["t"] * n,
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    stats = {"count": n, "successes": 4, "failed_to_download": 1, "failed_to_resize": 0}
+    stats["status_dict"] = {"success": 4, "HTTP Error 404: Not Found": 1}
+    (out / "00000000_stats.json").write_text(json.dumps(stats))
+    cfg = load_download_config(None, ["progress=false"])
+    summary = download(tmp_path / "m", out, config=cfg)  # everything done: img2dataset is not started
+    assert summary["shards"] == {"total": 1, "done": 1, "already_done": 1, "downloaded_now": 0, "failed": []}
+    assert summary["samples"]["failures_by_reason"] == {"HTTP Error 404: Not Found": 1}
+    assert not (out / "_hype" / "img2dataset.log").exists()
+
+    again = load_download_config(None, ["progress=false", "img2dataset.timeout=3", "img2dataset.retries=0"])
+    assert download(tmp_path / "m", out, config=again)["status"] == "complete"  # run settings may change
+    other = load_download_config(None, ["progress=false", "img2dataset.image_size=256"])
+    with pytest.raises(DownloadError, match="other image_size; use a new --out"):
+        download(tmp_path / "m", out, config=other)
+
+
+def test_behind_a_proxy_the_target_is_checked_not_the_proxy(server, monkeypatch):
+    """A proxy on a private address (here the loopback test server) stays usable; private targets are
+    still refused before anything is sent to the proxy."""
+    _, base_url, handler = server
+    for var in ("no_proxy", "NO_PROXY", "HTTPS_PROXY", "https_proxy", "HTTP_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("http_proxy", base_url)
+    opener = guarded_opener(NetworkPolicy())
+    handler.requests.clear()
+    for url in ("http://127.0.0.3/x", "http://10.0.0.1/x", "http://localhost/x"):
+        with pytest.raises(urllib.error.URLError, match=REFUSED):
+            opener.open(url, timeout=5)
+    assert handler.requests == []
+    with pytest.raises(urllib.error.HTTPError):  # the proxy (our server) gets the request and answers 404
+        opener.open("http://203.0.114.1/x.jpg", timeout=5)
+    assert handler.requests == ["http://203.0.114.1/x.jpg"]
