@@ -10,8 +10,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
 
+# The whole pipeline offline on a synthetic world (about 7 minutes on 2 cores); a rerun resumes it.
 demo: $(STAMP)
-	$(VENV)/bin/hype synth --out runs/demo/world --size 2000 --overwrite
+	$(VENV)/bin/hype demo --out runs/demo
 
 test: $(STAMP) browser
 	$(PY) -m pytest -q

@@ -35,6 +35,16 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "report": ("hype.cli.report", "report", "Write an HTML report of a scored pool and a subset."),
     "submit": ("hype.cli.submit", "submit", "Assemble and validate a DataComp submission folder."),
+    "download": (
+        "hype.cli.download",
+        "download",
+        "Download a pool from its metadata (img2dataset, DataComp settings).",
+    ),
+    "demo": (
+        "hype.cli.demo",
+        "demo",
+        "The whole pipeline on a synthetic world, offline, with a results table.",
+    ),
 }
 
 
