@@ -46,8 +46,8 @@ def generate(folder: Path, rows: int, files: int, seed: int = 0) -> None:
     import pyarrow.parquet as pq
     from tqdm import tqdm
 
+    from hype.data.uids import pairs_to_arrow
     from hype.scoring.schema import SCHEMA
-    from hype.select.uidcodec import pairs_to_arrow
 
     scores = folder / "scores"
     scores.mkdir(parents=True, exist_ok=True)
@@ -120,10 +120,10 @@ def _streaming(table, rule, k: int, workers: int, progress: bool):
 
 def worker(mode: str, table_dir: str, frac: float, out: str, workers: int, progress: bool) -> dict:
     from filters.hype import HypeScore
+    from hype.data.uids import sorted_uids
     from hype.select.outputs import write_subset
     from hype.select.reducer import Target, parse_frac
     from hype.select.table import ScoresTable
-    from hype.select.uidcodec import sorted_uids
 
     t0 = time.perf_counter()
     if mode == "cli":

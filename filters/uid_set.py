@@ -16,10 +16,9 @@ from typing import ClassVar
 import numpy as np
 
 from filters.base import Rule
-from hype.data.uids import UidError, load_subset
+from hype.data.uids import UidError, UidMultiset, load_subset, sort_order
 from hype.select.errors import SelectError
 from hype.select.table import Batch
-from hype.select.uidcodec import UidMultiset, sort_order
 
 
 def load_uid_file(path: str | Path, option: str) -> np.ndarray:

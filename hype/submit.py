@@ -29,10 +29,9 @@ import numpy as np
 import yaml
 
 from hype import __version__
-from hype.data.uids import UID_DTYPE, is_sorted
+from hype.data.uids import UID_DTYPE, UidMultiset, is_sorted
 from hype.select.errors import SelectError
 from hype.select.presets import config_root
-from hype.select.uidcodec import UidMultiset
 
 SCALES = ("debug", "small", "medium", "large", "xlarge")
 
@@ -96,8 +95,8 @@ def check_in_scores(
     arr: np.ndarray, run_dir: str | PathLike, workers: int = 2, progress: bool = True
 ) -> dict:
     """Every uid of the subset must be a row of the scores table (i.e. a sample of this pool)."""
+    from hype.data.uids import pairs_to_arrow
     from hype.select.table import ScoresTable
-    from hype.select.uidcodec import pairs_to_arrow
 
     table = ScoresTable(run_dir)
     table.require(["uid"])

@@ -124,7 +124,7 @@ def test_intersect_mask_and_union(scored, tmp_path):
 
     import pyarrow as pa
 
-    from hype.select.uidcodec import arrow_to_pairs
+    from hype.data.uids import arrow_to_pairs
 
     hi, lo = arrow_to_pairs(pa.array(sorted(df["uid"].iloc[:10])))
     mh, ml, info = filters.union(hi, lo, tmp_path / "dfn.npy")

@@ -8,17 +8,18 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from hype.data.uids import array_to_uids, uids_to_array
-from hype.select import SelectError
-from hype.select.keys import KeyHistogram, bins64, key32, key64, unkey32, unkey64
-from hype.select.uidcodec import (
+from hype.data.uids import (
+    UidError,
     UidMultiset,
+    array_to_uids,
     arrow_to_pairs,
     pairs_to_arrow,
     sort_order,
     sorted_uids,
     to_structured,
+    uids_to_array,
 )
+from hype.select.keys import KeyHistogram, bins64, key32, key64, unkey32, unkey64
 
 
 def random_pairs(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -51,7 +52,7 @@ def test_codec_agrees_with_hype_data_uids():
     ],
 )
 def test_codec_names_bad_uids(values, message):
-    with pytest.raises(SelectError, match=message):
+    with pytest.raises(UidError, match=message):
         arrow_to_pairs(pa.array(values, type=pa.string()), "t.parquet")
 
 

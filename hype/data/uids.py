@@ -1,5 +1,10 @@
 """The one uid codec: DataComp's 128-bit sample ids and its `.npy` subset files.
 
+Scalar functions convert one uid at a time (`uid_to_pair`, `validate_uid`); the vectorised ones
+(`arrow_to_pairs`, `pairs_to_arrow`, `sort_order`, `UidMultiset`) do the same on whole Arrow / NumPy
+arrays with a lookup table over the raw string bytes, for tables with millions of rows (one Python
+`int()` per uid takes minutes at DataComp scale); tests check that both agree exactly.
+
 A uid is a 32-character lowercase hex string. Subset files store it as
 `(hi, lo) = divmod(int(uid, 16), 2**64)` in a structured array of dtype `"u8,u8"`, sorted, saved with
 `np.save`. Repeated uids mean the sample is repeated; DataComp's resharder looks each sample's
@@ -14,6 +19,7 @@ from os import PathLike
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 UID_DTYPE = np.dtype("u8,u8")
 _UID_RE = re.compile(r"^[0-9a-f]{32}$")
@@ -74,7 +80,8 @@ def is_sorted(arr: np.ndarray) -> bool:
 def save_subset(path: str | PathLike, uids: Iterable[str] | np.ndarray) -> Path:
     """Write a DataComp subset file (sorted `"u8,u8"` `.npy`). Written atomically."""
     arr = uids if isinstance(uids, np.ndarray) else uids_to_array(uids)
-    arr = np.sort(_check_dtype(arr, "subset"), order=["f0", "f1"])
+    arr = _check_dtype(arr, "subset")
+    arr = arr[sort_order(arr["f0"], arr["f1"])]  # NumPy's structured sort takes ~40 s for 20M uids
     path = Path(path)
     if path.suffix != ".npy":
         raise UidError(f"{path}: subset files must end in .npy (np.save would append it)")
@@ -111,3 +118,170 @@ def _check_dtype(arr: np.ndarray, what: str) -> np.ndarray:
     if arr.ndim != 1:
         raise UidError(f"{what}: expected a 1-D array, got shape {arr.shape}")
     return arr.astype(UID_DTYPE, copy=False)
+
+
+# Vectorised codec ------------------------------------------------------------------------------
+
+_HEX_DIGITS = b"0123456789abcdef"
+_NIBBLE = np.full(256, 255, dtype=np.uint8)
+_NIBBLE[np.frombuffer(_HEX_DIGITS, dtype=np.uint8)] = np.arange(16, dtype=np.uint8)
+_ASCII = np.frombuffer(_HEX_DIGITS, dtype=np.uint8)
+
+
+def arrow_to_pairs(
+    uids: pa.Array | pa.ChunkedArray, where: str = "uid column"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Decode an Arrow string array of uids into `(hi, lo)` uint64 arrays; raise naming the first bad uid."""
+    if isinstance(uids, pa.ChunkedArray):
+        uids = uids.combine_chunks() if uids.num_chunks != 1 else uids.chunk(0)
+    n = len(uids)
+    if n == 0:
+        return np.empty(0, np.uint64), np.empty(0, np.uint64)
+    if not (pa.types.is_string(uids.type) or pa.types.is_large_string(uids.type)):
+        raise UidError(f"{where}: uids must be strings, got Arrow type {uids.type}")
+    if uids.null_count:
+        i = int(np.flatnonzero(uids.is_null().to_numpy(zero_copy_only=False))[0])
+        raise UidError(f"{where}: {uids.null_count} null uid(s), first at row {i}; every row needs a uid")
+    offset_type = np.int64 if pa.types.is_large_string(uids.type) else np.int32
+    buffers = uids.buffers()
+    offsets = np.frombuffer(buffers[1], dtype=offset_type)[uids.offset : uids.offset + n + 1]
+    lengths = np.diff(offsets)
+    if not np.all(lengths == 32):
+        _bad_uid(uids, int(np.flatnonzero(lengths != 32)[0]), where)
+    data = np.frombuffer(buffers[2], dtype=np.uint8)[offsets[0] : offsets[-1]].reshape(n, 32)
+    nibbles = _NIBBLE[data]
+    if (nibbles == 255).any():
+        _bad_uid(uids, int(np.flatnonzero((nibbles == 255).any(axis=1))[0]), where)
+    octets = (nibbles[:, 0::2] << 4) | nibbles[:, 1::2]  # (n, 16) bytes, most significant first
+    hi = octets[:, :8].copy().view(">u8").ravel().astype(np.uint64)
+    lo = octets[:, 8:].copy().view(">u8").ravel().astype(np.uint64)
+    return hi, lo
+
+
+def _bad_uid(uids: pa.Array, i: int, where: str) -> None:
+    raise UidError(
+        f"{where}: malformed uid {uids[i].as_py()!r} at row {i}: expected 32 lowercase hex characters "
+        "(DataComp's 128-bit uid); fix the table that produced it"
+    )
+
+
+def pairs_to_arrow(hi: np.ndarray, lo: np.ndarray) -> pa.StringArray:
+    """`(hi, lo)` uint64 arrays -> Arrow string array of 32-char lowercase hex uids."""
+    n = len(hi)
+    octets = np.empty((n, 16), dtype=np.uint8)
+    octets[:, :8] = np.ascontiguousarray(hi, dtype=">u8").view(np.uint8).reshape(n, 8)
+    octets[:, 8:] = np.ascontiguousarray(lo, dtype=">u8").view(np.uint8).reshape(n, 8)
+    chars = np.empty((n, 32), dtype=np.uint8)
+    chars[:, 0::2] = _ASCII[octets >> 4]
+    chars[:, 1::2] = _ASCII[octets & 15]
+    offsets = np.arange(0, 32 * n + 1, 32, dtype=np.int64 if 32 * n >= 2**31 else np.int32)
+    typ = pa.large_string() if offsets.dtype == np.int64 else pa.string()
+    return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(offsets), pa.py_buffer(chars.tobytes())])
+
+
+def to_structured(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """`(hi, lo)` -> DataComp's `"u8,u8"` structured array (same order)."""
+    arr = np.empty(len(hi), dtype=UID_DTYPE)
+    arr["f0"] = hi
+    arr["f1"] = lo
+    return arr
+
+
+def sort_order(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """Indices that sort `(hi, lo)` ascending, as `np.sort(order=["f0", "f1"])` would, in about a second per
+    20M uids.
+
+    Sorts one uint64 array whose top bits are the top bits of `hi` and whose low bits are the row index
+    (NumPy's SIMD sort of plain integers is ~50x faster than its structured or arg- sorts); uids sharing
+    those top bits (rare for hashes, common for made-up sequential uids) are then put in exact order.
+    """
+    n = len(hi)
+    if n <= 1:
+        return np.arange(n, dtype=np.int64)
+    hi = np.asarray(hi, dtype=np.uint64)
+    lo = np.asarray(lo, dtype=np.uint64)
+    index_bits = max(1, int(n - 1).bit_length())
+    if index_bits > 40:  # fewer than 24 bits of hi left: not worth it
+        return np.lexsort((lo, hi))
+    shift = np.uint64(index_bits)
+    packed = hi >> shift  # built in place: one n-sized array besides the row numbers
+    packed <<= shift
+    packed |= np.arange(n, dtype=np.uint64)
+    packed.sort()
+    order = (packed & np.uint64((1 << index_bits) - 1)).view(np.int64)
+    packed >>= shift  # now the sorted prefixes, in place (no second n-sized array)
+    same = packed[1:] == packed[:-1]
+    del packed
+    if same.any():
+        # Rows in runs of equal prefix: re-sort them by (run, hi, lo); runs stay where they are.
+        in_run = np.zeros(n, dtype=bool)
+        in_run[1:] |= same
+        in_run[:-1] |= same
+        pos = np.flatnonzero(in_run)
+        run_id = np.cumsum(~np.concatenate(([False], same)))[pos]
+        rows = order[pos]
+        order[pos] = rows[np.lexsort((lo[rows], hi[rows], run_id))]
+    return order
+
+
+def sorted_uids(his: list[np.ndarray], los: list[np.ndarray]) -> np.ndarray:
+    """Chunks of `(hi, lo)` -> one sorted `"u8,u8"` array. The chunk lists are emptied as they are merged,
+    so the peak is about 2.5 times the output (the halves, the order, the result) instead of five."""
+    hi = np.concatenate(his) if his else np.empty(0, np.uint64)
+    his.clear()
+    lo = np.concatenate(los) if los else np.empty(0, np.uint64)
+    los.clear()
+    order = sort_order(hi, lo)
+    arr = np.empty(len(order), dtype=UID_DTYPE)
+    step = 1 << 22  # gather in slices: no n-sized temporary for each half
+    for half, src in (("f0", hi), ("f1", lo)):
+        out = arr[half]
+        for i in range(0, len(order), step):
+            out[i : i + step] = src[order[i : i + step]]
+    return arr
+
+
+class UidMultiset:
+    """Multiplicity lookups in a sorted `"u8,u8"` subset array (duplicates mean repeats, as in DataComp)."""
+
+    def __init__(self, subset: np.ndarray):
+        hi, lo = np.asarray(subset["f0"], np.uint64), np.asarray(subset["f1"], np.uint64)
+        start = np.ones(len(hi), dtype=bool)
+        start[1:] = (hi[1:] != hi[:-1]) | (lo[1:] != lo[:-1])
+        first = np.flatnonzero(start)
+        self.hi, self.lo = hi[first], lo[first]  # unique uids, sorted
+        self.counts = np.diff(np.append(first, len(hi)))
+
+    @classmethod
+    def from_unique(cls, hi: np.ndarray, lo: np.ndarray, counts: np.ndarray) -> UidMultiset:
+        """From already unique, sorted uids and their counts (e.g. memory-mapped arrays shared by workers)."""
+        ms = cls.__new__(cls)
+        ms.hi, ms.lo, ms.counts = hi, lo, counts
+        return ms
+
+    def __len__(self) -> int:
+        return len(self.hi)
+
+    def find(self, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+        """Index into the unique uids of each `(hi, lo)`, or -1 when absent."""
+        out = np.full(len(hi), -1, dtype=np.int64)
+        if len(self.hi) == 0 or len(hi) == 0:
+            return out
+        # Binary search on the high word (plain-integer search is fast); distinct uids sharing a high
+        # word are a once-in-2^64 event per pair, handled one by one.
+        left = np.searchsorted(self.hi, hi, "left")
+        right = np.searchsorted(self.hi, hi, "right")
+        width = right - left
+        one = np.flatnonzero(width == 1)
+        match = self.lo[left[one]] == lo[one]
+        out[one[match]] = left[one[match]]
+        for i in np.flatnonzero(width > 1):
+            j = left[i] + np.searchsorted(self.lo[left[i] : right[i]], lo[i])
+            if j < right[i] and self.lo[j] == lo[i]:
+                out[i] = j
+        return out
+
+    def count(self, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+        """How many times each `(hi, lo)` occurs in the subset (0 when absent)."""
+        idx = self.find(hi, lo)
+        return np.where(idx >= 0, self.counts[np.maximum(idx, 0)] if len(self.counts) else 0, 0)

@@ -16,11 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from filters.random import splitmix64
-from hype.data.uids import UidError, load_subset
+from hype.data.uids import UidError, UidMultiset, load_subset
 from hype.select.errors import SelectError
 from hype.select.stats import RunningStats
 from hype.select.table import ScoresTable
-from hype.select.uidcodec import UidMultiset
 
 BUCKETS = 5  # HYPE Fig. 3: percentile groups of 20%
 BUCKET_METRICS = ("eps_i", "eps_t")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hype.data.samples import BAD_JSON, NO_UID, UNREADABLE_SHARD, SkipStats, split_member_name
-from hype.select.uidcodec import UidMultiset
+from hype.data.uids import UidMultiset
 
 TRUNCATED = "truncated_member"  # a member whose data runs past the end of the tar (interrupted copy)
 

@@ -37,10 +37,9 @@ import numpy as np
 from hype import __version__
 from hype.data.samples import SkipStats, iter_tar_samples
 from hype.data.shards import ShardError, expand_shards
-from hype.data.uids import UidError, load_subset
+from hype.data.uids import UidError, UidMultiset, load_subset
 from hype.reshard.index import index_tar
 from hype.select.errors import SelectError
-from hype.select.uidcodec import UidMultiset
 from hype.synth.shards import write_json, write_tar
 
 STATE = ".reshard"

@@ -6,8 +6,8 @@ fraction exactly in bounded memory, and write DataComp subset files.
 
 Modules: `table` (reading the scores table), `combine` (weights, normalization), `presets`
 (configs/select/*.yaml), `reducer` (the streaming top-k), `outputs` (subset.npy / .parquet / .json),
-`stats`, `keys`, `uidcodec` (vectorised uid codec). The rules themselves live in the top-level `filters`
-package.
+`stats`, `keys`. The uid codec is `hype.data.uids`; the rules themselves live in the top-level
+`filters` package.
 """
 
 from __future__ import annotations

@@ -19,10 +19,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hype.data.uids import UID_DTYPE, is_sorted, load_subset
+from hype.data.uids import UID_DTYPE, is_sorted, load_subset, pairs_to_arrow, sorted_uids
 from hype.select.errors import SelectError
 from hype.select.stats import RunningStats
-from hype.select.uidcodec import pairs_to_arrow, sorted_uids
 
 
 def output_paths(out: str | os.PathLike) -> tuple[Path, Path, Path]:

@@ -19,6 +19,7 @@ import filters as rules
 from filters.base import Rule
 from filters.uid_set import Intersect, union
 from hype import __version__
+from hype.data.uids import to_structured
 from hype.scoring.schema import METRICS
 from hype.select.errors import SelectError
 from hype.select.outputs import SubsetWriter, output_paths, write_json, write_subset
@@ -26,7 +27,6 @@ from hype.select.presets import DEFAULT_PRESET, load_preset
 from hype.select.reducer import Target, describe_cut, parse_frac, reduce
 from hype.select.stats import RunningStats
 from hype.select.table import ScoresTable
-from hype.select.uidcodec import to_structured
 
 ROUNDING = "k = floor(frac * rows + 1/2) (round half up), computed exactly from the decimal --frac"
 

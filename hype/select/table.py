@@ -21,9 +21,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hype.data.uids import UidError, arrow_to_pairs
 from hype.scoring.schema import METRICS, SCHEMA, scores_dir
 from hype.select.errors import SelectError
-from hype.select.uidcodec import arrow_to_pairs
 
 NUMERIC_COLUMNS = (*METRICS, "width", "height")
 
@@ -83,7 +83,10 @@ class Batch:
     def uid_pairs(self) -> tuple[np.ndarray, np.ndarray]:
         """The rows' uids as `(hi, lo)` uint64 arrays (decoded once, validated)."""
         if "__uid__" not in self._cache:
-            self._cache["__uid__"] = arrow_to_pairs(self.arrow("uid"), f"{self.source}: column 'uid'")
+            try:
+                self._cache["__uid__"] = arrow_to_pairs(self.arrow("uid"), f"{self.source}: column 'uid'")
+            except UidError as e:
+                raise SelectError(str(e)) from None
         return self._cache["__uid__"]  # type: ignore[return-value]
 
     def filter(self, mask: np.ndarray, columns: Iterable[str] | None = None) -> Batch:
