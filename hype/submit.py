@@ -29,9 +29,9 @@ import numpy as np
 import yaml
 
 from hype import __version__
+from hype.config import preset_dir
 from hype.data.uids import UID_DTYPE, UidMultiset, is_sorted
 from hype.select.errors import SelectError
-from hype.select.presets import config_root
 
 SCALES = ("debug", "small", "medium", "large", "xlarge")
 
@@ -41,7 +41,7 @@ def scale_config(scale: str) -> dict:
     repository records them; DataComp fixes samples seen = the pool size of the scale)."""
     if scale not in SCALES:
         raise SelectError(f"--scale {scale!r}: DataComp scales are {', '.join(SCALES)}")
-    path = config_root() / "train" / f"datacomp-{scale}.yaml"
+    path = preset_dir("train") / f"datacomp-{scale}.yaml"
     try:
         raw = yaml.safe_load(path.read_text())
         cfg = {

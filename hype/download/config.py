@@ -5,7 +5,7 @@
 The `img2dataset` section holds keyword arguments of `img2dataset.download` under their own names and is
 passed through as is; the settings hype depends on (parquet input, `uid`/`url`/`text` columns, `uid` in
 each sample's json, webdataset output, incremental resume) are fixed in `hype.download.run`, not here.
-Overrides and validation reuse the training config machinery; every mistake is a `ConfigError` naming
+Overrides and validation are the shared `hype.config` machinery; every mistake is a `ConfigError` naming
 the file (or `override`) and the dotted key.
 """
 
@@ -19,28 +19,15 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from hype.models import ConfigError
-from hype.models.factory import config_dir
+from hype.config import ConfigError, apply_override, build, list_presets, preset_dir, read_config
+from hype.config import at_least as _at_least
+from hype.config import one_of as _one_of
+from hype.config import positive as _positive
 
 DISTRIBUTORS = ("multiprocessing", "ray")
 RESIZE_MODES = ("no", "border", "keep_ratio", "keep_ratio_largest", "center_crop")
 ENCODE_FORMATS = ("jpg", "png", "webp")
 HASHES = ("md5", "sha256", "sha512")
-
-
-def _at_least(obj: Any, low: float, *names: str) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if value is not None and not value >= low:
-            raise ConfigError(name, f"must be >= {low}, got {value!r}")
-
-
-def _one_of(obj: Any, name: str, choices: tuple[str, ...]) -> None:
-    value = getattr(obj, name)
-    if value is not None and value not in choices:
-        raise ConfigError(name, f"must be one of {', '.join(choices)}; got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -77,8 +64,7 @@ class Img2DatasetConfig:
         _one_of(self, "resize_mode", RESIZE_MODES)
         _one_of(self, "encode_format", ENCODE_FORMATS)
         _one_of(self, "compute_hash", HASHES)
-        if not self.timeout > 0:
-            raise ConfigError("timeout", f"must be > 0, got {self.timeout!r}")
+        _positive(self, "timeout")
         for name in ("max_image_area", "max_aspect_ratio"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -122,21 +108,18 @@ class DownloadConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> DownloadConfig:
-        from hype.train.config import _build  # the project's dict -> dataclass builder (type checks)
-
         try:
-            return _build(cls, data, "")
+            return build(cls, data, "")
         except ConfigError as e:
             raise e.from_source(source) from None
 
 
 def download_config_dir() -> Path:
-    return config_dir() / "download"
+    return preset_dir("download")
 
 
 def list_download_configs() -> list[str]:
-    folder = download_config_dir()
-    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+    return list_presets("download")
 
 
 def load_download_config(
@@ -144,33 +127,7 @@ def load_download_config(
 ) -> DownloadConfig:
     """A preset name (`configs/download/NAME.yaml`, default `datacomp`), a YAML path or a dict, with
     `key=value` overrides applied, validated."""
-    from hype.train.config import apply_override
-
-    if isinstance(config, dict):
-        data, source = copy.deepcopy(config), "<dict>"
-    else:
-        path = _resolve(config or "datacomp")
-        source = str(path)
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError("", f"not valid YAML ({e})", source) from None
-        if not isinstance(data, dict):
-            raise ConfigError("", f"must be a mapping, got {type(data).__name__}", source)
-        data.setdefault("name", path.stem)
+    data, source = read_config("download", config, default="datacomp")
     for item in overrides or []:
-        apply_override(data, item, root=DownloadConfig)
+        apply_override(data, item, DownloadConfig)
     return DownloadConfig.from_dict(data, source + (" (with overrides)" if overrides else ""))
-
-
-def _resolve(config: str | PathLike) -> Path:
-    path = Path(config)
-    if path.suffix in (".yaml", ".yml") or path.is_file():
-        if not path.is_file():
-            raise ConfigError("", "download config file not found", str(path))
-        return path
-    named = download_config_dir() / f"{config}.yaml"
-    if not named.is_file():
-        available = ", ".join(list_download_configs()) or "-"
-        raise ConfigError("", f"unknown download preset {str(config)!r}; available: {available}")
-    return named

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from hype.config import list_presets, preset_dir
 from hype.eval.metrics import GROUP_EVALUATORS
 
 TASK_TYPES = ("zeroshot_classification", "retrieval", "winogavil", "multi_objective_classification")
@@ -73,14 +74,11 @@ class Suite:
 
 
 def suites_dir() -> Path:
-    from hype.models.factory import config_dir  # one place resolves configs/ (and $HYPE_CONFIG_DIR)
-
-    return config_dir() / "eval"
+    return preset_dir("eval")
 
 
 def list_suites() -> list[str]:
-    folder = suites_dir()
-    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+    return list_presets("eval")
 
 
 def load_suite(name_or_path: str | Path) -> Suite:

@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from hype.config import ConfigError
 from hype.geometry import GEOMETRIES, get_geometry
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -46,21 +47,6 @@ ENTAILMENT_WEIGHT_DEFAULTS = {
     "hyperbolic": 0.2,
     "hyperbolic-squared": 0.2,
 }
-
-
-class ConfigError(ValueError):
-    """A bad model config; `key` is the dotted path of the offending entry."""
-
-    def __init__(self, key: str, message: str, source: str | None = None):
-        self.key, self.message, self.source = key, message, source
-        where = f"{source}: " if source else ""
-        super().__init__(f"{where}{key}: {message}" if key else f"{where}{message}")
-
-    def within(self, prefix: str) -> ConfigError:
-        return ConfigError(f"{prefix}.{self.key}" if self.key else prefix, self.message, self.source)
-
-    def from_source(self, source: str) -> ConfigError:
-        return ConfigError(self.key, self.message, source)
 
 
 def _positive(obj: Any, *names: str) -> None:

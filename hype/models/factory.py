@@ -7,29 +7,21 @@ folder, or `$HYPE_CONFIG_DIR` when set (read at call time).
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
-import hype
+from hype.config import config_dir, list_presets
 from hype.models.config import ModelConfig
 from hype.models.contrastive import ContrastiveModel
 
 ConfigLike = ModelConfig | dict[str, Any] | str | Path
 
 
-def config_dir() -> Path:
-    """The folder holding `models/*.yaml`: `$HYPE_CONFIG_DIR` or the repository's `configs/`."""
-    env = os.environ.get("HYPE_CONFIG_DIR")
-    return Path(env) if env else Path(hype.__file__).resolve().parents[1] / "configs"
-
-
 def list_model_configs() -> list[str]:
     """Names accepted by `create_model` / `load_model_config`, sorted."""
-    folder = config_dir() / "models"
-    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+    return list_presets("models")
 
 
 def load_model_config(config: ConfigLike) -> ModelConfig:

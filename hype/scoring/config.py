@@ -24,18 +24,13 @@ from typing import Any
 
 import yaml
 
-from hype.models import ConfigError
-from hype.models.factory import config_dir
+from hype.config import ConfigError, build, list_presets, preset_dir, read_config
+from hype.config import apply_override as _apply_override
+from hype.config import at_least as _at_least
+from hype.config import positive as _positive
 
 EXECUTORS = ("local", "ray")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-
-
-def _at_least(obj: Any, low: float, *names: str) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if value is not None and not value >= low:
-            raise ConfigError(name, f"must be >= {low}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -72,8 +67,7 @@ class SpecificityConfig:
     budget_elems: int = 1 << 24  # elements of one (rows x M) block: bounds memory, not results
 
     def __post_init__(self) -> None:
-        if self.K is not None and not self.K > 0:
-            raise ConfigError("K", f"must be > 0, got {self.K!r}")
+        _positive(self, "K")
         _at_least(self, 1024, "budget_elems")
 
 
@@ -120,8 +114,7 @@ class ExecutorConfig:
         if self.kind not in EXECUTORS:
             raise ConfigError("kind", f"must be one of {', '.join(EXECUTORS)}; got {self.kind!r}")
         _at_least(self, 0, "workers", "retries", "cpus_per_worker")
-        if not self.gpus_per_worker > 0:
-            raise ConfigError("gpus_per_worker", f"must be > 0, got {self.gpus_per_worker!r}")
+        _positive(self, "gpus_per_worker")
 
 
 @dataclass(frozen=True)
@@ -170,10 +163,8 @@ class ScoreConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> ScoreConfig:
-        from hype.train.config import _build  # the project's dict -> dataclass builder (type checks)
-
         try:
-            return _build(cls, data, "")
+            return build(cls, data, "")
         except ConfigError as e:
             raise e.from_source(source) from None
 
@@ -206,70 +197,22 @@ class ScoreConfig:
 
 
 def score_config_dir() -> Path:
-    return config_dir() / "score"
+    return preset_dir("score")
 
 
 def list_score_configs() -> list[str]:
-    folder = score_config_dir()
-    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+    return list_presets("score")
 
 
 def load_score_config(config: str | PathLike | dict | None = None, overrides: list[str] | None = None):
     """A preset name (`configs/score/NAME.yaml`, default `default`), a YAML path or a dict, with `key=value`
     overrides applied, validated."""
-    if isinstance(config, dict):
-        data, source = copy.deepcopy(config), "<dict>"
-    else:
-        path = _resolve(config or "default")
-        source = str(path)
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError("", f"not valid YAML ({e})", source) from None
-        if not isinstance(data, dict):
-            raise ConfigError("", f"must be a mapping, got {type(data).__name__}", source)
-        data.setdefault("name", path.stem)
+    data, source = read_config("score", config, default="default")
     for item in overrides or []:
         apply_override(data, item)
     return ScoreConfig.from_dict(data, source + (" (with overrides)" if overrides else ""))
 
 
 def apply_override(data: dict, item: str) -> None:
-    """Set a dotted key in the raw config dict; unknown keys raise with the valid ones listed."""
-    from hype.train.config import parse_override
-
-    path, value = parse_override(item)
-    cls: Any = ScoreConfig
-    node = data
-    for depth, part in enumerate(path):
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        if part not in fields:
-            where = ".".join(path[:depth]) or "the top level"
-            raise ConfigError(
-                ".".join(path[: depth + 1]),
-                f"unknown key; valid keys in {where}: {', '.join(fields)}",
-                "override",
-            )
-        if depth == len(path) - 1:
-            node[part] = value
-            return
-        sub = fields[part].default_factory  # type: ignore[misc]
-        if sub is dataclasses.MISSING or not dataclasses.is_dataclass(sub):
-            raise ConfigError(".".join(path[: depth + 1]), "is not a section; set it directly", "override")
-        if not isinstance(node.get(part), dict):
-            node[part] = {}
-        node, cls = node[part], sub
-
-
-def _resolve(config: str | PathLike) -> Path:
-    path = Path(config)
-    if path.suffix in (".yaml", ".yml") or path.is_file():
-        if not path.is_file():
-            raise ConfigError("", "score config file not found", str(path))
-        return path
-    named = score_config_dir() / f"{config}.yaml"
-    if not named.is_file():
-        raise ConfigError(
-            "", f"unknown score preset {str(config)!r}; available: {', '.join(list_score_configs()) or '-'}"
-        )
-    return named
+    """Set a dotted key in the raw ScoreConfig dict; unknown keys raise with the valid ones listed."""
+    _apply_override(data, item, ScoreConfig)

@@ -18,7 +18,9 @@ from typing import Any
 
 import yaml
 
-import hype
+from hype.config import config_dir as config_root  # noqa: F401 (public here: `$HYPE_CONFIG_DIR` or configs/)
+from hype.config import list_presets as _list_presets
+from hype.config import preset_dir
 from hype.select.combine import NORMALIZATIONS, parse_weights
 from hype.select.errors import SelectError
 
@@ -26,20 +28,12 @@ DEFAULT_PRESET = "hype"
 _KEYS = {"description", "rank", "weights", "normalize", "filters"}
 
 
-def config_root() -> Path:
-    """`$HYPE_CONFIG_DIR` or the repository's `configs/`: the rule of hype.models.factory.config_dir, which
-    cannot be imported here without torch (`hype select` must start instantly)."""
-    env = os.environ.get("HYPE_CONFIG_DIR")
-    return Path(env) if env else Path(hype.__file__).resolve().parents[1] / "configs"
-
-
 def presets_dir() -> Path:
-    return config_root() / "select"
+    return preset_dir("select")
 
 
 def list_presets() -> list[str]:
-    folder = presets_dir()
-    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+    return _list_presets("select")
 
 
 @dataclass(frozen=True)

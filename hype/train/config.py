@@ -13,18 +13,24 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
-import types
-import typing
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from hype.models import ConfigError, ModelConfig, load_model_config
-from hype.models.factory import config_dir
+from hype.config import (
+    ConfigError,
+    build,
+    list_presets,
+    parse_override,
+    preset_dir,
+    read_config,
+    resolve_preset,
+)
+from hype.config import apply_override as _apply_override
+from hype.config import at_least as _at_least
+from hype.config import positive as _positive
+from hype.models import ModelConfig, load_model_config
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -163,105 +169,45 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> TrainConfig:
         try:
-            return _build(cls, data, "")
+            return build(cls, data, "")
         except ConfigError as e:
             raise e.from_source(source) from None
 
 
-# --- presets, files and overrides -----------------------------------------------------------------
+# --- presets, files and overrides (the shared machinery is hype.config) ----------------------------
 
 
 def train_config_dir() -> Path:
-    return config_dir() / "train"
+    return preset_dir("train")
 
 
 def list_train_configs() -> list[str]:
-    folder = train_config_dir()
-    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+    return list_presets("train")
 
 
 def resolve_config_path(config: str | PathLike) -> Path:
     """A YAML path as given, or a preset name -> `configs/train/<name>.yaml`."""
-    path = Path(config)
-    if path.suffix in (".yaml", ".yml") or path.is_file():
-        if not path.is_file():
-            raise ConfigError("", "training config file not found", str(path))
-        return path
-    named = train_config_dir() / f"{config}.yaml"
-    if not named.is_file():
-        raise ConfigError(
-            "",
-            f"unknown training preset {str(config)!r}; "
-            f"available: {', '.join(list_train_configs()) or '(none)'}",
-        )
-    return named
+    return resolve_preset("train", config, "training")
 
 
 def load_train_config(config: str | PathLike | dict, overrides: list[str] | None = None) -> TrainConfig:
     """Read a preset name, a YAML path or a dict, apply `key=value` overrides, validate."""
-    if isinstance(config, dict):
-        data, source = copy.deepcopy(config), "<dict>"
-    else:
-        path = resolve_config_path(config)
-        source = str(path)
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError("", f"not valid YAML ({e})", source) from None
-        if not isinstance(data, dict):
-            raise ConfigError("", f"must be a mapping, got {type(data).__name__}", source)
-        data.setdefault("name", path.stem)
+    data, source = read_config("train", config, what="training")
     for item in overrides or []:
         apply_override(data, item)
     return TrainConfig.from_dict(data, source + (" (with overrides)" if overrides else ""))
 
 
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """`a.b=value` -> (["a", "b"], value parsed as YAML; text that is not YAML stays text)."""
-    if "=" not in item:
-        raise ConfigError("", f"override {item!r} is not key=value (e.g. optim.lr=1e-3)", "override")
-    key, raw = item.split("=", 1)
-    key = key.strip()
-    if not key or any(not p for p in key.split(".")):
-        raise ConfigError("", f"override {item!r} has an empty key", "override")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
-        value = raw  # not YAML: keep the text (e.g. a caption template with ': ' inside)
-    return key.split("."), value
-
-
 def apply_override(data: dict, item: str, root: type | None = None) -> None:
-    """Set a dotted key in the raw config dict of dataclass `root` (default TrainConfig); unknown keys
-    raise with the valid ones listed. Works for any config built with `_build`."""
+    """`hype.config.apply_override` with `root` defaulting to TrainConfig, where `model.*` overrides edit
+    the model config the preset names (validated against ModelConfig)."""
     root = TrainConfig if root is None else root
-    path, value = parse_override(item)
-    if root is TrainConfig and path[0] == "model" and len(path) > 1:
-        _override_model(data, path[1:], value, item)
-        return
-    cls: Any = root
-    node = data
-    for depth, part in enumerate(path):
-        valid = [f.name for f in dataclasses.fields(cls)]
-        if part not in valid:
-            where = ".".join(path[:depth]) or "the top level"
-            raise ConfigError(
-                ".".join(path[: depth + 1]),
-                f"unknown key; valid keys in {where}: {', '.join(valid)}",
-                "override",
-            )
-        if depth == len(path) - 1:
-            if _is_text(typing.get_type_hints(cls)[part]) and not (value is None or isinstance(value, str)):
-                # `data.caption_template={caption}` reads as a YAML mapping; a text field keeps the text.
-                value = item.split("=", 1)[1].strip()
-            node[part] = value
+    if root is TrainConfig:
+        path, value = parse_override(item)
+        if path[0] == "model" and len(path) > 1:
+            _override_model(data, path[1:], value, item)
             return
-        sub = _dataclass_of(typing.get_type_hints(cls)[part])
-        if sub is None:
-            raise ConfigError(".".join(path[: depth + 1]), "is not a section; set it directly", "override")
-        if not isinstance(node.get(part), dict):
-            node[part] = {}
-        node, cls = node[part], sub
+    _apply_override(data, item, root)
 
 
 def _override_model(data: dict, path: list[str], value: Any, item: str) -> None:
@@ -280,96 +226,3 @@ def _override_model(data: dict, path: list[str], value: Any, item: str) -> None:
         ModelConfig.from_dict(model, "override")
     except ConfigError as e:
         raise ConfigError(f"model.{e.key}", e.message, f"override {item!r}") from None
-
-
-# --- dict -> dataclass ----------------------------------------------------------------------------
-
-
-def _is_text(tp: Any) -> bool:
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return str in typing.get_args(tp)
-    return tp is str
-
-
-def _dataclass_of(tp: Any) -> type | None:
-    if dataclasses.is_dataclass(tp):
-        return tp
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        for arg in typing.get_args(tp):
-            if dataclasses.is_dataclass(arg):
-                return arg
-    return None
-
-
-def _build(cls: type, data: Any, key: str) -> Any:
-    if not isinstance(data, dict):
-        raise ConfigError(key, f"must be a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    valid = [f.name for f in dataclasses.fields(cls)]
-    unknown = [k for k in data if k not in valid]
-    if unknown:
-        where = f"{key}." if key else ""
-        raise ConfigError(
-            ", ".join(where + str(k) for k in unknown),
-            f"unknown key; valid keys{f' in {key}' if key else ''}: {', '.join(valid)}",
-        )
-    kwargs = {
-        name: _coerce(value, hints[name], f"{key}.{name}" if key else name) for name, value in data.items()
-    }
-    try:
-        return cls(**kwargs)
-    except ConfigError as e:
-        raise (e.within(key) if key else e) from None
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    if tp is Any:
-        return value
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        if value is None:
-            return None
-        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _coerce(value, inner, key)
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, key)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(key, f"must be true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-            value = int(value)  # `samples_seen: 12.8e6` reads as a float
-        if isinstance(value, str):
-            try:
-                value = int(float(value)) if float(value).is_integer() else value
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(key, f"must be an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, str):  # PyYAML reads `1e-5` (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                raise ConfigError(key, f"must be a number, got {value!r}") from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ConfigError(key, f"must be a finite number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(key, f"must be a string, got {value!r}")
-        return value
-    raise TypeError(f"unsupported config field type {tp!r} for {key}")
-
-
-def _positive(obj: Any, *names: str) -> None:
-    for name in names:
-        if not getattr(obj, name) > 0:
-            raise ConfigError(name, f"must be > 0, got {getattr(obj, name)!r}")
-
-
-def _at_least(obj: Any, low: float, *names: str) -> None:
-    for name in names:
-        if not getattr(obj, name) >= low:
-            raise ConfigError(name, f"must be >= {low}, got {getattr(obj, name)!r}")
