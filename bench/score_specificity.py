@@ -1,8 +1,11 @@
 """Benchmark: streaming ε_t / ε_i against the bare matrix product and the straightforward approach.
 
 Prints, per pool size:
-- time of hype's streaming specificity and of the bare matmul of the same shapes (same chunks, a row
-  mean and nothing else), interleaved and repeated, and their ratio (target <= 1.5);
+- time of hype's streaming specificity (`hype.scoring.specificity.text_specificity`, the code `hype
+  score` runs) and of the bare matmul of the same shapes, (pool x n) @ (n x M) with a row mean and
+  nothing else, interleaved and repeated, and their ratio (target <= 1.5). The bare matmul is timed two
+  ways and the faster counts: `bare-mkl`, chunks of rows x M on torch's own threads, and `bare-tiled`,
+  the tiles and threads of hype's kernel (`hype.geometry._tiles`) with only a row sum after the matmul;
 - peak RSS of each, measured in a fresh child process (target: independent of the pool size);
 - the straightforward approach of the authors' released code: the whole (pool x M) energy matrix at
   once, run under an address-space limit so that running out of memory is reported, not fatal.
@@ -32,18 +35,41 @@ def _pool_blocks(pool: int, dim: int, seed: int = 0):
         yield torch.randn(min(BLOCK, pool - start), dim, generator=g) * 0.05
 
 
-def run(mode: str, pool: int, refs: int, dim: int) -> dict:
-    """One measurement in this process; `mode` is streaming | bare | naive."""
+def _bare_tiled(block, ref) -> float:
+    """Row means of block @ ref.T on the kernel's tiles and threads: the matmul, then only a row sum."""
+    import torch
+
+    from hype.geometry import lorentz
+    from hype.geometry._tiles import run_tiles, tile_grid
+
+    tiles, (tr, tc) = tile_grid(block.shape[0], ref.shape[0], *lorentz.CPU_TILE)
+    partial = block.new_zeros(-(-ref.shape[0] // tc), block.shape[0])
+
+    def work(r, cs, scratch):
+        if "w" not in scratch:
+            scratch["w"] = block.new_empty(tr * tc)
+        w = scratch["w"][: (r.stop - r.start) * (cs.stop - cs.start)].view(r.stop - r.start, -1)
+        torch.mm(block[r], ref[cs].T, out=w)
+        torch.sum(w, dim=1, out=partial[cs.start // tc, r])
+
+    run_tiles(tiles, work)
+    return float((partial.sum(0) / ref.shape[0]).sum())
+
+
+def run(mode: str, pool: int, refs: int, dim: int, threads: int = 0) -> dict:
+    """One measurement in this process; `mode` is streaming | bare-mkl | bare-tiled | naive."""
     import torch
 
     from hype.geometry import lorentz
     from hype.scoring.specificity import chunk_rows, text_specificity
 
+    if threads:
+        torch.set_num_threads(threads)
     torch.manual_seed(1)
     ref = torch.randn(refs, dim) * 0.05
     curv = 0.1
     rows = chunk_rows(refs)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     total = 0.0
     if mode == "naive":
         texts = torch.cat(list(_pool_blocks(pool, dim)))
@@ -52,15 +78,25 @@ def run(mode: str, pool: int, refs: int, dim: int) -> dict:
         for block in _pool_blocks(pool, dim):
             if mode == "streaming":
                 total += float(text_specificity(block, ref, curv).sum())
-            else:  # the bare matrix product of the same shapes, chunk by chunk
+            elif mode == "bare-tiled":
+                total += _bare_tiled(block, ref)
+            else:  # bare-mkl: the bare matrix product of the same shapes, chunk by chunk
                 for s in range(0, block.shape[0], rows):
                     total += float((block[s : s + rows] @ ref.T).mean(1).sum())
-    seconds = time.perf_counter() - t0
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"mode": mode, "pool": pool, "seconds": seconds, "peak_rss_mb": rss_mb, "checksum": total}
+    return {
+        "mode": mode,
+        "pool": pool,
+        "threads": torch.get_num_threads(),
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "peak_rss_mb": rss_mb,
+        "checksum": total,
+    }
 
 
-def child(mode: str, pool: int, refs: int, dim: int, mem_limit_gb: float | None) -> dict:
+def child(mode: str, pool: int, refs: int, dim: int, mem_limit_gb: float | None, threads: int) -> dict:
     cmd = [
         sys.executable,
         __file__,
@@ -72,6 +108,8 @@ def child(mode: str, pool: int, refs: int, dim: int, mem_limit_gb: float | None)
         str(refs),
         "--dim",
         str(dim),
+        "--threads",
+        str(threads),
     ]
     if mem_limit_gb:
         cmd += ["--mem-limit-gb", str(mem_limit_gb)]
@@ -90,7 +128,13 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--mem-limit-gb", type=float, default=16.0, help="address-space limit of the naive run")
-    ap.add_argument("--child", choices=["streaming", "bare", "naive"], help=argparse.SUPPRESS)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument(
+        "--bare", default="bare-mkl,bare-tiled", help="bare-matmul variants to time (the faster counts)"
+    )
+    ap.add_argument(
+        "--child", choices=["streaming", "bare-mkl", "bare-tiled", "naive"], help=argparse.SUPPRESS
+    )
     args = ap.parse_args()
     pools = [int(p) for p in args.pools.split(",")]
 
@@ -98,26 +142,39 @@ def main() -> None:
         if args.mem_limit_gb and args.child == "naive":
             limit = int(args.mem_limit_gb * 2**30)
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        print(json.dumps(run(args.child, pools[0], args.refs, args.dim)))
+        print(json.dumps(run(args.child, pools[0], args.refs, args.dim, args.threads)))
         return
 
     print(
-        f"refs M = {args.refs}, dim = {args.dim}, block = {BLOCK} rows; best of {args.repeats}, interleaved"
+        f"refs M = {args.refs}, dim = {args.dim}, block = {BLOCK} rows, torch threads "
+        f"{args.threads or 'default'}; best of {args.repeats}, interleaved"
     )
     for pool in pools:
         best: dict[str, dict] = {}
         for _ in range(args.repeats):
-            for mode in ("bare", "streaming"):
-                r = child(mode, pool, args.refs, args.dim, None)
+            for mode in [*args.bare.split(","), "streaming"]:
+                r = child(mode, pool, args.refs, args.dim, None, args.threads)
                 if mode not in best or r["seconds"] < best[mode]["seconds"]:
                     best[mode] = r
-        naive = child("naive", pool, args.refs, args.dim, args.mem_limit_gb)
-        s, b = best["streaming"], best["bare"]
+        naive = child("naive", pool, args.refs, args.dim, args.mem_limit_gb, args.threads)
+        s = best.pop("streaming")
+        b = min(best.values(), key=lambda r: r["seconds"])
         ratio = s["seconds"] / b["seconds"]
         print(
             f"pool {pool:>9,}: streaming {s['seconds']:8.2f} s ({s['peak_rss_mb']:6.0f} MB peak) | "
-            f"bare matmul {b['seconds']:8.2f} s ({b['peak_rss_mb']:6.0f} MB) | ratio {ratio:.2f}"
+            f"bare matmul {b['seconds']:8.2f} s ({b['peak_rss_mb']:6.0f} MB, {b['mode']}) | ratio {ratio:.2f}"
         )
+        # CPU time: robust to other jobs on a shared machine, comparable where both run the same threads
+        cpu_ratio = s["cpu_seconds"] / b["cpu_seconds"]
+        print(
+            f"{'':17}CPU time: streaming {s['cpu_seconds']:.2f} s, bare {b['cpu_seconds']:.2f} s, "
+            f"ratio {cpu_ratio:.2f}"
+        )
+        others = ", ".join(
+            f"{r['mode']} {r['seconds']:.2f} s (CPU {r['cpu_seconds']:.2f} s, {r['peak_rss_mb']:.0f} MB)"
+            for r in best.values()
+        )
+        print(f"{'':17}bare variants: {others}", flush=True)
         if "error" in naive:
             print(f"{'':17}straightforward full matrix: {naive['error']} (limit {args.mem_limit_gb:g} GB)")
         else:

@@ -8,6 +8,7 @@ import torch
 from reference import r_aper, r_ext_law_of_cosines
 
 from hype.geometry import lorentz
+from hype.geometry._tiles import run_tiles, tile_grid
 from hype.scoring.specificity import chunk_rows, image_specificity, text_specificity
 
 RNG = np.random.default_rng(7)
@@ -77,3 +78,44 @@ def test_specific_samples_score_higher_than_generic_ones():
     generic = torch.randn(20, 8) * 0.01
     specific = torch.randn(20, 8) * 3.0
     assert text_specificity(specific, refs, 1.0).min() > text_specificity(generic, refs, 1.0).max()
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_tiles_and_threads_do_not_change_the_kernel(monkeypatch, threads):
+    # Small tiles so that both axes are split (ragged edges included) and every thread gets work.
+    monkeypatch.setattr(lorentz, "CPU_TILE", (7, 5))
+    a, b = torch.randn(30, 8), torch.randn(46, 8)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for dim in (0, 1):
+            for hinge in (False, True):
+                e = lorentz.pairwise_entailment_energy(a, b, 0.3)
+                expected = (e.clamp(min=0) if hinge else e).mean(dim)
+                got = lorentz.mean_entailment_energy(
+                    lorentz.prepare(a, 0.3), lorentz.prepare(b, 0.3), 0.3, dim=dim, hinge=hinge
+                )
+                torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+        assert torch.get_num_threads() == threads  # restored after the tiles ran single-threaded
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_run_tiles_covers_every_tile_once_and_reraises():
+    tiles, shape = tile_grid(10, 23, 4, 10)
+    assert shape == (4, 8)  # 10 rows -> 3 tiles of <= 4, 23 cols -> 3 tiles of <= 8, not 10 + 10 + 3
+    seen = torch.zeros(10, 23, dtype=torch.int32)
+
+    def mark(r, c, scratch):
+        seen[r, c] += 1
+
+    run_tiles(tiles, mark, threads=2)
+    assert (seen == 1).all()
+
+    def fail(r, c, scratch):
+        raise RuntimeError("tile failed")
+
+    before = torch.get_num_threads()
+    with pytest.raises(RuntimeError, match="tile failed"):
+        run_tiles(tiles, fail, threads=2)
+    assert torch.get_num_threads() == before
