@@ -64,7 +64,7 @@ class ReferenceConfig:
 class SpecificityConfig:
     hinge: bool = False  # False: raw energy E (HYPE's released code); True: the paper's L_e (--hinge)
     K: float | None = None  # cone constant; null: the MERU model's entailment K
-    budget_elems: int = 1 << 24  # elements of one (rows x M) block: bounds memory, not results
+    budget_elems: int = 1 << 24  # a chunk's working set in elements (GPU: one rows x M block); not results
 
     def __post_init__(self) -> None:
         _positive(self, "K")
