@@ -72,5 +72,8 @@ def main() -> None:
 
     \b
     Typical use:
-      hype synth --out world --size 2000     # a synthetic world to try everything offline
+      hype demo                                           # everything, offline, on a synthetic world
+      hype download --metadata meta --out pool            # fetch a pool (img2dataset)
+      hype score --pool pool --meru M --clip C --out run  # score it
+      hype select --scores run --frac 0.2 --out subset.npy
     """
