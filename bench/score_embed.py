@@ -61,6 +61,9 @@ def _drop_script_dir_from_path() -> None:
 
 def main() -> None:
     _drop_script_dir_from_path()
+    from hype.scoring.decode import share_cores_with_decoders
+
+    share_cores_with_decoders()  # as `hype score` does, before torch starts (applies to both sides)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", type=int, default=2048, help="pool samples (synthetic world)")
     p.add_argument("--shard-size", type=int, default=1024, help="samples per tar (DataComp: 10,000)")

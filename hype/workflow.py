@@ -106,19 +106,17 @@ def subset_composition(subset: Path, truth: Path) -> dict[str, float]:
 
 def format_table(rows: list[dict], tasks: Sequence[str]) -> str:
     """A fixed-width text table: one row per arm, its size, clean share, the average and every task."""
+    spread = any(r.get("average_std") is not None for r in rows)
+    width = 14 if spread else 11  # "0.289±0.045" needs 11 characters plus a gap
     short = [t.split("/")[-1] for t in tasks]
-    head = f"{'subset':<22}{'samples':>8}{'clean':>7}{'average':>9}" + "".join(f"{s:>11}" for s in short)
+    head = f"{'subset':<18}{'samples':>8}{'clean':>7}" + "".join(f"{s:>{width}}" for s in ["average", *short])
     lines = [head, "-" * len(head)]
     for r in rows:
-        clean = r.get("clean")
-        cells = [
-            f"{r['name']:<22}",
-            f"{r['samples']:>8,}",
-            f"{clean:>7.2f}" if clean is not None else " " * 7,
-        ]
-        cells.append(_cell(r["average"], r.get("average_std"), 9))
+        clean = "" if r.get("clean") is None else f"{r['clean']:.2f}"
+        cells = [f"{r['name']:<18}", f"{r['samples']:>8,}", f"{clean:>7}"]
+        cells.append(_cell(r["average"], r.get("average_std"), width))
         for t in tasks:
-            cells.append(_cell(r["metrics"].get(t, float("nan")), (r.get("metrics_std") or {}).get(t), 11))
+            cells.append(_cell(r["metrics"].get(t, float("nan")), (r.get("metrics_std") or {}).get(t), width))
         lines.append("".join(cells))
     return "\n".join(lines)
 

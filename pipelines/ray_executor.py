@@ -144,7 +144,12 @@ class RayExecutor:
 
     def _new_worker(self):
         ray = self.ray
-        cls = ray.remote(num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=0, max_task_retries=0)(_Worker)
+        from hype.scoring.decode import share_cores_with_decoders
+
+        env = {"env_vars": share_cores_with_decoders()}  # the actor's torch shares cores with its decoders
+        cls = ray.remote(
+            num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=0, max_task_retries=0, runtime_env=env
+        )(_Worker)
         return cls.remote(self.cpus)
 
     def map(self, stage, tasks: list, on_result: Callable[[object, dict], None]) -> list[dict]:

@@ -4,6 +4,7 @@ in-memory one, preprocessing against open_clip's, executors' retries, config, me
 from __future__ import annotations
 
 import io
+import os
 import pickle
 
 import numpy as np
@@ -238,3 +239,13 @@ def test_metadata_index_finds_uids_across_files(tmp_path):
     (tmp_path / "a.npz").unlink()
     with pytest.raises(MetadataError, match="a.npz"):
         build_index(tmp_path, index, "clip_l14_similarity_score")
+
+
+def test_share_cores_with_decoders_sets_passive_openmp_unless_the_user_chose(monkeypatch):
+    from hype.scoring.decode import share_cores_with_decoders
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert share_cores_with_decoders() == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert share_cores_with_decoders() == {"OMP_WAIT_POLICY": "ACTIVE"}

@@ -95,6 +95,9 @@ def eval_cmd(
     if workers is not None and workers < 0:
         raise click.BadParameter(f"must be >= 0, got {workers}", param_hint="--workers")
 
+    from hype.scoring.decode import share_cores_with_decoders
+
+    share_cores_with_decoders()  # decode workers and torch's OpenMP threads share the cores
     import torch
 
     from hype.eval import EvalError, RunOptions, TaskConfigError, run_eval, select_tasks

@@ -114,6 +114,9 @@ def score(
     c_in, shard, key, text, width, height), RUN_DIR/summary.json, per-shard stats under RUN_DIR/<stage>/.
     KEY=VALUE overrides any config field (reference.n_top=5000, executor.workers=8, clusters.gpu=true, ...).
     """
+    from hype.scoring.decode import share_cores_with_decoders
+
+    share_cores_with_decoders()  # before torch starts its OpenMP threads
     from hype.models import ConfigError
     from hype.scoring.config import load_score_config
     from hype.scoring.runner import ScoreError, ScoreFailed, run_score
