@@ -49,7 +49,7 @@ class DemoConfig:
     scorer_samples: int = 6400  # samples seen by each scorer (tiny MERU, tiny CLIP)
     subset_samples: int = 4800  # samples seen by each subset's tiny CLIP (equal for every arm)
     # k-means K for c_IN: DataComp's ~128 samples per centroid would flag most of a tiny pool.
-    num_clusters: int = 64
+    num_clusters: int = 48  # faiss wants >= 39 points per centroid: 2,000 / 39
     executor: str = "ray"
     progress: bool = True
 

@@ -35,7 +35,7 @@ import click
     type=int,
     help="Samples seen by the tiny CLIP of each subset (the same for every subset).",
 )
-@click.option("--num-clusters", default=64, show_default=True, type=int, help="k-means clusters for c_IN.")
+@click.option("--num-clusters", default=48, show_default=True, type=int, help="k-means clusters for c_IN.")
 @click.option(
     "--executor",
     type=click.Choice(["ray", "local"]),
