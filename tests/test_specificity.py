@@ -109,8 +109,10 @@ def test_run_tiles_covers_every_tile_once_and_reraises():
     def mark(r, c, scratch):
         seen[r, c] += 1
 
+    assert torch.is_grad_enabled()
     run_tiles(tiles, mark, threads=2)
     assert (seen == 1).all()
+    assert torch.is_grad_enabled()  # the caller ran tiles too, and keeps its own grad mode
 
     def fail(r, c, scratch):
         raise RuntimeError("tile failed")

@@ -58,17 +58,19 @@ def run_tiles(tiles: list[tuple[slice, slice]], work: TileWork, *, threads: int 
 
     def loop() -> None:
         torch.set_num_threads(1)
-        torch.set_grad_enabled(False)  # grad mode is per thread; the tiles write into buffers with out=
         scratch: dict = {}
-        while not errors:
-            with lock:
-                tile = next(queue, None)
-            if tile is None:
-                return
-            try:
-                work(*tile, scratch)
-            except BaseException as e:  # re-raised in the caller; the other threads stop at their next tile
-                errors.append(e)
+        # Grad mode is per thread (the tiles write into buffers with out=); a context manager, because the
+        # calling thread runs this loop too and must get its own mode back.
+        with torch.no_grad():
+            while not errors:
+                with lock:
+                    tile = next(queue, None)
+                if tile is None:
+                    return
+                try:
+                    work(*tile, scratch)
+                except BaseException as e:  # re-raised in the caller; the others stop at their next tile
+                    errors.append(e)
 
     previous = torch.get_num_threads()
     helpers = [threading.Thread(target=loop, name=f"hype-tile-{i}", daemon=True) for i in range(threads - 1)]
