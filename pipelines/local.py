@@ -8,8 +8,8 @@ shards go on. A crash of the process itself is survived by rerunning: finished s
 
 from __future__ import annotations
 
+import copy
 import logging
-import pickle
 import traceback
 from collections.abc import Callable
 
@@ -38,7 +38,8 @@ class LocalExecutor:
         `[{"shard", "shard_id", "attempts", "error"}]`."""
         if not tasks:
             return []
-        worker = pickle.loads(pickle.dumps(stage))
+        # A copy through the object's own reduce protocol, as Ray ships it: setup() state stays off `stage`.
+        worker = copy.deepcopy(stage)
         try:
             worker.setup()
         except Exception as e:  # noqa: BLE001 - every shard would fail the same way

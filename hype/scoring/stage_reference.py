@@ -21,7 +21,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from safetensors.torch import load_file, save
@@ -37,12 +36,9 @@ from hype.scoring.rundir import (
     atomic_write_json,
     completed,
     file_digest,
-    fingerprint,
     read_json,
-    write_parquet,
 )
-from hype.scoring.specificity import DEFAULT_BUDGET_ELEMS, image_specificity, text_specificity
-from hype.scoring.stagebase import ShardStage, resolve_device
+from hype.scoring.stage_specificity import MeanEnergyStage
 from hype.scoring.topk import RunningTopK, order_id, split_order_id
 
 log = logging.getLogger(__name__)
@@ -111,63 +107,19 @@ def select_top_pairs(
     return info
 
 
-class CandidateStage(ShardStage):
+class CandidateStage(MeanEnergyStage):
     """Step 2, per shard: mean L_e of each image (text) against the N top texts (images)."""
 
     name = "reference"
+    columns = ("img_score", "txt_score")
+    sets_key = "top_n"
 
-    def __init__(
-        self,
-        run: RunDir,
-        *,
-        curv: float,
-        K: float,
-        hinge: bool,
-        top_n_digest: str,
-        budget_elems: int = DEFAULT_BUDGET_ELEMS,
-        **kw,
-    ):
-        super().__init__(run, **kw)
-        self.curv, self.K, self.hinge = curv, K, hinge
-        self.top_n_digest = top_n_digest
-        self.budget_elems = budget_elems
+    def __init__(self, run: RunDir, *, top_n_digest: str, **kw):
+        super().__init__(run, sets_digest=top_n_digest, **kw)
 
-    def fingerprint(self, task: ShardTask) -> str:
-        return fingerprint(
-            {
-                "stage": self.name,
-                "embed": self.upstream_digest("embed", task),
-                "top_n": self.top_n_digest,
-                "hinge": self.hinge,
-                "K": self.K,
-                "curv": self.curv,
-            }
-        )
-
-    def setup(self) -> None:
-        super().setup()
-        self.device = resolve_device(self.device)
+    def load_sets(self) -> tuple[torch.Tensor, torch.Tensor]:
         data = load_file(str(self.run_dir.top_n))
-        self._top_img = data["img"].to(self.device)
-        self._top_txt = data["txt"].to(self.device)
-
-    def run(self, task: ShardTask) -> dict:
-        started = time.perf_counter()
-        fp = self.fingerprint(task)
-        self._debug_hook(task)
-        path = self.run_dir.shard_output("embed", task)
-        images = torch.from_numpy(embed_format.read_embeddings(path, "meru_img")).to(self.device)
-        texts = torch.from_numpy(embed_format.read_embeddings(path, "meru_txt")).to(self.device)
-        kw = {"K": self.K, "hinge": self.hinge, "budget_elems": self.budget_elems}
-        img_score = image_specificity(images, self._top_txt, self.curv, **kw).float().cpu().numpy()
-        txt_score = text_specificity(texts, self._top_img, self.curv, **kw).float().cpu().numpy()
-        table = pa.table(
-            {"img_score": pa.array(img_score, pa.float32()), "txt_score": pa.array(txt_score, pa.float32())}
-        )
-        output = write_parquet(self.run_dir.shard_output(self.name, task), table)
-        marker = self._marker(task, fp, output, started, counts={"samples": output["rows"]})
-        atomic_write_json(self.run_dir.shard_stats(self.name, task), marker)
-        return marker
+        return data["img"], data["txt"]
 
 
 def select_top_m(

@@ -20,8 +20,16 @@ from hype.scoring.specificity import DEFAULT_BUDGET_ELEMS, image_specificity, te
 from hype.scoring.stagebase import ShardStage, resolve_device
 
 
-class SpecificityStage(ShardStage):
-    name = "specificity"
+class MeanEnergyStage(ShardStage):
+    """Per shard: the mean entailment energy of every pool image against a set of texts and of every pool
+    text (as the apex) against a set of images, as two float32 columns row-aligned with the embed table.
+
+    The reference selection's step 2 (`stage_reference.CandidateStage`, against the N top pairs) and
+    the specificity stage (against S_i / S_t) are this computation with different sets and columns.
+    """
+
+    columns: tuple[str, str]  # (image column, text column)
+    sets_key: str  # the fingerprint's name for the sets' digest
 
     def __init__(
         self,
@@ -30,13 +38,13 @@ class SpecificityStage(ShardStage):
         curv: float,
         K: float,
         hinge: bool,
-        reference_digest: str,
+        sets_digest: str,
         budget_elems: int = DEFAULT_BUDGET_ELEMS,
         **kw,
     ):
         super().__init__(run, **kw)
         self.curv, self.K, self.hinge = curv, K, hinge
-        self.reference_digest = reference_digest
+        self.sets_digest = sets_digest
         self.budget_elems = budget_elems
 
     def fingerprint(self, task: ShardTask) -> str:
@@ -44,18 +52,23 @@ class SpecificityStage(ShardStage):
             {
                 "stage": self.name,
                 "embed": self.upstream_digest("embed", task),
-                "reference": self.reference_digest,
+                self.sets_key: self.sets_digest,
                 "hinge": self.hinge,
                 "K": self.K,
                 "curv": self.curv,
             }
         )
 
+    def load_sets(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(images, texts) on the hyperboloid: the pool's texts are scored against the images and the
+        pool's images against the texts."""
+        raise NotImplementedError
+
     def setup(self) -> None:
         super().setup()
         self.device = resolve_device(self.device)
-        s_i, s_t = load_reference(self.run_dir.reference).lifted(self.curv)
-        self._s_i, self._s_t = s_i.to(self.device), s_t.to(self.device)
+        images, texts = self.load_sets()
+        self._images, self._texts = images.to(self.device), texts.to(self.device)
 
     def run(self, task: ShardTask) -> dict:
         started = time.perf_counter()
@@ -65,9 +78,10 @@ class SpecificityStage(ShardStage):
         images = torch.from_numpy(embed_format.read_embeddings(path, "meru_img")).to(self.device)
         texts = torch.from_numpy(embed_format.read_embeddings(path, "meru_txt")).to(self.device)
         kw = {"K": self.K, "hinge": self.hinge, "budget_elems": self.budget_elems}
-        eps_i = image_specificity(images, self._s_t, self.curv, **kw).float().cpu().numpy()
-        eps_t = text_specificity(texts, self._s_i, self.curv, **kw).float().cpu().numpy()
-        table = pa.table({"eps_i": pa.array(eps_i, pa.float32()), "eps_t": pa.array(eps_t, pa.float32())})
+        img = image_specificity(images, self._texts, self.curv, **kw).float().cpu().numpy()
+        txt = text_specificity(texts, self._images, self.curv, **kw).float().cpu().numpy()
+        img_col, txt_col = self.columns
+        table = pa.table({img_col: pa.array(img, pa.float32()), txt_col: pa.array(txt, pa.float32())})
         output = write_parquet(self.run_dir.shard_output(self.name, task), table)
         seconds = time.perf_counter() - started
         marker = self._marker(
@@ -80,3 +94,15 @@ class SpecificityStage(ShardStage):
         )
         atomic_write_json(self.run_dir.shard_stats(self.name, task), marker)
         return marker
+
+
+class SpecificityStage(MeanEnergyStage):
+    name = "specificity"
+    columns = ("eps_i", "eps_t")
+    sets_key = "reference"
+
+    def __init__(self, run: RunDir, *, reference_digest: str, **kw):
+        super().__init__(run, sets_digest=reference_digest, **kw)
+
+    def load_sets(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return load_reference(self.run_dir.reference).lifted(self.curv)  # (S_i, S_t)
