@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import torch
+from train_helpers import MICRO
 
 from hype.checkpoint import load_checkpoint
 from hype.data.uids import save_subset
@@ -22,17 +23,6 @@ from hype.synth import make_world
 from hype.train import list_checkpoints, read_metrics
 from hype.train.step import forward_backward
 
-MICRO = [
-    "model.embed_dim=32",
-    "model.vision.image_size=32",
-    "model.vision.width=32",
-    "model.vision.layers=1",
-    "model.vision.head_width=16",
-    "model.text.width=32",
-    "model.text.heads=2",
-    "model.text.layers=1",
-    "model.text.context_length=16",
-]
 CAPTIONS = [f"{n} {c} shapes" for n in ("one", "two", "three", "four") for c in ("red", "blue")]
 
 

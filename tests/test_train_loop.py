@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from train_helpers import MICRO, TINY_GEOMETRIES
 
 from hype.checkpoint import load_checkpoint
 from hype.cli.train import train as train_cmd
@@ -22,27 +23,6 @@ from hype.train import (
     train,
 )
 
-GEOMETRIES = [
-    "clip",
-    "elliptic",
-    "euclidean",
-    "euclidean-squared",
-    "hyperbolic",
-    "hyperbolic-squared",
-    "oblique",
-    "oblique-multi",
-]
-MICRO = [
-    "model.embed_dim=32",
-    "model.vision.image_size=32",
-    "model.vision.width=32",
-    "model.vision.layers=1",
-    "model.vision.head_width=16",
-    "model.text.width=32",
-    "model.text.heads=2",
-    "model.text.layers=1",
-    "model.text.context_length=16",
-]
 FAST = ["data.workers=0", "data.shuffle_buffer=32", "log_every_steps=1", "optim.warmup_steps=2"]
 
 
@@ -63,7 +43,7 @@ def overrides(*extra: str, steps: int = 2, batch: int = 8) -> list[str]:
     return [*MICRO, *FAST, f"samples_seen={steps * batch}", f"batch_size={batch}", *extra]
 
 
-@pytest.mark.parametrize("geometry", GEOMETRIES)
+@pytest.mark.parametrize("geometry", TINY_GEOMETRIES)
 def test_every_geometry_trains_from_the_cli(world, tmp_path, geometry):
     out = tmp_path / geometry
     code, output = run_cli(

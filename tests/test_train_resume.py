@@ -12,21 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from train_helpers import MICRO
 
 from hype.synth import make_world
 from hype.train import list_checkpoints, load_train_config, read_metrics, train
 
-MICRO = [
-    "model.embed_dim=32",
-    "model.vision.image_size=32",
-    "model.vision.width=32",
-    "model.vision.layers=1",
-    "model.vision.head_width=16",
-    "model.text.width=32",
-    "model.text.heads=2",
-    "model.text.layers=1",
-    "model.text.context_length=16",
-]
 STEPS = 25
 RUN = [
     *MICRO,
