@@ -16,7 +16,6 @@ Checks, each failing with an error that names the problem: the subset is a plain
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -31,6 +30,7 @@ import yaml
 from hype import __version__
 from hype.config import preset_dir
 from hype.data.uids import UID_DTYPE, UidMultiset, is_sorted
+from hype.files import read_json_dict, sha256_file
 from hype.select.errors import SelectError
 
 SCALES = ("debug", "small", "medium", "large", "xlarge")
@@ -160,14 +160,6 @@ def check_results(path: str | PathLike) -> list[dict]:
     return lines
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def make_submission(
     scale: str,
     subset: str | PathLike,
@@ -192,7 +184,7 @@ def make_submission(
                 f"--out {out}: {folder} already holds a submission; pass --overwrite or another --out"
             )
         shutil.rmtree(folder)
-    selection = _read_json(subset.with_suffix(".json"))
+    selection = read_json_dict(subset.with_suffix(".json"))
     scored = [r["metrics"]["main_metric"] for r in results if r["metrics"]["main_metric"] is not None]
     meta = {
         "method_name": method_name or _default_name(selection),
@@ -203,7 +195,7 @@ def make_submission(
         "learning_rate": cfg["learning_rate"],
         "train_num_samples": cfg["pool_size"],
         "dataset_size": facts["rows"],
-        "subset": {"file": f"samples/{subset.name}", "sha256": _sha256(subset), **facts},
+        "subset": {"file": f"samples/{subset.name}", "sha256": sha256_file(subset), **facts},
         "pool_check": pool_check,
         "results": {
             "tasks": len(results),
@@ -234,14 +226,6 @@ def _copy(src: Path, dst: Path) -> None:
     tmp = dst.with_name(f".{dst.name}.tmp")
     shutil.copyfile(src, tmp)
     os.replace(tmp, dst)
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _selection_settings(s: dict | None) -> dict | None:

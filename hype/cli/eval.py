@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import click
+
+from hype.files import sha256_file
 
 
 @click.command("eval")
@@ -141,7 +142,7 @@ def _load_model(checkpoint: str | None, model_config: str | None, seed: int):
             model = load_checkpoint(checkpoint)
         except CheckpointError as e:
             raise click.BadParameter(str(e), param_hint="--model") from None
-        return model, {"checkpoint_sha256": _sha256(Path(checkpoint)), "config": model.config.name}
+        return model, {"checkpoint_sha256": sha256_file(Path(checkpoint)), "config": model.config.name}
 
     from hype.models import create_model
 
@@ -151,11 +152,3 @@ def _load_model(checkpoint: str | None, model_config: str | None, seed: int):
     except (ValueError, FileNotFoundError) as e:
         raise click.BadParameter(str(e), param_hint="--model-config") from None
     return model, {"random_init": model_config, "seed": seed}
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -6,11 +6,11 @@ per 20% percentile bucket of ε_i and ε_t (HYPE Fig. 3), and the run's and the 
 
 from __future__ import annotations
 
-import json
 import os
 from os import PathLike
 from pathlib import Path
 
+from hype.files import read_json_dict
 from hype.report.collect import collect
 from hype.report.page import render
 from hype.report.thumbs import attach_thumbnails
@@ -35,8 +35,8 @@ def write_report(
     data = collect(run_dir, subset, bins=bins, per_bucket=per_bucket, workers=workers, progress=progress)
     samples = [s for buckets in data.buckets.values() for bucket in buckets for s in bucket]
     thumbs = attach_thumbnails(samples, run_dir, pool)
-    run_summary = _read_json(Path(run_dir) / "summary.json")
-    subset_summary = _read_json(Path(subset).with_suffix(".json")) if subset else None
+    run_summary = read_json_dict(Path(run_dir) / "summary.json")
+    subset_summary = read_json_dict(Path(subset).with_suffix(".json")) if subset else None
     page = render(data, run_summary=run_summary, subset_summary=subset_summary, thumbs=thumbs)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
@@ -52,14 +52,6 @@ def write_report(
         "thumbnails": thumbs,
         "run_summary": run_summary is not None,
     }
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 __all__ = ["write_report"]

@@ -38,20 +38,13 @@ from hype import __version__
 from hype.data.samples import SkipStats, iter_tar_samples
 from hype.data.shards import ShardError, expand_shards
 from hype.data.uids import UidError, UidMultiset, load_subset
+from hype.files import read_json_dict, sha256_file
 from hype.reshard.index import index_tar
 from hype.select.errors import SelectError
 from hype.synth.shards import write_json, write_tar
 
 STATE = ".reshard"
 META = "meta.json"
-
-
-def _fingerprint_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _tar_id(path: str) -> str:
@@ -167,12 +160,12 @@ def reshard(
     if len(arr) == 0:
         raise SelectError(f"--subset {subset_path}: the subset is empty; nothing to reshard")
     out = Path(out)
-    subset_sha = _fingerprint_file(subset_path)
+    subset_sha = sha256_file(subset_path)
     inputs = [os.path.abspath(p) for p in shards.paths]
     job = {"subset_sha256": subset_sha, "inputs": inputs, "shard_size": shard_size}
     job_sha = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()
     meta_path = out / META
-    finished = _read_json(meta_path)
+    finished = read_json_dict(meta_path)
     if finished is not None and finished.get("job_sha256") == job_sha and not overwrite:
         finished["resumed"] = "already complete"  # the same job finished before: nothing to do
         return finished
@@ -273,19 +266,11 @@ def reshard(
     return meta
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _prepare_out(out: Path, job: dict, overwrite: bool) -> None:
     """Refuse to mix two different jobs in one folder; remember this job so that a rerun resumes it."""
     job_file = out / STATE / "job.json"
     if out.exists() and any(out.iterdir()):
-        if overwrite or _read_json(job_file) != job:
+        if overwrite or read_json_dict(job_file) != job:
             if not overwrite:
                 raise SelectError(
                     f"--out {out} is not empty and holds no unfinished reshard of this subset and pool (with "
