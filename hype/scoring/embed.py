@@ -37,10 +37,8 @@ from hype.scoring.imageprep import Preprocess
 from hype.scoring.rundir import (
     RunDir,
     ShardTask,
-    atomic_write_json,
     file_identity,
     fingerprint,
-    write_parquet,
 )
 from hype.scoring.stagebase import ShardStage, resolve_device
 
@@ -216,30 +214,25 @@ class EmbedStage(_EmbedBase):
             for k in embed_format.EMBEDDING_COLUMNS
         }
         schema = embed_format.embed_schema(self._meru_dim, self._clip_dim, self._curv, self._K)
-        output = write_parquet(
-            self.run_dir.shard_output(self.name, task), embed_format.build_table(pairs, arrays, schema)
-        )
-        seconds = time.perf_counter() - started
-        marker = self._marker(
+        table = embed_format.build_table(pairs, arrays, schema)
+        return self._finish(
             task,
             fp,
-            output,
+            table,
             started,
+            rate=counts["samples"],
             input=file_identity(task.source) | {"given": task.path},
             counts={
                 "samples": counts["samples"],
-                "embedded": output["rows"],
+                "embedded": table.num_rows,
                 "skipped": stats.total,
                 "empty_captions": sum(1 for t in cols["text"] if not t),
             },
             skipped=stats.to_dict(),
-            samples_per_s=round(counts["samples"] / seconds, 2) if seconds > 0 else None,
             curv=self._curv,
             K=self._K,
             dims={"meru": self._meru_dim, "clip": self._clip_dim},
         )
-        atomic_write_json(self.run_dir.shard_stats(self.name, task), marker)
-        return marker
 
     @torch.inference_mode()
     def _embed_batch(self, batch: list[Decoded], cols: dict, stats: SkipStats) -> None:
@@ -349,15 +342,12 @@ class ClassEmbedStage(_EmbedBase):
                 "clip_img": embed_format.fixed_list(arr.reshape(-1, dim)),
             }
         )
-        output = write_parquet(self.run_dir.shard_output(self.name, task), table)
-        marker = self._marker(
+        return self._finish(
             task,
             fp,
-            output,
+            table,
             started,
             input=file_identity(task.source),
-            counts={"samples": counts["samples"], "embedded": output["rows"], "skipped": stats.total},
+            counts={"samples": counts["samples"], "embedded": table.num_rows, "skipped": stats.total},
             skipped=stats.to_dict(),
         )
-        atomic_write_json(self.run_dir.shard_stats(self.name, task), marker)
-        return marker

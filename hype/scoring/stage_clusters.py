@@ -36,7 +36,6 @@ from hype.scoring.rundir import (
     atomic_write_json,
     completed,
     fingerprint,
-    write_parquet,
 )
 from hype.scoring.stagebase import ShardStage
 from hype.scoring.topk import RunningTopK, order_id
@@ -208,18 +207,15 @@ class AssignStage(ShardStage):
                 "c_in": pa.array(flag, pa.float32()),
             }
         )
-        output = write_parquet(self.run_dir.shard_output(self.name, task), table)
-        marker = self._marker(
+        return self._finish(
             task,
             fp,
-            output,
+            table,
             started,
             counts={
-                "samples": output["rows"],
+                "samples": table.num_rows,
                 "c_in": int((flag > 0).sum()),
                 "in_target_cluster": int(np.isin(cluster, self._targets).sum()),
                 "caption_ok": int(ok.sum()),
             },
         )
-        atomic_write_json(self.run_dir.shard_stats(self.name, task), marker)
-        return marker

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from hype.scoring.dedup import keep_mask
-from hype.scoring.rundir import RunDir, ShardTask, atomic_write_json, fingerprint, write_parquet
+from hype.scoring.rundir import RunDir, ShardTask, fingerprint
 from hype.scoring.schema import SCHEMA
 from hype.scoring.stagebase import ShardStage
 
@@ -78,17 +78,14 @@ class MergeStage(ShardStage):
         drop = self.drops.get(task.index)
         if drop is not None and len(drop):
             table = table.filter(pa.array(keep_mask(n, np.asarray(drop))))
-        output = write_parquet(r.shard_output(self.name, task), table)
-        marker = self._marker(
+        return self._finish(
             task,
             fp,
-            output,
+            table,
             started,
             counts={
-                "samples": output["rows"],
-                "duplicates_dropped": n - output["rows"],
+                "samples": table.num_rows,
+                "duplicates_dropped": n - table.num_rows,
                 "c_in": int(pc.sum(pc.greater(table.column("c_in"), 0)).as_py() or 0),
             },
         )
-        atomic_write_json(r.shard_stats(self.name, task), marker)
-        return marker

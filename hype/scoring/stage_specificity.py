@@ -15,7 +15,7 @@ import torch
 
 from hype.scoring import embed_format
 from hype.scoring.reference import load_reference
-from hype.scoring.rundir import RunDir, ShardTask, atomic_write_json, fingerprint, write_parquet
+from hype.scoring.rundir import RunDir, ShardTask, fingerprint
 from hype.scoring.specificity import DEFAULT_BUDGET_ELEMS, image_specificity, text_specificity
 from hype.scoring.stagebase import ShardStage, resolve_device
 
@@ -82,18 +82,7 @@ class MeanEnergyStage(ShardStage):
         txt = text_specificity(texts, self._images, self.curv, **kw).float().cpu().numpy()
         img_col, txt_col = self.columns
         table = pa.table({img_col: pa.array(img, pa.float32()), txt_col: pa.array(txt, pa.float32())})
-        output = write_parquet(self.run_dir.shard_output(self.name, task), table)
-        seconds = time.perf_counter() - started
-        marker = self._marker(
-            task,
-            fp,
-            output,
-            started,
-            counts={"samples": output["rows"]},
-            samples_per_s=round(output["rows"] / seconds, 2) if seconds > 0 else None,
-        )
-        atomic_write_json(self.run_dir.shard_stats(self.name, task), marker)
-        return marker
+        return self._finish(task, fp, table, started, rate=table.num_rows, counts={"samples": table.num_rows})
 
 
 class SpecificityStage(MeanEnergyStage):

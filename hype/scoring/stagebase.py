@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from hype.scoring.rundir import RunDir, ShardTask, completed, read_json
+from hype.scoring.rundir import RunDir, ShardTask, atomic_write_json, completed, read_json, write_parquet
 
 
 class StageSetupError(RuntimeError):
@@ -107,7 +107,13 @@ class ShardStage:
         if dbg.hold_s > 0:
             time.sleep(dbg.hold_s)
 
-    def _marker(self, task: ShardTask, fingerprint: str, output: dict, started: float, **extra) -> dict:
+    def _finish(
+        self, task: ShardTask, fingerprint: str, table, started: float, *, rate: int | None = None, **extra
+    ) -> dict:
+        """Write the shard's output table, then its `_stats.json` marker (last: the marker means done),
+        and return the marker. `rate`: samples behind `samples_per_s`; `extra`: more marker fields."""
+        output = write_parquet(self.run_dir.shard_output(self.name, task), table)
+        seconds = time.perf_counter() - started
         stats = {
             "stage": self.name,
             "shard": task.path,
@@ -115,10 +121,13 @@ class ShardStage:
             "index": task.index,
             "fingerprint": fingerprint,
             "output": output,
-            "seconds": round(time.perf_counter() - started, 4),
+            "seconds": round(seconds, 4),
             "worker": {"host": socket.gethostname(), "pid": os.getpid()},
         }
+        if rate is not None:
+            stats["samples_per_s"] = round(rate / seconds, 2) if seconds > 0 else None
         stats.update(extra)
+        atomic_write_json(self.run_dir.shard_stats(self.name, task), stats)
         return stats
 
 
