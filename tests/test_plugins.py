@@ -1,0 +1,59 @@
+"""Plug-in registries: registration, duplicate names, and discovery through entry points."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from hype.plugins import Registry
+
+
+def test_register_and_look_up():
+    reg: Registry[type] = Registry("widgets-a")
+
+    @reg.register
+    class Widget:
+        name = "w"
+
+    assert reg.get("w") is Widget and "w" in reg and reg.names() == ["w"]
+    reg.register(Widget)  # the same class again (a module imported twice) is fine
+    with pytest.raises(ValueError, match="two widgets-a named 'w'"):
+        reg.register(type("Other", (), {"name": "w"}))
+    with pytest.raises(ValueError, match="no name"):
+        reg.register(object)
+
+
+def test_entry_points_are_loaded_on_first_miss(tmp_path, monkeypatch):
+    """A package declaring `hype.widgets-b` entry points registers its classes when first needed."""
+    pkg = tmp_path / "thirdparty_widgets"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "from hype.plugins import Registry\n"
+        "import tests_registry_holder as h\n"
+        "class Blue:\n    name = 'blue'\n"
+        "h.REG.register(Blue)\n"
+    )
+    holder = tmp_path / "tests_registry_holder.py"
+    holder.write_text("from hype.plugins import Registry\nREG = Registry('widgets-b')\n")
+    dist = tmp_path / "thirdparty_widgets-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: thirdparty-widgets\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[hype.widgets-b]\nblue = thirdparty_widgets\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import tests_registry_holder as h
+
+    assert "thirdparty_widgets" not in sys.modules
+    assert h.REG.get("blue").__name__ == "Blue"
+    assert h.REG.names() == ["blue"] and h.REG.get("red") is None
+
+
+def test_a_broken_plug_in_is_reported_not_fatal(tmp_path, monkeypatch, caplog):
+    dist = tmp_path / "broken_widgets-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-widgets\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[hype.widgets-c]\nbad = no_such_module_here\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reg: Registry[type] = Registry("widgets-c")
+    assert reg.get("bad") is None
+    assert "could not load widgets-c plug-in bad" in caplog.text
