@@ -233,9 +233,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for fn, regime, unit, om, omed, tm, tmed in rows:
         ratio = om / tm if np.isfinite(tm) and tm > 0 else (0.0 if np.isfinite(om) else math.nan)
-        print(
-            f"| {fn} | {regime} | {unit} | {_fmt(om)} | {_fmt(omed)} | {_fmt(tm)} | {_fmt(tmed)} | {ratio:.2f} |"
-        )
+        cells = [fn, regime, unit, _fmt(om), _fmt(omed), _fmt(tm), _fmt(tmed), f"{ratio:.2f}"]
+        print("| " + " | ".join(cells) + " |")
     print(f"\n({time.perf_counter() - start:.1f} s)")
 
 

@@ -43,7 +43,7 @@ def r_euc_ext(x, y):
     return np.pi - np.arccos(np.clip((a * a + b * b - s * s) / (2 * a * b), -1, 1))
 
 
-# ---------------------------------------------------------------- high precision (mpmath), for the fp32 regimes
+# ---------------------------------------------------------------- mpmath, for the fp32 regimes
 # Rows of float64 arrays (holding exact fp32 values) evaluated at 50 significant digits with the textbook
 # formulas: cancellation that ruins fp32 (far-apart points, near-identical points, angles near 0) costs
 # at most ~20 of those digits, so the results are exact to float64 precision. Slow: a few thousand rows.
