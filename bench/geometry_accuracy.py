@@ -3,7 +3,7 @@
 For every function and input regime it prints the max and median error of `hype.geometry` in fp32 and of
 the authors' formula in fp32 on the same inputs (relative for distances, absolute radians for angles),
 and their ratio (ours / authors, max over max; <= 1 means at least as accurate). The reference is
-`tests/reference.py`'s mpmath arithmetic at 40 digits on the exact fp32 inputs, with the exterior angles
+`tests/reference.py`'s mpmath arithmetic at 50 digits on the exact fp32 inputs, with the exterior angles
 taken through the law of cosines on distances, a different route than the code under test.
 
 Authors' forms, restated (not imported; their repositories are not dependencies):
@@ -15,7 +15,7 @@ Authors' forms, restated (not imported; their repositories are not dependencies)
   exterior angle acos((y - x)·x / (|y - x| |x|)).
 A NaN from an authors' form counts as an infinite error (shown as `nan`).
 
-    python bench/geometry_accuracy.py            # about 20 s; the table is Markdown for bench/RESULTS.md
+    python bench/geometry_accuracy.py            # about 10 s; the table is Markdown for bench/RESULTS.md
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ def main() -> None:
     torch.set_num_threads(1)
     start = time.perf_counter()
     rows = run(args.n, args.dim, args.curv, lorentz.DEFAULT_K, euclidean.DEFAULT_K)
-    print(f"fp32, {args.n} pairs per regime, dim {args.dim}, c = {args.curv}; error vs 40-digit reference\n")
+    print(f"fp32, {args.n} pairs per regime, dim {args.dim}, c = {args.curv}; error vs 50-digit reference\n")
     print("| function | regime | unit | ours max | ours median | authors max | authors median | max ratio |")
     print("|---|---|---|---|---|---|---|---|")
     for fn, regime, unit, om, omed, tm, tmed in rows:
