@@ -11,9 +11,22 @@ import math
 import numpy as np
 import pytest
 import torch
-from reference import r_aper, r_dist, r_euc_ext, r_exp0, r_ext_law_of_cosines, r_inner, r_time
+from reference import (
+    mp_dist,
+    mp_euc_ext,
+    mp_ext,
+    mp_sphere_geodesic,
+    r_aper,
+    r_dist,
+    r_euc_ext,
+    r_exp0,
+    r_ext_law_of_cosines,
+    r_inner,
+    r_time,
+)
 
 from hype.geometry import GEOMETRIES, euclidean, get_geometry, lorentz, oblique, sphere
+from hype.geometry._numerics import acosh1p, delta
 
 RNG = np.random.default_rng(0)
 
@@ -182,6 +195,112 @@ def test_sphere_and_oblique_match_reference(dtype, atol):
     np.testing.assert_allclose(oblique.geodesic(u, v, k).numpy(), geo.diagonal(), atol=atol)
     with pytest.raises(ValueError, match="not divisible"):
         oblique.normalize(t(x), 5)
+
+
+# ---------------------------------------------------------------- fp32 accuracy in the hard regimes
+def _hard_regimes(n=48, dim=32):
+    """Pairs rounded to fp32 (as float64): far apart with unequal norms, inside the cone, near-identical."""
+    rng = np.random.default_rng(1)
+
+    def unit():
+        v = rng.normal(size=(n, dim))
+        return v / np.linalg.norm(v, axis=-1, keepdims=True)
+
+    def radius(lo, hi):
+        return np.exp(rng.uniform(np.log(lo), np.log(hi), size=(n, 1)))
+
+    x = unit() * radius(0.5, 3)
+    perp = unit()
+    perp -= (perp * x).sum(-1, keepdims=True) * x / (x * x).sum(-1, keepdims=True)
+    perp /= np.linalg.norm(perp, axis=-1, keepdims=True)
+    lam = radius(1.2, 20)
+    near = unit() * radius(0.3, 3e4)
+    out = {
+        "far": (unit() * radius(0.3, 3), unit() * radius(1e2, 1e4)),
+        "cone": (x, lam * x + perp * radius(1e-4, 1e-1) * lam * np.linalg.norm(x, axis=-1, keepdims=True)),
+        "near": (near, near + unit() * radius(1e-6, 1e-2) * np.linalg.norm(near, axis=-1, keepdims=True)),
+    }
+    return {k: tuple(v.astype(np.float32).astype(np.float64) for v in pair) for k, pair in out.items()}
+
+
+HARD = _hard_regimes()
+
+
+def _meru_distance(x, y, c):  # MERU's / HYPE's form: acosh(-c<x,y>_L) from the product, in fp32
+    xt, yt = torch.sqrt(1 / c + (x * x).sum(-1)), torch.sqrt(1 / c + (y * y).sum(-1))
+    return torch.acosh(torch.clamp(c * (xt * yt - (x * y).sum(-1)), min=1 + 1e-8)) / c**0.5
+
+
+def _meru_exterior_angle(x, y, c):  # MERU's oxy_angle, in fp32
+    xt, yt = torch.sqrt(1 / c + (x * x).sum(-1)), torch.sqrt(1 / c + (y * y).sum(-1))
+    L = c * ((x * y).sum(-1) - xt * yt)
+    den = x.norm(dim=-1) * torch.sqrt(torch.clamp(L * L - 1, min=1e-8)) + 1e-8
+    return torch.acos(torch.clamp((yt + L * xt) / den, -1 + 1e-8, 1 - 1e-8))
+
+
+@pytest.mark.parametrize("regime", sorted(HARD))
+@pytest.mark.parametrize("c", [0.1, 1.0])
+def test_lorentz_rowwise_fp32_is_accurate_where_the_product_form_cancels(regime, c):
+    x64, y64 = HARD[regime]
+    x, y = t(x64), t(y64)
+    ref_d, ref_ext = mp_dist(x64, y64, c), mp_ext(x64, y64, c)
+    err_d = np.abs(lorentz.distance(x, y, c).numpy() / ref_d - 1)
+    meru_d = np.abs(_meru_distance(x, y, c).numpy() / ref_d - 1)
+    assert err_d.max() < 5e-7 and err_d.max() <= 1.5 * meru_d.max(), (err_d.max(), meru_d.max())
+    err_ext = np.abs(lorentz.exterior_angle(x, y, c).numpy() - ref_ext)
+    meru_ext = np.abs(_meru_exterior_angle(x, y, c).numpy() - ref_ext)
+    assert err_ext.max() < 1e-6 and err_ext.max() <= 1.5 * meru_ext.max(), (err_ext.max(), meru_ext.max())
+    if regime == "cone":  # MERU's acos form loses ~3 digits for small angles; the atan2 form does not
+        assert (ref_ext < lorentz.half_aperture(x, c).numpy()).mean() > 0.5
+        assert err_ext.max() < meru_ext.max() / 100
+    # The pairwise form is MERU's matmul formula, and as accurate.
+    xt, yt = torch.sqrt(1 / c + (x * x).sum(-1)), torch.sqrt(1 / c + (y * y).sum(-1))
+    w = torch.clamp(c * (xt[:, None] * yt[None, :] - x @ y.T), min=1 + 1e-8)
+    meru_pd = np.abs((torch.acosh(w) / c**0.5).diagonal().numpy() / ref_d - 1)
+    pd = np.abs(lorentz.pairwise_distance(x, y, c).diagonal().numpy() / ref_d - 1)
+    assert pd.max() <= 1.01 * meru_pd.max() + 1e-7, (pd.max(), meru_pd.max())
+
+
+@pytest.mark.parametrize("regime", sorted(HARD))
+def test_euclidean_and_sphere_rowwise_angles_are_accurate_near_0_and_pi(regime):
+    x64, y64 = HARD[regime]
+    x, y = t(x64), t(y64)
+    assert np.abs(euclidean.exterior_angle(x, y).numpy() - mp_euc_ext(x64, y64)).max() < 5e-7
+    assert np.abs(sphere.geodesic(x, y).numpy() - mp_sphere_geodesic(x64, y64)).max() < 5e-7
+    u, v = oblique.normalize(x, 4), oblique.normalize(y, 4)
+    assert torch.isfinite(oblique.geodesic(u, v, 4)).all()
+
+
+def test_acos_margin_is_one_ulp_and_pairwise_angles_resolve_below_it():
+    # The margin clamps the argument one fp32 ulp below 1 (acos 3.45e-4 rad) for the gradient only; the value
+    # is acos of the cosine itself, so identical directions give 0 or a few ulps of the cosine's rounding
+    # (the old 4-ulp margin floored every one at 9.8e-4).
+    x = torch.randn(8, 16)
+    y = x + 1e-5 * torch.randn(8, 16)
+    geo = sphere.pairwise_geodesic(x, x.clone()).diagonal()
+    assert geo.max() < 7e-4 and (geo < 3.5e-4).any(), geo
+    one = torch.tensor(1.0)
+    assert torch.tensor(1.0 - delta(torch.float32)) == torch.nextafter(one, torch.tensor(0.0))
+    # Coincident points: the exterior angle is undefined; π/2 as in MERU, in every form.
+    assert torch.allclose(lorentz.exterior_angle(x, x.clone(), 1.0), torch.full((8,), math.pi / 2))
+    assert torch.allclose(euclidean.exterior_angle(x, x.clone()), torch.full((8,), math.pi / 2))
+    for a, b in [(x, x.clone()), (x, y)]:
+        a = a.clone().requires_grad_(True)
+        sphere.pairwise_geodesic(a, b).sum().backward()
+        assert torch.isfinite(a.grad).all() and a.grad.abs().max() < 1e4
+    ref = mp_sphere_geodesic(x.double().numpy(), y.double().numpy())
+    assert np.abs(sphere.geodesic(x, y).numpy() - ref).max() < 1e-7  # row-wise: no floor at all
+
+
+def test_lorentz_rowwise_distance_keeps_the_difference_form_for_trained_embeddings():
+    # Where the difference form loses at most one bit it is used as before, so scores keep their bits.
+    x, y = t(points()), t(points())
+    xt, yt = lorentz.time_component(x, 0.5), lorentz.time_component(y, 0.5)
+    dt = ((x - y) * (x + y)).sum(-1) / (xt + yt)
+    old = acosh1p(torch.clamp(0.5 * (((x - y) ** 2).sum(-1) - dt * dt) / 2.0, min=0.0)) / 0.5**0.5
+    keep = 2 * dt * dt <= ((x - y) ** 2).sum(-1)
+    assert keep.float().mean() > 0.9
+    assert torch.equal(lorentz.distance(x, y, 0.5)[keep], old[keep])
 
 
 # ---------------------------------------------------------------- edge cases: finite values and gradients

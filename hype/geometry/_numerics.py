@@ -7,10 +7,12 @@ hyperbolic embeddings and loses the 1 - cos θ needed near identical points.
 Clamps, and why each is safe:
 - `safe_sqrt` / `safe_norm`: the argument is clamped at `TINY` (far below any real squared norm), so the
   derivative of sqrt at 0 (infinite) is never evaluated; below the clamp the gradient is zero.
-- `unit_clamp`: acos/asin arguments are clamped into [-1 + δ, 1 - δ] with δ = 4 ulp(1) of the compute
-  dtype (≈ 4.8e-7 in fp32). A δ like 1e-8 would round to 0 in fp32 and leave an infinite derivative.
-  The clamp bounds the derivative by 1/sqrt(2δ) (≈ 1e3 in fp32) and moves angles by at most
-  sqrt(2δ) (≈ 1e-3 rad in fp32) near 0 and π, which is below fp32's angular resolution through acos.
+- `unit_clamp`: acos/asin arguments are clamped into [-1 + δ, 1 - δ] with δ = eps/2, the spacing of the
+  compute dtype just below 1 (2^-24 ≈ 6e-8 in fp32): the closest values to ±1 that are not ±1. A δ like
+  1e-8 would round to 0 in fp32 and leave an infinite derivative. The clamp bounds the derivative by
+  1/sqrt(2δ) (≈ 2.9e3 in fp32) and moves angles by at most sqrt(2δ) (3.5e-4 rad in fp32) near 0 and π,
+  which is fp32's own resolution through acos there. Where an angle must be resolved near 0 or π (the
+  row-wise exterior angles and geodesics), it is computed with `angle_from` instead of acos.
 - `safe_div`: denominators of angle cosines are floored at `DEN_FLOOR` = 1e-12, so that the quotient's
   backward term num/den^2 stays finite in fp32 (an inf there times the zero gradient of the following
   clamp would be NaN).
@@ -44,8 +46,8 @@ def compute_dtype(*xs: object) -> torch.dtype:
 
 
 def delta(dtype: torch.dtype) -> float:
-    """Margin that keeps acos/asin arguments strictly inside (-1, 1) in `dtype`."""
-    return 4.0 * torch.finfo(dtype).eps
+    """Margin that keeps acos/asin arguments strictly inside (-1, 1) in `dtype`: one ulp below 1."""
+    return torch.finfo(dtype).eps / 2
 
 
 def geometry_op(fn: F) -> F:
@@ -108,3 +110,39 @@ def acosh1p(z: Tensor) -> Tensor:
     """
     z = torch.clamp(z, min=0.0)
     return torch.log1p(z + safe_sqrt(z * (z + 2.0)))
+
+
+def scaled_gap(x: Tensor, y: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """(|y| x - |x| y, |x|^2 - |y|^2) for a = |x|, b = |y|, both accurate to a few ulps of their size.
+
+    Written out, |y| x - |x| y cancels for near-identical vectors and |x| - |y| for vectors of similar norm.
+    Instead: |x|^2 - |y|^2 = (x - y)·(x + y), and with m the smaller norm and s its vector,
+    |y| x - |x| y = (|y| - |x|) s + m (x - y), where x - y is exact for close vectors (Sterbenz) and
+    |y| - |x| = (|y|^2 - |x|^2) / (|x| + |y|). `a`, `b` must be positive (`safe_norm`).
+    """
+    diff = x - y
+    sq_gap = (diff * (x + y)).sum(-1)
+    shorter_x = (a <= b)[..., None]
+    m, s = torch.where(shorter_x, a[..., None], b[..., None]), torch.where(shorter_x, x, y)
+    return (-sq_gap / (a + b))[..., None] * s + m * diff, sq_gap
+
+
+def angle_from(sin: Tensor, cos: Tensor) -> Tensor:
+    """The angle in [0, π] with sine and cosine proportional to (sin >= 0, cos): atan2, which keeps full
+    relative accuracy near 0 and π where acos of a quotient cannot; π/2 where both vanish (an undefined
+    angle, e.g. coincident points), with a finite gradient there too."""
+    flat = (sin == 0) & (cos == 0)
+    return torch.atan2(
+        torch.where(flat, torch.ones_like(sin), sin), torch.where(flat, torch.zeros_like(cos), cos)
+    )
+
+
+def acos_resolved(cos: Tensor) -> Tensor:
+    """acos(cos) with the value of acos(clamp(cos, -1, 1)) and the gradient of acos(unit_clamp(cos)).
+
+    The margin of `unit_clamp` exists only to keep the derivative finite; its value floor (3.5e-4 rad
+    from 0 and π in fp32) would cost accuracy where fp32 resolves the angle, so the value comes from the
+    unclamped argument. Away from ±1 both are the same bits.
+    """
+    inside = torch.acos(unit_clamp(cos))
+    return inside + (torch.acos(torch.clamp(cos, -1.0, 1.0)) - inside).detach()

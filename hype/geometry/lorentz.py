@@ -5,12 +5,12 @@ derived. Every function has a row-wise form (x[i] with y[i], broadcasting over l
 `pairwise_` form (every row of x with every row of y, shape (N, M)) that runs as one matrix product.
 
 Two formulations, on purpose:
-- Row-wise forms use z = -c<x,y>_L - 1 computed from differences,
-  z = c (|x-y|^2 - (x_t-y_t)^2) / 2 with x_t - y_t = (x-y)·(x+y) / (x_t+y_t),
-  so d(x, x) vanishes (<= 1e-15) and its error shrinks with |x - y| even at norms near the 2^15 clamp.
-- Pairwise forms use z = c (x_t y_t - x·y) - 1 from one matmul. Its absolute error is about
-  c |x| |y| eps, fine for trained embeddings (|x| of a few units) but not for identical points at huge
-  norms; use the row-wise form there.
+- Row-wise forms are accurate to a few ulps in every regime (near-identical points, far-apart points of
+  unequal norms, points inside a cone, norms up to the 2^15 clamp); see `_rowwise_z` and
+  `exterior_angle`. d(x, x) is exactly 0.
+- Pairwise forms use z = c (x_t y_t - x·y) - 1 from one matmul, as MERU and HYPE do. Its absolute error
+  is about c |x| |y| eps, fine for trained embeddings (|x| of a few units) but not for near-identical
+  points; use the row-wise form there.
 """
 
 from __future__ import annotations
@@ -24,12 +24,14 @@ from hype.geometry._numerics import (
     DEN_FLOOR,
     SINH_MAX,
     Tensor,
+    acos_resolved,
     acosh1p,
-    delta,
+    angle_from,
     geometry_op,
     safe_div,
     safe_norm,
     safe_sqrt,
+    scaled_gap,
     sq_norm,
     unit_clamp,
 )
@@ -59,10 +61,34 @@ def pairwise_inner(x: Tensor, y: Tensor, curv: Curv) -> Tensor:
 
 
 def _rowwise_z(x: Tensor, y: Tensor, curv: Curv) -> Tensor:
-    """z = -c<x,y>_L - 1 >= 0, from differences so that it is exactly 0 when x == y."""
+    """z = -c<x,y>_L - 1 >= 0, accurate to a few ulps of z; exactly 0 when x == y.
+
+    Three forms, chosen per row by which one does not cancel:
+    - difference form z = c (|x-y|^2 - (x_t-y_t)^2) / 2, x_t - y_t = (x-y)·(x+y) / (x_t+y_t): exact for
+      near-identical points, but the two squares cancel when x - y is nearly light-like (far-apart points
+      of unequal norms, a point far beyond another on its ray), e.g. 1e-4 relative at |y| = 1e4. Used where
+      it loses at most one bit ((x_t-y_t)^2 <= |x-y|^2 / 2), which is where trained embeddings lie, so
+      those results keep their bits;
+    - product form z = c (x_t y_t - x·y) - 1 (MERU's), used where neither subtraction loses a bit
+      (x·y <= x_t y_t / 2 and z >= 1): far-apart points;
+    - sum form z = c (|x| - |y|)^2 / (c (x_t y_t + |x||y|) + 1) + c ||y| x - |x| y|^2 / (2 |x||y|), from
+      x_t y_t - |x||y| - 1/c = (|x| - |y|)^2 / (c (x_t y_t + |x||y| + 1/c)) and |x||y| - x·y: two
+      non-negative terms, each from `scaled_gap` without cancellation; everywhere else (a point far
+      beyond another near its ray, i.e. inside its entailment cone).
+    """
     xt, yt = time_component(x, curv), time_component(y, curv)
     dt = ((x - y) * (x + y)).sum(-1) / (xt + yt)
-    return torch.clamp(curv * (sq_norm(x - y) - dt * dt) / 2.0, min=0.0)
+    sq = sq_norm(x - y)
+    by_difference = torch.clamp(curv * (sq - dt * dt) / 2.0, min=0.0)
+    dot, tt = (x * y).sum(-1), xt * yt
+    w = curv * (tt - dot)
+    a, b = safe_norm(x), safe_norm(y)
+    gap, sq_gap = scaled_gap(x, y, a, b)
+    ab = a * b
+    norm_gap = sq_gap / (a + b)
+    by_sum = curv * (norm_gap * norm_gap / (curv * (tt + ab) + 1.0) + sq_norm(gap) / (2.0 * ab))
+    z = torch.where((2.0 * dot <= tt) & (w >= 2.0), w - 1.0, by_sum)
+    return torch.where(2.0 * dt * dt <= sq, by_difference, z)
 
 
 def _pairwise_z(x: Tensor, y: Tensor, curv: Curv) -> Tensor:
@@ -120,27 +146,46 @@ def _aperture_of_norm(norm: Tensor, curv: Curv, K: float) -> Tensor:
     return torch.where(s >= 1.0, torch.full_like(s, math.pi / 2), torch.asin(unit_clamp(s)))
 
 
-def _exterior_from_z(xt: Tensor, yt: Tensor, xnorm: Tensor, z: Tensor) -> Tensor:
-    # With c<x,y>_L = -(1 + z):  numerator y_t + x_t c<x,y>_L = y_t - x_t (1 + z),
-    # and (c<x,y>_L)^2 - 1 = z (z + 2) without cancellation.
-    num = yt - xt * (1.0 + z)
-    den = xnorm * safe_sqrt(z * (z + 2.0))
-    return torch.acos(unit_clamp(safe_div(num, den)))
+def _exterior_from_inner(xt: Tensor, yt: Tensor, xnorm: Tensor, w: Tensor) -> Tensor:
+    # With w = -c<x,y>_L and z = w - 1 >= 0: numerator y_t + x_t c<x,y>_L = y_t - x_t w,
+    # and (c<x,y>_L)^2 - 1 = z (z + 2) without cancellation (w^2 - 1 is fewer roundings once w >= 2).
+    z = torch.clamp(w - 1.0, min=0.0)
+    num = yt - xt * w
+    den = xnorm * safe_sqrt(torch.where(w >= 2.0, w * w - 1.0, z * (z + 2.0)))
+    return acos_resolved(safe_div(num, den))
 
 
 @geometry_op
 def exterior_angle(x: Tensor, y: Tensor, curv: Curv) -> Tensor:
-    """Row-wise exterior angle at x of the triangle O-x-y (π minus the angle Oxy)."""
-    z = _rowwise_z(x, y, curv)
-    return _exterior_from_z(time_component(x, curv), time_component(y, curv), safe_norm(x), z)
+    """Row-wise exterior angle at x of the triangle O-x-y (π minus the angle Oxy), accurate to a few ulps.
+
+    The acos form cos ext = c (x_t x·y - |x|^2 y_t) / (|x| sqrt((c<x,y>_L)^2 - 1)) (MERU's `oxy_angle`,
+    `pairwise_exterior_angle`) loses most digits for small angles, i.e. pairs inside the cone. Since the
+    squared denominator minus the squared numerator is c |x ∧ y|^2 (expand with x_t^2 = 1/c + |x|^2),
+        ext = atan2(|x ∧ y|, sqrt(c) (x_t x·y - |x|^2 y_t)),
+    with |x ∧ y| = ||y|x - |x|y| ||y|x + |x|y| / (2|x||y|) and
+    x_t x·y - |x|^2 y_t = |x| (|y|^2 - |x|^2) / (c (x_t |y| + |x| y_t)) - x_t ||y|x - |x|y|^2 / (2|x||y|),
+    every term free of cancellation (`scaled_gap`). π/2 for x == y, as in MERU.
+    """
+    xt, yt = time_component(x, curv), time_component(y, curv)
+    a, b = safe_norm(x), safe_norm(y)
+    gap, sq_gap = scaled_gap(x, y, a, b)
+    two_ab = 2.0 * a * b
+    wedge = safe_norm(gap) * safe_norm(b[..., None] * x + a[..., None] * y) / two_ab
+    cos_part = -a * sq_gap / (curv * (xt * b + a * yt)) - xt * sq_norm(gap) / two_ab
+    return angle_from(torch.where(sq_norm(x - y) == 0, torch.zeros_like(wedge), wedge), curv**0.5 * cos_part)
 
 
 @geometry_op
 def pairwise_exterior_angle(x: Tensor, y: Tensor, curv: Curv) -> Tensor:
     """Exterior angle at x_i towards y_j for all pairs, shape (N, M): x are apexes, y points."""
-    z = _pairwise_z(x, y, curv)
     xt, yt = time_component(x, curv), time_component(y, curv)
-    return _exterior_from_z(xt[:, None], yt[None, :], safe_norm(x)[:, None], z)
+    return _exterior_from_inner(
+        xt[:, None],
+        yt[None, :],
+        torch.linalg.vector_norm(x, dim=-1)[:, None],
+        -curv * pairwise_inner(x, y, curv),
+    )
 
 
 @geometry_op
@@ -237,7 +282,6 @@ def mean_entailment_energy(
     t_over_norm = along(-apex.t / apex.norm, True)
     point_t = along(points.t, False)
     aper = along(apex.aper, True)
-    d = delta(rows_op.dtype)
     floor = DEN_FLOOR * DEN_FLOOR  # floor of sqrt(w'^2 - |x|^2) at DEN_FLOOR, as in the pairwise form
 
     on_cpu = rows_op.device.type == "cpu"
@@ -258,7 +302,7 @@ def mean_entailment_energy(
         torch.addcmul(pick(neg_sq_norm, True, r, cs), w, w, out=den).clamp_(min=floor).sqrt_()
         # numerator y_t - x_t (-c<x,y>_L), in place of w'
         torch.addcmul(pick(point_t, False, r, cs), pick(t_over_norm, True, r, cs), w, out=w)
-        ext = w.div_(den).clamp_(-1.0 + d, 1.0 - d).acos_()
+        ext = w.div_(den).clamp_(-1.0, 1.0).acos_()  # no autograd here, so no margin below ±1
         if hinge:
             ext.sub_(pick(aper, True, r, cs)).clamp_(min=0.0)
         torch.sum(ext, dim=1, out=partial[cs.start // tile_c, r])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from hype.geometry import sphere
-from hype.geometry._numerics import Tensor, geometry_op, safe_sqrt, unit_clamp
+from hype.geometry._numerics import Tensor, acos_resolved, angle_from, geometry_op, safe_norm, safe_sqrt
 
 
 def _split(x: Tensor, num_spheres: int) -> Tensor:
@@ -42,13 +42,17 @@ def pairwise_inner(u: Tensor, v: Tensor) -> Tensor:
 
 @geometry_op
 def geodesic(u: Tensor, v: Tensor, num_spheres: int) -> Tensor:
-    """Row-wise product-manifold geodesic sqrt(Σ_k arccos(<u_k, v_k>)^2) of normalized embeddings."""
-    cos = (_split(u, num_spheres) * _split(v, num_spheres)).sum(-1)
-    return safe_sqrt((torch.acos(unit_clamp(cos)) ** 2).sum(-1))
+    """Row-wise product-manifold geodesic sqrt(Σ_k θ_k^2) of normalized embeddings.
+
+    θ_k = 2 atan2(|u_k - v_k|, |u_k + v_k|): accurate for near-identical sub-vectors, where arccos(<u_k, v_k>)
+    resolves only sqrt(eps); π/2 for a zero sub-vector, like the pairwise form.
+    """
+    us, vs = _split(u, num_spheres), _split(v, num_spheres)
+    return safe_sqrt(((2.0 * angle_from(safe_norm(us - vs), safe_norm(us + vs))) ** 2).sum(-1))
 
 
 @geometry_op
 def pairwise_geodesic(u: Tensor, v: Tensor, num_spheres: int) -> Tensor:
     """Geodesic for all pairs, (N, M); memory N * M * num_spheres, so call it on chunks."""
     cos = torch.einsum("ikm,jkm->ijk", _split(u, num_spheres), _split(v, num_spheres))
-    return safe_sqrt((torch.acos(unit_clamp(cos)) ** 2).sum(-1))
+    return safe_sqrt((acos_resolved(cos) ** 2).sum(-1))

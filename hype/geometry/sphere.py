@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hype.geometry._numerics import Tensor, geometry_op, safe_norm, unit_clamp
+from hype.geometry._numerics import Tensor, acos_resolved, geometry_op, safe_norm
 
 NORM_FLOOR = 1e-12  # a zero vector normalizes to zero instead of NaN
 
@@ -28,10 +28,13 @@ def pairwise_cosine(x: Tensor, y: Tensor) -> Tensor:
 
 @geometry_op
 def geodesic(x: Tensor, y: Tensor) -> Tensor:
-    """Row-wise great-circle distance arccos(cos θ) ∈ [0, π]."""
-    return torch.acos(unit_clamp(cosine(x, y)))
+    """Row-wise great-circle distance θ ∈ [0, π] between the directions of x and y, to a few ulps also
+    for near-identical and antipodal directions (`euclidean.vector_angle`); π/2 for a zero vector."""
+    from hype.geometry.euclidean import vector_angle  # euclidean imports nothing from here
+
+    return vector_angle(x, y)
 
 
 @geometry_op
 def pairwise_geodesic(x: Tensor, y: Tensor) -> Tensor:
-    return torch.acos(unit_clamp(pairwise_cosine(x, y)))
+    return acos_resolved(pairwise_cosine(x, y))
