@@ -12,10 +12,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from filters.base import Rule
+from hype.select.rules import RULES, Rule
 from hype.select.table import Batch
 
 
+@RULES.register
 class BasicFilter(Rule):
     name: ClassVar[str] = "basic"
     kind: ClassVar[str] = "mask"

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 from filters.hype import HypeScore
+from hype.select.rules import RULES
 
 
+@RULES.register
 class ClipScore(HypeScore):
     name: ClassVar[str] = "clip_score"
     summary: ClassVar[str] = "cos θ (CLIP score), DataComp's CLIP-score baseline"

@@ -7,11 +7,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from filters.base import Rule
 from hype.select.combine import PAPER_WEIGHTS, Combiner, format_weights, parse_weights
+from hype.select.rules import RULES, Rule
 from hype.select.table import Batch
 
 
+@RULES.register
 class HypeScore(Rule):
     name: ClassVar[str] = "hype"
     kind: ClassVar[str] = "score"

@@ -10,10 +10,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from filters.base import Rule
+from hype.select.rules import RULES, Rule
 from hype.select.table import Batch
 
 
+@RULES.register
 class ImageCluster(Rule):
     name: ClassVar[str] = "image_cluster"
     kind: ClassVar[str] = "mask"

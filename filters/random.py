@@ -10,23 +10,12 @@ from typing import ClassVar
 
 import numpy as np
 
-from filters.base import Rule
+from hype.data.uids import splitmix64
+from hype.select.rules import RULES, Rule
 from hype.select.table import Batch
 
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
-
-def splitmix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finalizer, vectorised (uint64 arithmetic wraps modulo 2^64, as intended)."""
-    with np.errstate(over="ignore"):
-        z = x + _GOLDEN
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-        return z ^ (z >> np.uint64(31))
-
-
+@RULES.register
 class RandomScore(Rule):
     name: ClassVar[str] = "random"
     kind: ClassVar[str] = "score"

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 from filters.hype import HypeScore
+from hype.select.rules import RULES
 
 
+@RULES.register
 class Specificity(HypeScore):
     name: ClassVar[str] = "specificity"
     summary: ClassVar[str] = "eps_i + eps_t (specificity only)"

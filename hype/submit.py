@@ -29,9 +29,9 @@ import yaml
 
 from hype import __version__
 from hype.config import preset_dir
+from hype.data.errors import SelectError
 from hype.data.uids import UID_DTYPE, UidMultiset, is_sorted
 from hype.files import read_json_dict, sha256_file
-from hype.select.errors import SelectError
 
 SCALES = ("debug", "small", "medium", "large", "xlarge")
 

@@ -1,4 +1,5 @@
-"""The rules of the `filters` package, each against an independent computation on a real scores table."""
+"""The rules of the `filters` package, each against an independent computation on a real scores table, and
+how they are found (`hype.select.rules.RULES`, filled by the plug-ins themselves)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ import pandas as pd
 import pytest
 from test_select_helpers import write_scores
 
-import filters
-from filters.base import Rule, parse_spec
+import filters  # noqa: F401  (the bundled rules register themselves; the installed entry points may lag)
 from hype.data.uids import save_subset
 from hype.scoring.schema import METRICS
 from hype.select import SelectError
+from hype.select.rules import RULES, Rule, make_rule, parse_spec, rule_names
 from hype.select.table import ScoresTable
+from hype.select.union import union
 from hype.text.language import is_english
 
 CAPTIONS = [
@@ -57,25 +59,37 @@ def apply(rule: Rule, table: ScoresTable) -> np.ndarray:
 
 
 def test_registry_lists_every_rule_with_its_kind():
-    assert set(filters.SCORE_RULES) == {"hype", "clip_score", "specificity", "random"}
-    assert set(filters.MASK_RULES) == {"image_cluster", "basic", "intersect"}
-    for name, cls in filters.RULES.items():
+    assert set(rule_names("score")) == {"hype", "clip_score", "specificity", "random"}
+    assert set(rule_names("mask")) == {"image_cluster", "basic", "intersect"}
+    for name, cls in RULES.items():
         assert cls.name == name and cls.kind in ("score", "mask") and cls.summary
+
+
+def test_every_bundled_rule_is_a_declared_plug_in():
+    """pyproject.toml's `hype.rules` entry points name each bundled rule's module, so an installed hype finds
+    the rules without anyone importing `filters` (hype.plugins)."""
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    declared = pyproject["project"]["entry-points"][RULES.group]
+    bundled = {name: cls.__module__ for name, cls in RULES.items() if cls.__module__.startswith("filters.")}
+    assert declared == bundled
 
 
 def test_weighted_sums(scored):
     df, table = scored
     x = {m: df[m].to_numpy(np.float64) for m in METRICS}
-    np.testing.assert_array_equal(apply(filters.make_rule("hype"), table), sum(x.values()))
-    np.testing.assert_array_equal(apply(filters.make_rule("clip_score"), table), x["cos_theta"])
-    np.testing.assert_array_equal(apply(filters.make_rule("specificity"), table), x["eps_i"] + x["eps_t"])
-    got = apply(filters.make_rule("hype", weights="eps_i=2,c_in=-0.5"), table)
+    np.testing.assert_array_equal(apply(make_rule("hype"), table), sum(x.values()))
+    np.testing.assert_array_equal(apply(make_rule("clip_score"), table), x["cos_theta"])
+    np.testing.assert_array_equal(apply(make_rule("specificity"), table), x["eps_i"] + x["eps_t"])
+    got = apply(make_rule("hype", weights="eps_i=2,c_in=-0.5"), table)
     np.testing.assert_array_equal(got, 2 * x["eps_i"] + -0.5 * x["c_in"])
 
 
 def test_image_cluster_is_c_in_positive(scored):
     df, table = scored
-    np.testing.assert_array_equal(apply(filters.make_rule("image_cluster"), table), df["c_in"].to_numpy() > 0)
+    np.testing.assert_array_equal(apply(make_rule("image_cluster"), table), df["c_in"].to_numpy() > 0)
 
 
 def test_basic_filter_follows_datacomp_rules(scored):
@@ -90,11 +104,11 @@ def test_basic_filter_follows_datacomp_rules(scored):
         & (short >= 200).to_numpy()
         & (long / short.where(short > 0) <= 3).to_numpy()
     )
-    got = apply(filters.make_rule("basic"), table)
+    got = apply(make_rule("basic"), table)
     np.testing.assert_array_equal(got, expected)
     assert got.any() and not got.all() and not got[5]  # unknown size fails
     # Thresholds are parameters (the synthetic world's images are small).
-    loose = apply(filters.make_rule("basic:min_side=40,max_aspect=100,english=false"), table)
+    loose = apply(make_rule("basic:min_side=40,max_aspect=100,english=false"), table)
     np.testing.assert_array_equal(
         loose, (words > 2).to_numpy() & (df["text"].str.len() > 5).to_numpy() & (short >= 40).to_numpy()
     )
@@ -102,16 +116,16 @@ def test_basic_filter_follows_datacomp_rules(scored):
 
 def test_random_is_seeded_uniform_and_order_free(scored, tmp_path):
     df, table = scored
-    a = apply(filters.make_rule("random"), table)
-    b = apply(filters.make_rule("random:seed=0"), table)
-    c = apply(filters.make_rule("random", seed=1), table)
+    a = apply(make_rule("random"), table)
+    b = apply(make_rule("random:seed=0"), table)
+    c = apply(make_rule("random", seed=1), table)
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c)
     assert 0 <= a.min() and a.max() < 1 and abs(a.mean() - 0.5) < 0.05 and len(np.unique(a)) == len(a)
     # The same uid gets the same score whatever the table's order and partitioning.
     shuffled = df.sample(frac=1.0, random_state=3)
     other = ScoresTable(write_scores(shuffled, tmp_path / "shuffled", parts=5, row_group_size=50))
-    got = pd.Series(apply(filters.make_rule("random"), other), index=shuffled["uid"]).loc[df["uid"]]
+    got = pd.Series(apply(make_rule("random"), other), index=shuffled["uid"]).loc[df["uid"]]
     np.testing.assert_array_equal(got.to_numpy(), a)
 
 
@@ -119,7 +133,7 @@ def test_intersect_mask_and_union(scored, tmp_path):
     df, table = scored
     chosen = list(df["uid"].iloc[::4]) + ["f" * 32]
     save_subset(tmp_path / "dfn.npy", chosen + chosen[:3])  # duplicates are fine
-    rule = filters.make_rule(f"intersect:path={tmp_path / 'dfn.npy'}")
+    rule = make_rule(f"intersect:path={tmp_path / 'dfn.npy'}")
     np.testing.assert_array_equal(apply(rule, table), df["uid"].isin(chosen).to_numpy())
 
     import pyarrow as pa
@@ -127,7 +141,7 @@ def test_intersect_mask_and_union(scored, tmp_path):
     from hype.data.uids import arrow_to_pairs
 
     hi, lo = arrow_to_pairs(pa.array(sorted(df["uid"].iloc[:10])))
-    mh, ml, info = filters.union(hi, lo, tmp_path / "dfn.npy")
+    mh, ml, info = union(hi, lo, tmp_path / "dfn.npy")
     merged = [f"{int(h):016x}{int(lo_):016x}" for h, lo_ in zip(mh, ml, strict=True)]
     expected = sorted([u for u in df["uid"].iloc[:10] if u not in chosen] + chosen + chosen[:3])
     assert merged == expected
@@ -136,9 +150,9 @@ def test_intersect_mask_and_union(scored, tmp_path):
 
 def test_specs_and_errors():
     assert parse_spec("basic:min_side=64, english=false") == ("basic", {"min_side": "64", "english": "false"})
-    assert filters.make_rule("basic:english=no").params["english"] is False
-    assert filters.make_rule("image-cluster").name == "image_cluster"
-    assert filters.make_rule("basic:min_side=64").spec() == "basic:min_side=64.0"
+    assert make_rule("basic:english=no").params["english"] is False
+    assert make_rule("image-cluster").name == "image_cluster"
+    assert make_rule("basic:min_side=64").spec() == "basic:min_side=64.0"
     for spec, message in [
         ("nope", "unknown rule 'nope'"),
         ("basic:min_side=big", "min_side='big' is not a valid float"),
@@ -149,8 +163,8 @@ def test_specs_and_errors():
         ("intersect", "needs a file"),
     ]:
         with pytest.raises(SelectError, match=message):
-            filters.make_rule(spec)
+            make_rule(spec)
     with pytest.raises(SelectError, match="not a filter"):
-        filters.make_rule("random", kind="mask")
+        make_rule("random", kind="mask")
     with pytest.raises(SelectError, match="not a ranking rule"):
-        filters.make_rule("basic", kind="score")
+        make_rule("basic", kind="score")

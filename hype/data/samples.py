@@ -1,16 +1,18 @@
-"""Reading webdataset tars sample by sample, robustly: shared by training and scoring.
+"""Reading webdataset tars sample by sample, robustly: shared by training, scoring, resharding and reports.
 
 A tar written by img2dataset (or DataComp's resharder) stores each sample as consecutive members
 `<key>.jpg|png|webp`, `<key>.txt` (caption) and `<key>.json` (metadata with the `uid`). `iter_tar_samples`
-groups members by key without extracting anything to disk; `decode_image` turns the bytes into an RGB
-image. Nothing here raises on bad data: every problem becomes a reason counted in `SkipStats` (SPEC §4.5),
-so callers can report what was left out and why.
+groups members by key without extracting anything to disk (`iter_sample_members` reads only the headers,
+for resharding and reports); `decode_image` turns the bytes into an RGB image. Nothing here raises on bad
+data: every problem becomes a reason counted in `SkipStats` (SPEC §4.5), so callers can report what was
+left out and why.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import posixpath
 import tarfile
 import warnings
@@ -32,6 +34,8 @@ BAD_JSON = "bad_json"  # needed only when a uid is looked up (subset training)
 NO_UID = "no_uid"
 UNREADABLE_SHARD = "unreadable_shard"  # a tar that cannot be opened or is truncated mid-way
 EMPTY_SHARD = "empty_shard"
+# Not a reason to skip a sample in training or scoring: `iter_sample_members` (resharding, reports) only.
+TRUNCATED = "truncated_member"  # a member whose data runs past the end of the tar (interrupted copy)
 SKIP_REASONS = (
     NO_IMAGE,
     NO_CAPTION,
@@ -151,6 +155,45 @@ def iter_tar_samples(path: str, stats: SkipStats) -> Iterator[RawSample]:
                         yield current
                     current = RawSample(key=key, shard=path, files={})
                 current.files[ext] = data
+    except (tarfile.TarError, OSError, EOFError) as e:
+        stats.add(UNREADABLE_SHARD, f"{path}: {type(e).__name__}: {e}")
+    if current is not None:
+        yield current
+
+
+def iter_sample_members(path: str, stats: SkipStats) -> Iterator[tuple[str, dict[str, tuple[int, int]]]]:
+    """(key, {suffix: (data offset, size)}) for each sample of a tar, reading headers only.
+
+    Problems are counted in `stats` (an unreadable tar, a member cut short by the end of the file); the
+    samples before the damage are still yielded.
+    """
+    size = os.stat(path).st_size
+    current: tuple[str, dict[str, tuple[int, int]]] | None = None
+    try:
+        with tarfile.open(path, mode="r:") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                parts = split_member_name(member.name)
+                if parts is None:
+                    continue
+                key, ext = parts
+                if member.offset_data + member.size > size:
+                    stats.add(TRUNCATED, f"{path}:{member.name}: data runs past the end of the tar")
+                    break
+                if current is None or key != current[0] or ext in current[1]:
+                    if current is not None:
+                        yield current
+                    current = (key, {})
+                current[1][ext] = (member.offset_data, member.size)
+            else:
+                # tarfile stops quietly at a cut-off header; a complete tar ends with two zero blocks.
+                tar.fileobj.seek(tar.offset)
+                tail = tar.fileobj.read(1024)
+                if len(tail) < 1024 or tail.strip(b"\0"):
+                    stats.add(
+                        TRUNCATED, f"{path}: no end-of-archive marker after byte {tar.offset}: cut short?"
+                    )
     except (tarfile.TarError, OSError, EOFError) as e:
         stats.add(UNREADABLE_SHARD, f"{path}: {type(e).__name__}: {e}")
     if current is not None:

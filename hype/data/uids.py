@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from hype.data.errors import SelectError
+
 UID_DTYPE = np.dtype("u8,u8")
 _UID_RE = re.compile(r"^[0-9a-f]{32}$")
 
@@ -105,6 +107,17 @@ def load_subset(path: str | PathLike) -> np.ndarray:
     arr = _check_dtype(arr, str(path))
     if not is_sorted(arr):
         raise UidError(f"{path}: uids are not sorted; rewrite it with hype.data.uids.save_subset")
+    return arr
+
+
+def load_uid_file(path: str | PathLike, option: str) -> np.ndarray:
+    """A non-empty subset file given to a command-line `option`; errors name the option (`SelectError`)."""
+    try:
+        arr = load_subset(path)
+    except UidError as e:
+        raise SelectError(f"{option}: {e}") from None
+    if len(arr) == 0:
+        raise SelectError(f"{option}: {path} holds no uids; pass a non-empty DataComp subset file")
     return arr
 
 
@@ -285,3 +298,20 @@ class UidMultiset:
         """How many times each `(hi, lo)` occurs in the subset (0 when absent)."""
         idx = self.find(hi, lo)
         return np.where(idx >= 0, self.counts[np.maximum(idx, 0)] if len(self.counts) else 0, 0)
+
+
+# Hashing ---------------------------------------------------------------------------------------
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer, vectorised (uint64 arithmetic wraps modulo 2^64, as intended): the uid hash
+    of the `random` rule and of the report's samples."""
+    with np.errstate(over="ignore"):
+        z = x + _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+        return z ^ (z >> np.uint64(31))

@@ -10,11 +10,11 @@ import os
 from os import PathLike
 from pathlib import Path
 
+from hype.data.errors import SelectError
 from hype.files import read_json_dict
 from hype.report.collect import collect
 from hype.report.page import render
 from hype.report.thumbs import attach_thumbnails
-from hype.select.errors import SelectError
 
 
 def write_report(

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from filters.random import splitmix64
-from hype.data.uids import UidError, UidMultiset, load_subset
-from hype.select.errors import SelectError
+from hype.data.errors import SelectError
+from hype.data.uids import UidError, UidMultiset, load_subset, splitmix64
 from hype.select.stats import RunningStats
 from hype.select.table import ScoresTable
 

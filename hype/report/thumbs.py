@@ -13,8 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
-from hype.data.samples import IMAGE_EXTS, ImageDecodeError, SkipStats, decode_image
-from hype.reshard.index import iter_sample_members
+from hype.data.samples import IMAGE_EXTS, ImageDecodeError, SkipStats, decode_image, iter_sample_members
 
 THUMB_PX = 160
 

@@ -12,16 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import tarfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from hype.data.samples import BAD_JSON, NO_UID, UNREADABLE_SHARD, SkipStats, split_member_name
+from hype.data.samples import BAD_JSON, NO_UID, SkipStats, iter_sample_members
 from hype.data.uids import UidMultiset
-
-TRUNCATED = "truncated_member"  # a member whose data runs past the end of the tar (interrupted copy)
 
 
 @dataclass
@@ -66,45 +62,6 @@ def parse_uid(value: object) -> tuple[int, int] | None:
     if not 0 <= v < 2**128:
         return None
     return divmod(v, 2**64)
-
-
-def iter_sample_members(path: str, stats: SkipStats) -> Iterator[tuple[str, dict[str, tuple[int, int]]]]:
-    """(key, {suffix: (data offset, size)}) for each sample of a tar, reading headers only.
-
-    Problems are counted in `stats` (an unreadable tar, a member cut short by the end of the file); the
-    samples before the damage are still yielded.
-    """
-    size = os.stat(path).st_size
-    current: tuple[str, dict[str, tuple[int, int]]] | None = None
-    try:
-        with tarfile.open(path, mode="r:") as tar:
-            for member in tar:
-                if not member.isfile():
-                    continue
-                parts = split_member_name(member.name)
-                if parts is None:
-                    continue
-                key, ext = parts
-                if member.offset_data + member.size > size:
-                    stats.add(TRUNCATED, f"{path}:{member.name}: data runs past the end of the tar")
-                    break
-                if current is None or key != current[0] or ext in current[1]:
-                    if current is not None:
-                        yield current
-                    current = (key, {})
-                current[1][ext] = (member.offset_data, member.size)
-            else:
-                # tarfile stops quietly at a cut-off header; a complete tar ends with two zero blocks.
-                tar.fileobj.seek(tar.offset)
-                tail = tar.fileobj.read(1024)
-                if len(tail) < 1024 or tail.strip(b"\0"):
-                    stats.add(
-                        TRUNCATED, f"{path}: no end-of-archive marker after byte {tar.offset}: cut short?"
-                    )
-    except (tarfile.TarError, OSError, EOFError) as e:
-        stats.add(UNREADABLE_SHARD, f"{path}: {type(e).__name__}: {e}")
-    if current is not None:
-        yield current
 
 
 def index_tar(path: str, subset: UidMultiset) -> ShardIndex:

@@ -35,12 +35,12 @@ from pathlib import Path
 import numpy as np
 
 from hype import __version__
+from hype.data.errors import SelectError
 from hype.data.samples import SkipStats, iter_tar_samples
 from hype.data.shards import ShardError, expand_shards
 from hype.data.uids import UidError, UidMultiset, load_subset
 from hype.files import read_json_dict, sha256_file
 from hype.reshard.index import index_tar
-from hype.select.errors import SelectError
 from hype.synth.shards import write_json, write_tar
 
 STATE = ".reshard"

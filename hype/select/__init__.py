@@ -6,30 +6,15 @@ fraction exactly in bounded memory, and write DataComp subset files.
 
 Modules: `table` (reading the scores table), `combine` (weights, normalization), `presets`
 (configs/select/*.yaml), `reducer` (the streaming top-k), `outputs` (subset.npy / .parquet / .json),
-`stats`, `keys`. The uid codec is `hype.data.uids`; the rules themselves live in the top-level
-`filters` package.
+`stats`, `keys`, `rules` (the rule interface and registry), `union`. The uid codec is `hype.data.uids`;
+the rules themselves are plug-ins (the bundled ones in the top-level `filters` package) that register in
+`hype.select.rules.RULES`.
 """
 
 from __future__ import annotations
 
 from hype.select.errors import SelectError
+from hype.select.run import SelectRequest, format_summary, select_subset
+from hype.select.table import ScoresTable
 
-_LAZY = {
-    "SelectRequest": "hype.select.run",
-    "select_subset": "hype.select.run",
-    "format_summary": "hype.select.run",
-    "ScoresTable": "hype.select.table",
-}
-
-
-def __getattr__(name: str):
-    # Lazy so that `filters` (which imports hype.select.table) and hype.select.run (which imports
-    # filters) can import each other's modules without a cycle at package import time.
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(name)
-
-
-__all__ = ["SelectError", *_LAZY]
+__all__ = ["SelectError", "SelectRequest", "select_subset", "format_summary", "ScoresTable"]

@@ -1,10 +1,8 @@
-"""The one error type of selection, resharding, reports and submissions."""
+"""The one error type of selection, resharding, reports and submissions (defined in `hype.data.errors`,
+the lowest layer that raises it; re-exported here, where selection code and callers look for it)."""
 
 from __future__ import annotations
 
+from hype.data.errors import SelectError
 
-class SelectError(ValueError):
-    """Bad input to `hype select` / `reshard` / `report` / `submit`.
-
-    The message names the file, column or value at fault and says how to fix it; the CLI prints it as is.
-    """
+__all__ = ["SelectError"]

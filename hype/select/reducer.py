@@ -28,9 +28,9 @@ from fractions import Fraction
 import numpy as np
 import pyarrow as pa
 
-from filters.base import Rule
 from hype.select.errors import SelectError
 from hype.select.keys import bins64, key64, unkey64
+from hype.select.rules import Rule
 from hype.select.stats import RunningStats
 from hype.select.table import Batch, ScoresTable
 

@@ -15,18 +15,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import filters as rules
-from filters.base import Rule
-from filters.uid_set import Intersect, union
 from hype import __version__
 from hype.data.uids import to_structured
 from hype.scoring.schema import METRICS
+from hype.select import rules
 from hype.select.errors import SelectError
 from hype.select.outputs import SubsetWriter, output_paths, write_json, write_subset
 from hype.select.presets import DEFAULT_PRESET, load_preset
 from hype.select.reducer import Target, describe_cut, parse_frac, reduce
+from hype.select.rules import Rule
 from hype.select.stats import RunningStats
 from hype.select.table import ScoresTable
+from hype.select.union import union
 
 ROUNDING = "k = floor(frac * rows + 1/2) (round half up), computed exactly from the decimal --frac"
 
@@ -80,7 +80,7 @@ def build_rules(req: SelectRequest) -> tuple[str, Rule, list[Rule]]:
         params["seed"] = req.seed
     ranker = rules.make_rule(rank_spec, kind="score", **params)
     masks = [rules.make_rule(spec, kind="mask") for spec in [*preset.filters, *req.filters]]
-    masks += [Intersect(path=str(p)) for p in req.intersect]
+    masks += [rules.make_rule("intersect", path=str(p)) for p in req.intersect]
     return preset.name, ranker, masks
 
 

@@ -1,4 +1,4 @@
-"""The interface every selection rule implements.
+"""Selection rules: the interface every rule implements, the registry of rules, and `make_rule`.
 
 A rule reads some columns of the scores table, one `Batch` (a row group) at a time, and returns either a
 score per row (`kind = "score"`: larger is better; the selection keeps the top rows) or a keep-mask per row
@@ -8,6 +8,9 @@ thread counts or file order.
 
 Parameters are declared in `PARAMS` as name -> (type, default, help) and come from a spec string
 (`basic:min_side=64,english=false`), a preset's YAML mapping, or keyword arguments.
+
+The rules themselves are plug-ins (the bundled ones in the top-level `filters` package): each subclasses
+`Rule` and registers itself in `RULES` when imported (`hype.plugins`), so selection never imports them.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from hype.plugins import Registry
 from hype.select.errors import SelectError
 from hype.select.table import Batch
 
 
 class Rule:
+    """One selection rule; subclasses set `name`, `kind`, `summary`, `PARAMS` and `score` or `mask`."""
+
     name: ClassVar[str] = ""
     kind: ClassVar[str] = ""  # "score" or "mask"
     summary: ClassVar[str] = ""  # one line for --help and the summary
@@ -62,6 +68,33 @@ class Rule:
     def spec(self) -> str:
         changed = {k: v for k, v in self.params.items() if k in self.PARAMS and v != self.PARAMS[k][1]}
         return self.name + (":" + ",".join(f"{k}={v}" for k, v in changed.items()) if changed else "")
+
+
+RULES: Registry[type[Rule]] = Registry("rules")  # filled by the plug-ins (entry-point group hype.rules)
+
+
+def rule_names(kind: str) -> tuple[str, ...]:
+    """Names of the registered rules of one kind ("score" or "mask"), in registration order."""
+    return tuple(name for name, cls in RULES.items() if cls.kind == kind)
+
+
+def make_rule(spec: str | Rule, kind: str | None = None, **params: Any) -> Rule:
+    """A rule from `"name"` / `"name:key=value,..."` (plus keyword parameters); checks its kind."""
+    if isinstance(spec, Rule):
+        rule = spec
+    else:
+        name, spec_params = parse_spec(spec)
+        cls = RULES.get(name.replace("-", "_"))
+        if cls is None:
+            raise SelectError(f"unknown rule {name!r}; rules: {', '.join(RULES.names())}")
+        rule = cls(**{**spec_params, **params})
+    if kind is not None and rule.kind != kind:
+        allowed = rule_names(kind)
+        what = "ranking rule (--rank)" if kind == "score" else "filter (--filter)"
+        raise SelectError(
+            f"{rule.name!r} is a {rule.kind} rule, not a {what}; use one of {', '.join(allowed)}"
+        )
+    return rule
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
