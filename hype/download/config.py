@@ -11,7 +11,6 @@ the file (or `override`) and the dotted key.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import ipaddress
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
-from hype.config import ConfigError, apply_override, build, list_presets, preset_dir, read_config
+from hype.config import ConfigError, build, list_presets, load, preset_dir, to_dict
 from hype.config import at_least as _at_least
 from hype.config import one_of as _one_of
 from hype.config import positive as _positive
@@ -104,14 +103,11 @@ class DownloadConfig:
         return tuple(n.strip() for n in (self.allowed_networks or "").split(",") if n.strip())
 
     def to_dict(self) -> dict[str, Any]:
-        return copy.deepcopy(dataclasses.asdict(self))
+        return to_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> DownloadConfig:
-        try:
-            return build(cls, data, "")
-        except ConfigError as e:
-            raise e.from_source(source) from None
+        return build(cls, data, source=source)
 
 
 def download_config_dir() -> Path:
@@ -127,7 +123,4 @@ def load_download_config(
 ) -> DownloadConfig:
     """A preset name (`configs/download/NAME.yaml`, default `datacomp`), a YAML path or a dict, with
     `key=value` overrides applied, validated."""
-    data, source = read_config("download", config, default="datacomp")
-    for item in overrides or []:
-        apply_override(data, item, DownloadConfig)
-    return DownloadConfig.from_dict(data, source + (" (with overrides)" if overrides else ""))
+    return load(DownloadConfig, "download", config, overrides, default="datacomp")

@@ -15,8 +15,6 @@ rerun with a different value recomputes exactly those stages and reuses the rest
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
@@ -24,8 +22,7 @@ from typing import Any
 
 import yaml
 
-from hype.config import ConfigError, build, list_presets, preset_dir, read_config
-from hype.config import apply_override as _apply_override
+from hype.config import ConfigError, build, list_presets, load, one_of, preset_dir, to_dict
 from hype.config import at_least as _at_least
 from hype.config import positive as _positive
 
@@ -111,8 +108,7 @@ class ExecutorConfig:
     retries: int = 2  # extra attempts for a shard whose worker died or raised
 
     def __post_init__(self) -> None:
-        if self.kind not in EXECUTORS:
-            raise ConfigError("kind", f"must be one of {', '.join(EXECUTORS)}; got {self.kind!r}")
+        one_of(self, "kind", EXECUTORS)
         _at_least(self, 0, "workers", "retries", "cpus_per_worker")
         _positive(self, "gpus_per_worker")
 
@@ -152,21 +148,17 @@ class ScoreConfig:
         _at_least(self, 0, "threads")
         if self.device != "auto" and not self.device.startswith(("cpu", "cuda")):
             raise ConfigError("device", f"must be auto, cpu, cuda or cuda:N; got {self.device!r}")
-        if self.precision not in PRECISIONS:
-            raise ConfigError("precision", f"must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
+        one_of(self, "precision", PRECISIONS)
 
     def to_dict(self) -> dict[str, Any]:
-        return copy.deepcopy(dataclasses.asdict(self))
+        return to_dict(self)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> ScoreConfig:
-        try:
-            return build(cls, data, "")
-        except ConfigError as e:
-            raise e.from_source(source) from None
+        return build(cls, data, source=source)
 
     def check_inputs(self) -> None:
         """The settings a run needs, with the option that provides each."""
@@ -207,12 +199,4 @@ def list_score_configs() -> list[str]:
 def load_score_config(config: str | PathLike | dict | None = None, overrides: list[str] | None = None):
     """A preset name (`configs/score/NAME.yaml`, default `default`), a YAML path or a dict, with `key=value`
     overrides applied, validated."""
-    data, source = read_config("score", config, default="default")
-    for item in overrides or []:
-        apply_override(data, item)
-    return ScoreConfig.from_dict(data, source + (" (with overrides)" if overrides else ""))
-
-
-def apply_override(data: dict, item: str) -> None:
-    """Set a dotted key in the raw ScoreConfig dict; unknown keys raise with the valid ones listed."""
-    _apply_override(data, item, ScoreConfig)
+    return load(ScoreConfig, "score", config, overrides, default="default")

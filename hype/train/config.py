@@ -11,8 +11,6 @@ and the recipe: samples seen, global batch, optimizer, schedule, precision, data
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
@@ -21,11 +19,14 @@ from typing import Any
 from hype.config import (
     ConfigError,
     build,
+    in_range,
     list_presets,
+    load,
+    one_of,
     parse_override,
     preset_dir,
-    read_config,
     resolve_preset,
+    to_dict,
 )
 from hype.config import apply_override as _apply_override
 from hype.config import at_least as _at_least
@@ -72,12 +73,9 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "lr", "eps")
-        for name in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(name, f"must be in [0, 1), got {getattr(self, name)!r}")
+        in_range(self, 0.0, 1.0, "beta1", "beta2")
         _at_least(self, 0, "weight_decay", "warmup_steps")
-        if self.grad_clip_norm is not None:
-            _positive(self, "grad_clip_norm")
+        _positive(self, "grad_clip_norm")
 
 
 @dataclass(frozen=True)
@@ -93,11 +91,8 @@ class LossConfig:
     K_end: float | None = None
 
     def __post_init__(self) -> None:
-        if self.entailment_weight is not None:
-            _at_least(self, 0, "entailment_weight")
-        for name in ("entailment_K", "K_start", "K_end"):
-            if getattr(self, name) is not None:
-                _positive(self, name)
+        _at_least(self, 0, "entailment_weight")
+        _positive(self, "entailment_K", "K_start", "K_end")
         if (self.K_start is None) != (self.K_end is None):
             raise ConfigError("K_start", "set both K_start and K_end for a K schedule, or neither")
         if self.K_start is not None and self.entailment_K is not None:
@@ -147,13 +142,10 @@ class TrainConfig:
             raise ConfigError(
                 "samples_seen", f"{self.samples_seen} is less than one batch ({self.batch_size}); raise it"
             )
-        if self.precision not in PRECISIONS:
-            raise ConfigError("precision", f"must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
+        one_of(self, "precision", PRECISIONS)
         if self.device != "auto" and not self.device.startswith(("cpu", "cuda", "mps")):
             raise ConfigError("device", f"must be auto, cpu, cuda or cuda:N; got {self.device!r}")
-        for name in ("max_steps", "debug_nan_at_step"):
-            if getattr(self, name) is not None:
-                _at_least(self, 1, name)
+        _at_least(self, 1, "max_steps", "debug_nan_at_step")
 
     @property
     def total_steps(self) -> int:
@@ -164,14 +156,11 @@ class TrainConfig:
         return load_model_config(self.model)
 
     def to_dict(self) -> dict[str, Any]:
-        return copy.deepcopy(dataclasses.asdict(self))
+        return to_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> TrainConfig:
-        try:
-            return build(cls, data, "")
-        except ConfigError as e:
-            raise e.from_source(source) from None
+        return build(cls, data, source=source)
 
 
 # --- presets, files and overrides (the shared machinery is hype.config) ----------------------------
@@ -192,10 +181,7 @@ def resolve_config_path(config: str | PathLike) -> Path:
 
 def load_train_config(config: str | PathLike | dict, overrides: list[str] | None = None) -> TrainConfig:
     """Read a preset name, a YAML path or a dict, apply `key=value` overrides, validate."""
-    data, source = read_config("train", config, what="training")
-    for item in overrides or []:
-        apply_override(data, item)
-    return TrainConfig.from_dict(data, source + (" (with overrides)" if overrides else ""))
+    return load(TrainConfig, "train", config, overrides, what="training", override=apply_override)
 
 
 def apply_override(data: dict, item: str, root: type | None = None) -> None:
