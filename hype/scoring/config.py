@@ -38,8 +38,7 @@ class EmbedConfig:
     jpeg_draft: bool = True  # decode JPEGs >= 4x the model input at a reduced DCT scale (faster, ~same)
 
     def __post_init__(self) -> None:
-        if self.decode not in ("processes", "threads"):
-            raise ConfigError("decode", f"must be processes or threads, got {self.decode!r}")
+        one_of(self, "decode", ("processes", "threads"))
         _at_least(self, 0, "decode_workers")
         _at_least(self, 1, "prefetch_batches")
 
