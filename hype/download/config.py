@@ -18,10 +18,17 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
-from hype.config import ConfigError, build, list_presets, load, preset_dir, to_dict
-from hype.config import at_least as _at_least
-from hype.config import one_of as _one_of
-from hype.config import positive as _positive
+from hype.config import (
+    ConfigError,
+    at_least,
+    build,
+    list_presets,
+    load,
+    one_of,
+    positive,
+    preset_dir,
+    to_dict,
+)
 
 DISTRIBUTORS = ("multiprocessing", "ray")
 RESIZE_MODES = ("no", "border", "keep_ratio", "keep_ratio_largest", "center_crop")
@@ -56,14 +63,14 @@ class Img2DatasetConfig:
     wandb_project: str = "img2dataset"
 
     def __post_init__(self) -> None:
-        _at_least(self, 1, "processes_count", "thread_count", "image_size", "oom_shard_count")
-        _at_least(self, 2, "number_sample_per_shard")  # img2dataset takes log10 of it for the key width
-        _at_least(self, 0, "retries", "min_image_size", "max_shard_retry")
-        _at_least(self, 1, "encode_quality")
-        _one_of(self, "resize_mode", RESIZE_MODES)
-        _one_of(self, "encode_format", ENCODE_FORMATS)
-        _one_of(self, "compute_hash", HASHES)
-        _positive(self, "timeout")
+        at_least(self, 1, "processes_count", "thread_count", "image_size", "oom_shard_count")
+        at_least(self, 2, "number_sample_per_shard")  # img2dataset takes log10 of it for the key width
+        at_least(self, 0, "retries", "min_image_size", "max_shard_retry")
+        at_least(self, 1, "encode_quality")
+        one_of(self, "resize_mode", RESIZE_MODES)
+        one_of(self, "encode_format", ENCODE_FORMATS)
+        one_of(self, "compute_hash", HASHES)
+        positive(self, "timeout")
         for name in ("max_image_area", "max_aspect_ratio"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -92,7 +99,7 @@ class DownloadConfig:
     img2dataset: Img2DatasetConfig = field(default_factory=Img2DatasetConfig)
 
     def __post_init__(self) -> None:
-        _one_of(self, "distributor", DISTRIBUTORS)
+        one_of(self, "distributor", DISTRIBUTORS)
         for net in self.networks():
             try:
                 ipaddress.ip_network(net, strict=False)

@@ -22,9 +22,17 @@ from typing import Any
 
 import yaml
 
-from hype.config import ConfigError, build, list_presets, load, one_of, preset_dir, to_dict
-from hype.config import at_least as _at_least
-from hype.config import positive as _positive
+from hype.config import (
+    ConfigError,
+    at_least,
+    build,
+    list_presets,
+    load,
+    one_of,
+    positive,
+    preset_dir,
+    to_dict,
+)
 
 EXECUTORS = ("local", "ray")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -39,8 +47,8 @@ class EmbedConfig:
 
     def __post_init__(self) -> None:
         one_of(self, "decode", ("processes", "threads"))
-        _at_least(self, 0, "decode_workers")
-        _at_least(self, 1, "prefetch_batches")
+        at_least(self, 0, "decode_workers")
+        at_least(self, 1, "prefetch_batches")
 
 
 @dataclass(frozen=True)
@@ -53,7 +61,7 @@ class ReferenceConfig:
     hinge: bool = True  # the paper selects by the hinged L_e = max(0, E)
 
     def __post_init__(self) -> None:
-        _at_least(self, 1, "n_top", "m")
+        at_least(self, 1, "n_top", "m")
 
 
 @dataclass(frozen=True)
@@ -63,8 +71,8 @@ class SpecificityConfig:
     budget_elems: int = 1 << 24  # a chunk's working set in elements (GPU: one rows x M block); not results
 
     def __post_init__(self) -> None:
-        _positive(self, "K")
-        _at_least(self, 1024, "budget_elems")
+        positive(self, "K")
+        at_least(self, 1024, "budget_elems")
 
 
 @dataclass(frozen=True)
@@ -84,7 +92,7 @@ class ClustersConfig:
     def __post_init__(self) -> None:
         if self.class_features is not None and self.class_images is not None:
             raise ConfigError("class_features", "give class_features or class_images, not both")
-        _at_least(self, 1, "num_clusters", "niter", "points_per_centroid", "max_train_points")
+        at_least(self, 1, "num_clusters", "niter", "points_per_centroid", "max_train_points")
 
 
 @dataclass(frozen=True)
@@ -108,8 +116,8 @@ class ExecutorConfig:
 
     def __post_init__(self) -> None:
         one_of(self, "kind", EXECUTORS)
-        _at_least(self, 0, "workers", "retries", "cpus_per_worker")
-        _positive(self, "gpus_per_worker")
+        at_least(self, 0, "workers", "retries", "cpus_per_worker")
+        positive(self, "gpus_per_worker")
 
 
 @dataclass(frozen=True)
@@ -143,8 +151,8 @@ class ScoreConfig:
     debug: DebugConfig = field(default_factory=DebugConfig)
 
     def __post_init__(self) -> None:
-        _at_least(self, 1, "batch_size")
-        _at_least(self, 0, "threads")
+        at_least(self, 1, "batch_size")
+        at_least(self, 0, "threads")
         if self.device != "auto" and not self.device.startswith(("cpu", "cuda")):
             raise ConfigError("device", f"must be auto, cpu, cuda or cuda:N; got {self.device!r}")
         one_of(self, "precision", PRECISIONS)

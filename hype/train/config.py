@@ -18,19 +18,19 @@ from typing import Any
 
 from hype.config import (
     ConfigError,
+    at_least,
     build,
     in_range,
     list_presets,
     load,
     one_of,
     parse_override,
+    positive,
     preset_dir,
     resolve_preset,
     to_dict,
 )
 from hype.config import apply_override as _apply_override
-from hype.config import at_least as _at_least
-from hype.config import positive as _positive
 from hype.models import ModelConfig, load_model_config
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -49,8 +49,8 @@ class DataConfig:
     subset_check_shards: int = 2000  # parquet files read up front to verify the subset matches the data
 
     def __post_init__(self) -> None:
-        _at_least(self, 0, "workers")
-        _at_least(self, 1, "prefetch", "shuffle_buffer", "subset_check_shards")
+        at_least(self, 0, "workers")
+        at_least(self, 1, "prefetch", "shuffle_buffer", "subset_check_shards")
         if self.caption_template is not None and self.caption_fn is not None:
             raise ConfigError("caption_fn", "set caption_template or caption_fn, not both")
         if self.caption_fn is not None and ":" not in self.caption_fn:
@@ -72,10 +72,10 @@ class OptimConfig:
     grad_clip_norm: float | None = None
 
     def __post_init__(self) -> None:
-        _positive(self, "lr", "eps")
+        positive(self, "lr", "eps")
         in_range(self, 0.0, 1.0, "beta1", "beta2")
-        _at_least(self, 0, "weight_decay", "warmup_steps")
-        _positive(self, "grad_clip_norm")
+        at_least(self, 0, "weight_decay", "warmup_steps")
+        positive(self, "grad_clip_norm")
 
 
 @dataclass(frozen=True)
@@ -91,8 +91,8 @@ class LossConfig:
     K_end: float | None = None
 
     def __post_init__(self) -> None:
-        _at_least(self, 0, "entailment_weight")
-        _positive(self, "entailment_K", "K_start", "K_end")
+        at_least(self, 0, "entailment_weight")
+        positive(self, "entailment_K", "K_start", "K_end")
         if (self.K_start is None) != (self.K_end is None):
             raise ConfigError("K_start", "set both K_start and K_end for a K schedule, or neither")
         if self.K_start is not None and self.entailment_K is not None:
@@ -107,8 +107,8 @@ class CheckpointConfig:
     keep: int = 2  # periodic checkpoints kept on disk (the newest); the final one is always kept
 
     def __post_init__(self) -> None:
-        _at_least(self, 0, "every_steps")
-        _at_least(self, 1, "keep")
+        at_least(self, 0, "every_steps")
+        at_least(self, 1, "keep")
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class TrainConfig:
             raise ConfigError(
                 "model", f"must be a model config name, a path or a mapping, got {self.model!r}"
             )
-        _at_least(self, 1, "samples_seen", "batch_size", "accum_steps", "log_every_steps")
+        at_least(self, 1, "samples_seen", "batch_size", "accum_steps", "log_every_steps")
         if self.samples_seen < self.batch_size:
             raise ConfigError(
                 "samples_seen", f"{self.samples_seen} is less than one batch ({self.batch_size}); raise it"
@@ -145,7 +145,7 @@ class TrainConfig:
         one_of(self, "precision", PRECISIONS)
         if self.device != "auto" and not self.device.startswith(("cpu", "cuda", "mps")):
             raise ConfigError("device", f"must be auto, cpu, cuda or cuda:N; got {self.device!r}")
-        _at_least(self, 1, "max_steps", "debug_nan_at_step")
+        at_least(self, 1, "max_steps", "debug_nan_at_step")
 
     @property
     def total_steps(self) -> int:
