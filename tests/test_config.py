@@ -168,3 +168,31 @@ def test_load_reads_overrides_and_names_the_source(tmp_path, monkeypatch):
         ConfigError, match=r"outer/base.yaml \(with overrides\): inner.size: must be an integer"
     ):
         load(Outer, "outer", "base", ["inner.size=big"])
+
+
+def test_presets_suites_and_rule_parameters_share_the_mechanism(tmp_path):
+    import filters
+    from hype.eval.tasks import TaskConfigError, load_suite
+    from hype.select.errors import SelectError
+    from hype.select.presets import load_preset
+
+    preset = tmp_path / "p.yaml"
+    preset.write_text("rank: hype\nnormalize: zz\n")
+    with pytest.raises(
+        SelectError, match=rf"^{preset}: normalize: must be one of none, zscore, rank; got 'zz'$"
+    ):
+        load_preset(preset)
+    preset.write_text("weights: {eps_i: 2}\nfilters: [{basic: {min_side: 64}}]\n")
+    loaded = load_preset(preset)
+    assert loaded.weights["eps_i"] == 2.0 and loaded.filters == ["basic:min_side=64"]
+    suite = tmp_path / "s.yaml"
+    suite.write_text("tasks:\n  - {key: a, name: A, type: retrieval, main_metric: r, group: g, size: big}\n")
+    with pytest.raises(
+        TaskConfigError, match=rf"^{suite}: task a.size: must be an integer, got 'big'$"
+    ) as err:
+        load_suite(suite)
+    assert isinstance(err.value, ConfigError) and err.value.key == "task a.size"
+    # Spec text is parsed like an override value; text parameters keep it as typed.
+    rule = filters.make_rule("basic:english=off,min_words=4.0,min_side=1e2")
+    assert (rule.params["english"], rule.params["min_words"], rule.params["min_side"]) == (False, 4, 100.0)
+    assert filters.make_rule("hype:weights=eps_i=1").params["weights"].startswith("eps_i=1")
