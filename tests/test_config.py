@@ -12,11 +12,16 @@ from hype.config import (
     ConfigError,
     apply_override,
     build,
+    coerce,
     config_dir,
+    in_range,
     list_presets,
+    load,
     parse_override,
     read_config,
+    read_yaml,
     resolve_preset,
+    to_dict,
 )
 
 
@@ -31,6 +36,18 @@ class Outer:
     name: str = ""
     rate: float = 0.5
     inner: Inner = field(default_factory=Inner)
+
+
+@dataclass(frozen=True)
+class Shapes:
+    required: str
+    pair: tuple[float, ...] = (0.5, 1.0)
+    names: list[str] = field(default_factory=list)
+    table: dict[str, int] | None = None
+    beta: float = 0.9
+
+    def __post_init__(self) -> None:
+        in_range(self, 0.0, 1.0, "beta")
 
 
 def test_parse_override_reads_yaml_values_and_refuses_bad_items():
@@ -106,3 +123,76 @@ def test_configerror_is_the_same_class_everywhere():
 def test_importing_hype_config_does_not_import_torch():
     code = "import sys, hype.config; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_build_handles_tuples_lists_dicts_and_required_keys():
+    built = build(Shapes, {"required": "x", "pair": [1, "2e-1"], "names": ["a"], "table": {"k": 3.0}})
+    assert built == Shapes(required="x", pair=(1.0, 0.2), names=["a"], table={"k": 3})
+    assert to_dict(built) == {
+        "required": "x",
+        "pair": [1.0, 0.2],
+        "names": ["a"],
+        "table": {"k": 3},
+        "beta": 0.9,
+    }
+    assert build(Shapes, to_dict(built)) == built
+    with pytest.raises(ConfigError, match=r"^required: missing; this key is required$"):
+        build(Shapes, {})
+    with pytest.raises(ConfigError, match=r"^f.yaml: pair: must be a list, got 0.5$"):
+        build(Shapes, {"required": "x", "pair": 0.5}, source="f.yaml")
+    with pytest.raises(ConfigError, match=r"^table.k: must be an integer, got 'x'$"):
+        build(Shapes, {"required": "x", "table": {"k": "x"}})
+    with pytest.raises(ConfigError, match=r"^beta: must be in \[0, 1\), got 1.0$"):
+        build(Shapes, {"required": "x", "beta": 1})
+
+
+def test_exact_ints_refuse_floats_and_text():
+    assert coerce(2.0, int, "n") == 2 and coerce("12.8e6", int, "n") == 12_800_000
+    for value in (2.0, "3", True):
+        with pytest.raises(ConfigError, match=r"n: must be an integer"):
+            coerce(value, int, "n", exact_ints=True)
+    assert build(Outer, {"inner": {"size": 4}}, exact_ints=True).inner.size == 4
+    with pytest.raises(ConfigError, match=r"inner.size: must be an integer, got 4.0"):
+        build(Outer, {"inner": {"size": 4.0}}, exact_ints=True)
+
+
+def test_load_reads_overrides_and_names_the_source(tmp_path, monkeypatch):
+    (tmp_path / "outer").mkdir()
+    (tmp_path / "outer" / "base.yaml").write_text("rate: 0.25\ninner: {size: 2}\n")
+    (tmp_path / "empty.yaml").write_text("")
+    monkeypatch.setenv("HYPE_CONFIG_DIR", str(tmp_path))
+    assert read_yaml(tmp_path / "empty.yaml") == {}
+    assert load(Outer, "outer", "base") == Outer(name="base", rate=0.25, inner=Inner(size=2))
+    assert load(Outer, "outer", None, ["inner.size=5"], default="base").inner.size == 5
+    with pytest.raises(
+        ConfigError, match=r"outer/base.yaml \(with overrides\): inner.size: must be an integer"
+    ):
+        load(Outer, "outer", "base", ["inner.size=big"])
+
+
+def test_presets_suites_and_rule_parameters_share_the_mechanism(tmp_path):
+    import filters
+    from hype.eval.tasks import TaskConfigError, load_suite
+    from hype.select.errors import SelectError
+    from hype.select.presets import load_preset
+
+    preset = tmp_path / "p.yaml"
+    preset.write_text("rank: hype\nnormalize: zz\n")
+    with pytest.raises(
+        SelectError, match=rf"^{preset}: normalize: must be one of none, zscore, rank; got 'zz'$"
+    ):
+        load_preset(preset)
+    preset.write_text("weights: {eps_i: 2}\nfilters: [{basic: {min_side: 64}}]\n")
+    loaded = load_preset(preset)
+    assert loaded.weights["eps_i"] == 2.0 and loaded.filters == ["basic:min_side=64"]
+    suite = tmp_path / "s.yaml"
+    suite.write_text("tasks:\n  - {key: a, name: A, type: retrieval, main_metric: r, group: g, size: big}\n")
+    with pytest.raises(
+        TaskConfigError, match=rf"^{suite}: task a.size: must be an integer, got 'big'$"
+    ) as err:
+        load_suite(suite)
+    assert isinstance(err.value, ConfigError) and err.value.key == "task a.size"
+    # Spec text is parsed like an override value; text parameters keep it as typed.
+    rule = filters.make_rule("basic:english=off,min_words=4.0,min_side=1e2")
+    assert (rule.params["english"], rule.params["min_words"], rule.params["min_side"]) == (False, 4, 100.0)
+    assert filters.make_rule("hype:weights=eps_i=1").params["weights"].startswith("eps_i=1")

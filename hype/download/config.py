@@ -11,7 +11,6 @@ the file (or `override`) and the dotted key.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import ipaddress
 from dataclasses import dataclass, field
@@ -19,10 +18,17 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
-from hype.config import ConfigError, apply_override, build, list_presets, preset_dir, read_config
-from hype.config import at_least as _at_least
-from hype.config import one_of as _one_of
-from hype.config import positive as _positive
+from hype.config import (
+    ConfigError,
+    at_least,
+    build,
+    list_presets,
+    load,
+    one_of,
+    positive,
+    preset_dir,
+    to_dict,
+)
 
 DISTRIBUTORS = ("multiprocessing", "ray")
 RESIZE_MODES = ("no", "border", "keep_ratio", "keep_ratio_largest", "center_crop")
@@ -57,14 +63,14 @@ class Img2DatasetConfig:
     wandb_project: str = "img2dataset"
 
     def __post_init__(self) -> None:
-        _at_least(self, 1, "processes_count", "thread_count", "image_size", "oom_shard_count")
-        _at_least(self, 2, "number_sample_per_shard")  # img2dataset takes log10 of it for the key width
-        _at_least(self, 0, "retries", "min_image_size", "max_shard_retry")
-        _at_least(self, 1, "encode_quality")
-        _one_of(self, "resize_mode", RESIZE_MODES)
-        _one_of(self, "encode_format", ENCODE_FORMATS)
-        _one_of(self, "compute_hash", HASHES)
-        _positive(self, "timeout")
+        at_least(self, 1, "processes_count", "thread_count", "image_size", "oom_shard_count")
+        at_least(self, 2, "number_sample_per_shard")  # img2dataset takes log10 of it for the key width
+        at_least(self, 0, "retries", "min_image_size", "max_shard_retry")
+        at_least(self, 1, "encode_quality")
+        one_of(self, "resize_mode", RESIZE_MODES)
+        one_of(self, "encode_format", ENCODE_FORMATS)
+        one_of(self, "compute_hash", HASHES)
+        positive(self, "timeout")
         for name in ("max_image_area", "max_aspect_ratio"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -93,7 +99,7 @@ class DownloadConfig:
     img2dataset: Img2DatasetConfig = field(default_factory=Img2DatasetConfig)
 
     def __post_init__(self) -> None:
-        _one_of(self, "distributor", DISTRIBUTORS)
+        one_of(self, "distributor", DISTRIBUTORS)
         for net in self.networks():
             try:
                 ipaddress.ip_network(net, strict=False)
@@ -104,14 +110,11 @@ class DownloadConfig:
         return tuple(n.strip() for n in (self.allowed_networks or "").split(",") if n.strip())
 
     def to_dict(self) -> dict[str, Any]:
-        return copy.deepcopy(dataclasses.asdict(self))
+        return to_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> DownloadConfig:
-        try:
-            return build(cls, data, "")
-        except ConfigError as e:
-            raise e.from_source(source) from None
+        return build(cls, data, source=source)
 
 
 def download_config_dir() -> Path:
@@ -127,7 +130,4 @@ def load_download_config(
 ) -> DownloadConfig:
     """A preset name (`configs/download/NAME.yaml`, default `datacomp`), a YAML path or a dict, with
     `key=value` overrides applied, validated."""
-    data, source = read_config("download", config, default="datacomp")
-    for item in overrides or []:
-        apply_override(data, item, DownloadConfig)
-    return DownloadConfig.from_dict(data, source + (" (with overrides)" if overrides else ""))
+    return load(DownloadConfig, "download", config, overrides, default="datacomp")

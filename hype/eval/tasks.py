@@ -12,16 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from hype.config import list_presets, preset_dir
+from hype.config import ConfigError, build, list_presets, preset_dir, read_yaml
 from hype.eval.metrics import GROUP_EVALUATORS
 
 TASK_TYPES = ("zeroshot_classification", "retrieval", "winogavil", "multi_objective_classification")
 SUITE_ALIASES = {"all": "datacomp"}  # `--tasks all` = DataComp's 40 tasks
 
 
-class TaskConfigError(ValueError):
+class TaskConfigError(ConfigError):
     """A suite file that cannot be used, or a task selection naming unknown tasks."""
 
 
@@ -90,99 +88,120 @@ def load_suite(name_or_path: str | Path) -> Suite:
         path = suites_dir() / f"{name}.yaml"
         if not path.is_file():
             raise TaskConfigError(
+                "",
                 f"unknown evaluation suite {text!r} (looked in {path.parent}); "
-                f"available: {', '.join(['all'] + list_suites())}"
+                f"available: {', '.join(['all'] + list_suites())}",
             )
     if not path.is_file():
-        raise TaskConfigError(f"suite file not found: {path}")
+        raise TaskConfigError("", "suite file not found", str(path))
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise TaskConfigError(f"{path}: not valid YAML ({e})") from None
-    return _parse_suite(raw, path)
+        return _parse_suite(read_yaml(path), path)
+    except ConfigError as e:
+        raise TaskConfigError(e.key, e.message, e.source) from None
 
 
-def _parse_suite(raw: Any, path: Path) -> Suite:
-    def fail(msg: str) -> TaskConfigError:
-        return TaskConfigError(f"{path}: {msg}")
+# --- the schema of a suite file (built by hype.config; TaskSpec / Suite are what the rest reads) --------
 
-    if not isinstance(raw, dict) or not isinstance(raw.get("tasks"), list) or not raw["tasks"]:
-        raise fail("expected a mapping with a non-empty `tasks` list")
-    name = str(raw.get("suite") or path.stem)
-    aggregates = raw.get("aggregates") or {}
-    if not isinstance(aggregates, dict):
-        raise fail("`aggregates` must map a group name to its display name")
+
+@dataclass(frozen=True)
+class _Metadata:
+    fields: tuple[str, ...]
+    evaluator: str
+
+    def __post_init__(self) -> None:
+        if self.evaluator not in GROUP_EVALUATORS:
+            raise ConfigError("evaluator", f"must be one of {', '.join(GROUP_EVALUATORS)}")
+        missing = [f for f in GROUP_EVALUATORS[self.evaluator] if f not in self.fields]
+        if missing:
+            raise ConfigError("fields", f"evaluator {self.evaluator!r} needs metadata fields {missing}")
+
+
+@dataclass(frozen=True)
+class _Task:
+    key: str
+    name: str
+    type: str
+    main_metric: str | None  # required; null = unscored
+    group: str
+    scored: bool | None = None  # default: whether there is a main_metric
+    folder: str | None = None
+    folders: tuple[str, ...] | None = None
+    metadata: _Metadata | None = None
+    size: int | None = None
+    num_classes: int | None = None
+    random_score: float | None = None
+
+    def __post_init__(self) -> None:
+        # Task-level messages name the field themselves (`task a: type must be one of ...`).
+        if self.type not in TASK_TYPES:
+            raise ConfigError("", f"type must be one of {', '.join(TASK_TYPES)}; got {self.type!r}")
+        if self.scored is None:
+            object.__setattr__(self, "scored", self.main_metric is not None)
+        if self.scored and self.main_metric is None:
+            raise ConfigError("", "a scored task needs a main_metric")
+        if self.folder is not None and self.folders is not None:
+            raise ConfigError("", "give `folder` or `folders`, not both")
+        if self.type == "multi_objective_classification" and self.metadata is None:
+            raise ConfigError(
+                "", "multi_objective_classification needs `metadata` (its labels live in the .npy)"
+            )
+
+
+@dataclass(frozen=True)
+class _SuiteFile:
+    tasks: list[Any]
+    suite: str | None = None  # default: the file's stem
+    description: str = ""
+    average: str = "Average"
+    aggregates: dict[str, str] | None = None  # group -> display name of its mean, in display order
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            raise ConfigError("tasks", "must list at least one task")
+
+
+def _parse_suite(raw: dict, path: Path) -> Suite:
+    source = str(path)
+    suite = build(_SuiteFile, raw, source=source)
+    name = suite.suite or path.stem
+    aggregates = suite.aggregates or {}
     tasks: list[TaskSpec] = []
-    for i, entry in enumerate(raw["tasks"]):
-        try:
-            tasks.append(_parse_task(entry, name, str(path)))
-        except (KeyError, TypeError, ValueError) as e:
-            label = entry.get("key", f"#{i}") if isinstance(entry, dict) else f"#{i}"
-            msg = f"missing field {e}" if isinstance(e, KeyError) else str(e)
-            raise fail(f"task {label}: {msg}") from None
+    for i, entry in enumerate(suite.tasks):
+        label = entry.get("key", f"#{i}") if isinstance(entry, dict) else f"#{i}"
+        task = build(_Task, entry, f"task {label}", source=source)
+        tasks.append(
+            TaskSpec(
+                key=task.key,
+                name=task.name,
+                type=task.type,
+                main_metric=task.main_metric,
+                group=task.group,
+                scored=task.scored,
+                folders=task.folders or (task.folder or default_folder(task.key),),
+                suite=name,
+                suite_file=source,
+                size=task.size,
+                num_classes=task.num_classes,
+                random_score=task.random_score,
+                metadata_fields=task.metadata.fields if task.metadata else None,
+                evaluator=task.metadata.evaluator if task.metadata else None,
+            )
+        )
     keys = [t.key for t in tasks]
     dupes = sorted({k for k in keys if keys.count(k) > 1})
     if dupes:
-        raise fail(f"duplicate task keys: {', '.join(dupes)}")
+        raise ConfigError("tasks", f"duplicate task keys: {', '.join(dupes)}", source)
     unknown_groups = sorted(set(aggregates) - {t.group for t in tasks})
     if unknown_groups:
-        raise fail(f"aggregates name groups that no task has: {', '.join(unknown_groups)}")
+        raise ConfigError("aggregates", f"names groups that no task has: {', '.join(unknown_groups)}", source)
     return Suite(
         name=name,
-        description=str(raw.get("description", "")),
-        average_name=str(raw.get("average", "Average")),
-        aggregates={str(k): str(v) for k, v in aggregates.items()},
+        description=suite.description,
+        average_name=suite.average,
+        aggregates=aggregates,
         tasks=tuple(tasks),
         path=path,
     )
-
-
-def _parse_task(entry: Any, suite: str, suite_file: str) -> TaskSpec:
-    if not isinstance(entry, dict):
-        raise TypeError("each task must be a mapping")
-    key, name, type_ = str(entry["key"]), str(entry["name"]), str(entry["type"])
-    if type_ not in TASK_TYPES:
-        raise ValueError(f"type must be one of {', '.join(TASK_TYPES)}; got {type_!r}")
-    main_metric = entry["main_metric"]
-    scored = bool(entry.get("scored", main_metric is not None))
-    if scored and main_metric is None:
-        raise ValueError("a scored task needs a main_metric")
-    if "folder" in entry and "folders" in entry:
-        raise ValueError("give `folder` or `folders`, not both")
-    folders = entry.get("folders") or [entry.get("folder") or default_folder(key)]
-    metadata = entry.get("metadata")
-    fields = evaluator = None
-    if metadata is not None:
-        fields = tuple(str(f) for f in metadata["fields"])
-        evaluator = str(metadata["evaluator"])
-        if evaluator not in GROUP_EVALUATORS:
-            raise ValueError(f"metadata.evaluator must be one of {', '.join(GROUP_EVALUATORS)}")
-        missing = [f for f in GROUP_EVALUATORS[evaluator] if f not in fields]
-        if missing:
-            raise ValueError(f"evaluator {evaluator!r} needs metadata fields {missing}")
-    if type_ == "multi_objective_classification" and evaluator is None:
-        raise ValueError("multi_objective_classification needs `metadata` (its labels live in the .npy)")
-    return TaskSpec(
-        key=key,
-        name=name,
-        type=type_,
-        main_metric=None if main_metric is None else str(main_metric),
-        group=str(entry["group"]),
-        scored=scored,
-        folders=tuple(str(f) for f in folders),
-        suite=suite,
-        suite_file=suite_file,
-        size=_opt(entry, "size", int),
-        num_classes=_opt(entry, "num_classes", int),
-        random_score=_opt(entry, "random_score", float),
-        metadata_fields=fields,
-        evaluator=evaluator,
-    )
-
-
-def _opt(entry: dict, name: str, cast):
-    value = entry.get(name)
-    return None if value is None else cast(value)
 
 
 def select_tasks(selection: str) -> list[TaskSpec]:
@@ -210,9 +229,10 @@ def select_tasks(selection: str) -> list[TaskSpec]:
             close = difflib.get_close_matches(key, list(known), n=3)
             hints.append(f"{key!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
         raise TaskConfigError(
+            "",
             f"unknown task(s): {'; '.join(hints)}. Use `all`, a suite ({', '.join(sorted(names))}) or "
-            "task keys such as imagenet1k,vtab/cifar100,synth/shape"
+            "task keys such as imagenet1k,vtab/cifar100,synth/shape",
         )
     if not chosen:
-        raise TaskConfigError("no tasks selected; pass --tasks all, synthetic or a list of task keys")
+        raise TaskConfigError("", "no tasks selected; pass --tasks all, synthetic or a list of task keys")
     return chosen

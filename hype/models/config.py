@@ -18,16 +18,11 @@ Every mistake is a `ConfigError` (a `ValueError`) naming the file and the dotted
 from __future__ import annotations
 
 import dataclasses
-import math
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from hype.config import ConfigError
+from hype.config import ConfigError, build, one_of, positive, read_yaml, to_dict
 from hype.geometry import GEOMETRIES, get_geometry
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -49,17 +44,6 @@ ENTAILMENT_WEIGHT_DEFAULTS = {
 }
 
 
-def _positive(obj: Any, *names: str) -> None:
-    for name in names:
-        if getattr(obj, name) <= 0:
-            raise ConfigError(name, f"must be > 0, got {getattr(obj, name)!r}")
-
-
-def _choice(obj: Any, name: str, choices: tuple[str, ...]) -> None:
-    if getattr(obj, name) not in choices:
-        raise ConfigError(name, f"must be one of {', '.join(choices)}; got {getattr(obj, name)!r}")
-
-
 @dataclass(frozen=True)
 class VisionConfig:
     """A ViT built by open_clip's `_build_vision_tower` (class-token pooling, linear projection)."""
@@ -79,8 +63,8 @@ class VisionConfig:
     ln_eps: float = 1e-5  # HYPE's released ViT-L/14 uses the dtype's eps (fp32: 2**-23)
 
     def __post_init__(self) -> None:
-        _positive(self, "image_size", "patch_size", "width", "layers", "head_width", "mlp_ratio", "ln_eps")
-        _choice(self, "pos_embed", POS_EMBEDS)
+        positive(self, "image_size", "patch_size", "width", "layers", "head_width", "mlp_ratio", "ln_eps")
+        one_of(self, "pos_embed", POS_EMBEDS)
         if self.image_size % self.patch_size:
             raise ConfigError("patch_size", f"{self.patch_size} does not divide image_size {self.image_size}")
         if self.width % self.head_width:
@@ -111,7 +95,7 @@ class TextConfig:
     ln_eps: float = 1e-5
 
     def __post_init__(self) -> None:
-        _positive(self, "context_length", "vocab_size", "width", "heads", "layers", "mlp_ratio", "ln_eps")
+        positive(self, "context_length", "vocab_size", "width", "heads", "layers", "mlp_ratio", "ln_eps")
         if self.width % self.heads:
             raise ConfigError("heads", f"{self.heads} does not divide width {self.width}")
 
@@ -124,7 +108,7 @@ class ObliqueConfig:
     multi_token: bool = False  # one class token per sphere in each tower instead of a reshape
 
     def __post_init__(self) -> None:
-        _positive(self, "num_spheres")
+        positive(self, "num_spheres")
 
 
 @dataclass(frozen=True)
@@ -172,8 +156,8 @@ class PreprocessConfig:
         lo_hi = self.crop_scale
         if len(lo_hi) != 2 or not 0.0 < lo_hi[0] <= lo_hi[1] <= 1.0:
             raise ConfigError("crop_scale", f"needs [low, high] with 0 < low <= high <= 1, got {list(lo_hi)}")
-        _choice(self, "resize_mode", RESIZE_MODES)
-        _choice(self, "interpolation", INTERPOLATIONS)
+        one_of(self, "resize_mode", RESIZE_MODES)
+        one_of(self, "interpolation", INTERPOLATIONS)
 
 
 @dataclass(frozen=True)
@@ -195,7 +179,7 @@ class ModelConfig:
             raise ConfigError(
                 "geometry", f"unknown geometry {self.geometry!r}; choose one of: {', '.join(GEOMETRIES)}"
             )
-        _positive(self, "embed_dim")
+        positive(self, "embed_dim")
         self._resolve_oblique()
         geometry = get_geometry(self.geometry, **self.geometry_options)
         try:
@@ -239,27 +223,17 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """A plain JSON-serializable dict that `ModelConfig.from_dict` / `create_model` accept back."""
-        return _plain(dataclasses.asdict(self))
+        return to_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> ModelConfig:
-        try:
-            return _build(cls, data, "")
-        except ConfigError as e:
-            raise e.from_source(source) from None
+        # Exact ints: a model dimension written as 2.0 is refused rather than rounded.
+        return build(cls, data, source=source, exact_ints=True)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> ModelConfig:
-        path = Path(path)
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            raise ConfigError("", f"not valid YAML ({e})", str(path)) from None
-        if data is None:
-            data = {}
-        data = dict(data) if isinstance(data, dict) else data
-        if isinstance(data, dict):
-            data.setdefault("name", path.stem)
+        data = read_yaml(path)
+        data.setdefault("name", Path(path).stem)
         return cls.from_dict(data, source=str(path))
 
 
@@ -279,18 +253,18 @@ def _resolve_scalars(s: ScalarsConfig, geometry: Any, embed_dim: int) -> Scalars
                 raise ConfigError(key, f"geometry {geometry.name!r} has no such scalar; leave it null")
             r[key] = (default if value is None else value) if used else None
     out = dataclasses.replace(s, **r)
-    _positive(out, "logit_scale_init", "logit_scale_max")
+    positive(out, "logit_scale_init", "logit_scale_max")
     if out.logit_scale_init > out.logit_scale_max:
         raise ConfigError(
             "logit_scale_init", f"{out.logit_scale_init} exceeds logit_scale_max {out.logit_scale_max}"
         )
     if geometry.uses_curvature:
-        _positive(out, "curv_min")
+        positive(out, "curv_min")
         lo, init, hi = out.curv_min, out.curv_init, out.curv_max
         if not lo <= init <= hi:
             raise ConfigError("curv_init", f"needs curv_min <= curv_init <= curv_max; got {lo}, {init}, {hi}")
     if geometry.uses_alpha:
-        _positive(out, "alpha_init", "alpha_max")
+        positive(out, "alpha_init", "alpha_max")
         if out.alpha_init > out.alpha_max:
             raise ConfigError("alpha_init", f"{out.alpha_init} exceeds alpha_max {out.alpha_max}")
     return out
@@ -313,78 +287,5 @@ def _resolve_loss(loss: LossConfig, geometry: Any) -> LossConfig:
     out = LossConfig(entailment_weight=weight, entailment_K=K)
     if out.entailment_weight < 0:
         raise ConfigError("entailment_weight", f"must be >= 0, got {weight}")
-    _positive(out, "entailment_K")
+    positive(out, "entailment_K")
     return out
-
-
-# --- dict -> dataclass with type checks ---------------------------------------------------------
-
-
-def _build(cls: type, data: Any, key: str) -> Any:
-    if not isinstance(data, dict):
-        raise ConfigError(key, f"must be a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    valid = [f.name for f in dataclasses.fields(cls)]
-    unknown = [k for k in data if k not in valid]
-    if unknown:
-        where = f"{key}." if key else ""
-        section = f" in {key}" if key else ""
-        raise ConfigError(
-            ", ".join(where + str(k) for k in unknown),
-            f"unknown key; valid keys{section}: {', '.join(valid)}",
-        )
-    kwargs = {}
-    for name, value in data.items():
-        sub = f"{key}.{name}" if key else name
-        kwargs[name] = _coerce(value, hints[name], sub)
-    try:
-        return cls(**kwargs)
-    except ConfigError as e:
-        raise (e.within(key) if key else e) from None
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None:
-            return None
-        return _coerce(value, args[0], key)
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, key)
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(key, f"must be a list, got {value!r}")
-        (item,) = {a for a in typing.get_args(tp) if a is not Ellipsis}
-        return tuple(_coerce(v, item, key) for v in value)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(key, f"must be true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(key, f"must be an integer, got {value!r}")
-        return value
-    if tp is float:
-        # PyYAML reads `1e-5` (no dot) as a string, so numeric strings are accepted for floats.
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                raise ConfigError(key, f"must be a number, got {value!r}") from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ConfigError(key, f"must be a finite number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(key, f"must be a string, got {value!r}")
-        return value
-    raise TypeError(f"unsupported config field type {tp!r} for {key}")
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value

@@ -15,8 +15,6 @@ rerun with a different value recomputes exactly those stages and reuses the rest
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
@@ -24,10 +22,17 @@ from typing import Any
 
 import yaml
 
-from hype.config import ConfigError, build, list_presets, preset_dir, read_config
-from hype.config import apply_override as _apply_override
-from hype.config import at_least as _at_least
-from hype.config import positive as _positive
+from hype.config import (
+    ConfigError,
+    at_least,
+    build,
+    list_presets,
+    load,
+    one_of,
+    positive,
+    preset_dir,
+    to_dict,
+)
 
 EXECUTORS = ("local", "ray")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -41,10 +46,9 @@ class EmbedConfig:
     jpeg_draft: bool = True  # decode JPEGs >= 4x the model input at a reduced DCT scale (faster, ~same)
 
     def __post_init__(self) -> None:
-        if self.decode not in ("processes", "threads"):
-            raise ConfigError("decode", f"must be processes or threads, got {self.decode!r}")
-        _at_least(self, 0, "decode_workers")
-        _at_least(self, 1, "prefetch_batches")
+        one_of(self, "decode", ("processes", "threads"))
+        at_least(self, 0, "decode_workers")
+        at_least(self, 1, "prefetch_batches")
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,7 @@ class ReferenceConfig:
     hinge: bool = True  # the paper selects by the hinged L_e = max(0, E)
 
     def __post_init__(self) -> None:
-        _at_least(self, 1, "n_top", "m")
+        at_least(self, 1, "n_top", "m")
 
 
 @dataclass(frozen=True)
@@ -67,8 +71,8 @@ class SpecificityConfig:
     budget_elems: int = 1 << 24  # a chunk's working set in elements (GPU: one rows x M block); not results
 
     def __post_init__(self) -> None:
-        _positive(self, "K")
-        _at_least(self, 1024, "budget_elems")
+        positive(self, "K")
+        at_least(self, 1024, "budget_elems")
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,7 @@ class ClustersConfig:
     def __post_init__(self) -> None:
         if self.class_features is not None and self.class_images is not None:
             raise ConfigError("class_features", "give class_features or class_images, not both")
-        _at_least(self, 1, "num_clusters", "niter", "points_per_centroid", "max_train_points")
+        at_least(self, 1, "num_clusters", "niter", "points_per_centroid", "max_train_points")
 
 
 @dataclass(frozen=True)
@@ -111,10 +115,9 @@ class ExecutorConfig:
     retries: int = 2  # extra attempts for a shard whose worker died or raised
 
     def __post_init__(self) -> None:
-        if self.kind not in EXECUTORS:
-            raise ConfigError("kind", f"must be one of {', '.join(EXECUTORS)}; got {self.kind!r}")
-        _at_least(self, 0, "workers", "retries", "cpus_per_worker")
-        _positive(self, "gpus_per_worker")
+        one_of(self, "kind", EXECUTORS)
+        at_least(self, 0, "workers", "retries", "cpus_per_worker")
+        positive(self, "gpus_per_worker")
 
 
 @dataclass(frozen=True)
@@ -148,25 +151,21 @@ class ScoreConfig:
     debug: DebugConfig = field(default_factory=DebugConfig)
 
     def __post_init__(self) -> None:
-        _at_least(self, 1, "batch_size")
-        _at_least(self, 0, "threads")
+        at_least(self, 1, "batch_size")
+        at_least(self, 0, "threads")
         if self.device != "auto" and not self.device.startswith(("cpu", "cuda")):
             raise ConfigError("device", f"must be auto, cpu, cuda or cuda:N; got {self.device!r}")
-        if self.precision not in PRECISIONS:
-            raise ConfigError("precision", f"must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
+        one_of(self, "precision", PRECISIONS)
 
     def to_dict(self) -> dict[str, Any]:
-        return copy.deepcopy(dataclasses.asdict(self))
+        return to_dict(self)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> ScoreConfig:
-        try:
-            return build(cls, data, "")
-        except ConfigError as e:
-            raise e.from_source(source) from None
+        return build(cls, data, source=source)
 
     def check_inputs(self) -> None:
         """The settings a run needs, with the option that provides each."""
@@ -207,12 +206,4 @@ def list_score_configs() -> list[str]:
 def load_score_config(config: str | PathLike | dict | None = None, overrides: list[str] | None = None):
     """A preset name (`configs/score/NAME.yaml`, default `default`), a YAML path or a dict, with `key=value`
     overrides applied, validated."""
-    data, source = read_config("score", config, default="default")
-    for item in overrides or []:
-        apply_override(data, item)
-    return ScoreConfig.from_dict(data, source + (" (with overrides)" if overrides else ""))
-
-
-def apply_override(data: dict, item: str) -> None:
-    """Set a dotted key in the raw ScoreConfig dict; unknown keys raise with the valid ones listed."""
-    _apply_override(data, item, ScoreConfig)
+    return load(ScoreConfig, "score", config, overrides, default="default")

@@ -16,16 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from hype.config import ConfigError, build, one_of, preset_dir, read_yaml
 from hype.config import config_dir as config_root  # noqa: F401 (public here: `$HYPE_CONFIG_DIR` or configs/)
 from hype.config import list_presets as _list_presets
-from hype.config import preset_dir
 from hype.select.combine import NORMALIZATIONS, parse_weights
 from hype.select.errors import SelectError
 
 DEFAULT_PRESET = "hype"
-_KEYS = {"description", "rank", "weights", "normalize", "filters"}
 
 
 def presets_dir() -> Path:
@@ -38,12 +35,23 @@ def list_presets() -> list[str]:
 
 @dataclass(frozen=True)
 class Preset:
+    """A selection preset (the schema of its YAML file; `name` defaults to the file's stem)."""
+
     name: str
     description: str = ""
     rank: str = "hype"
-    weights: dict[str, float] | None = None
+    weights: dict[str, Any] | None = None  # metric -> weight; becomes all of METRICS, unnamed ones 0
     normalize: str = "none"
-    filters: list[str] = field(default_factory=list)
+    filters: list[Any] = field(default_factory=list)  # rule specs or {name: {param: value}}; become specs
+
+    def __post_init__(self) -> None:
+        if self.weights is not None:
+            try:
+                object.__setattr__(self, "weights", parse_weights(self.weights))
+            except SelectError as e:
+                raise ConfigError("weights", str(e).removeprefix("--weights: ")) from None
+        one_of(self, "normalize", NORMALIZATIONS)
+        object.__setattr__(self, "filters", [_filter_spec(f) for f in self.filters])
 
 
 def load_preset(name_or_path: str | os.PathLike) -> Preset:
@@ -57,41 +65,16 @@ def load_preset(name_or_path: str | os.PathLike) -> Preset:
                 "(or pass a YAML file)"
             )
     try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
+        data = read_yaml(path)
+        data.setdefault("name", path.stem if path.parent == presets_dir() else str(path))
+        return build(Preset, data, source=str(path))
+    except ConfigError as e:
+        raise SelectError(str(e)) from None  # `hype select` reports SelectErrors; the message stays as is
+    except OSError as e:
         raise SelectError(f"{path}: cannot read the preset ({e})") from None
-    if not isinstance(raw, dict):
-        raise SelectError(f"{path}: a preset is a YAML mapping with keys {', '.join(sorted(_KEYS))}")
-    unknown = set(raw) - _KEYS
-    if unknown:
-        raise SelectError(
-            f"{path}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_KEYS))}"
-        )
-    weights = raw.get("weights")
-    if weights is not None:
-        if not isinstance(weights, dict):
-            raise SelectError(f"{path}: 'weights' must be a mapping metric -> weight")
-        try:
-            weights = parse_weights(weights)
-        except SelectError as e:
-            raise SelectError(f"{path}: {e}") from None
-    normalize = str(raw.get("normalize", "none"))
-    if normalize not in NORMALIZATIONS:
-        raise SelectError(f"{path}: normalize {normalize!r} is not one of {', '.join(NORMALIZATIONS)}")
-    filters = raw.get("filters") or []
-    if not isinstance(filters, list):
-        raise SelectError(f"{path}: 'filters' must be a list of rule specs, e.g. [basic, image_cluster]")
-    return Preset(
-        name=path.stem if path.parent == presets_dir() else str(path),
-        description=str(raw.get("description", "")),
-        rank=str(raw.get("rank", "hype")),
-        weights=weights,
-        normalize=normalize,
-        filters=[_filter_spec(f, path) for f in filters],
-    )
 
 
-def _filter_spec(entry: Any, path: Path) -> str:
+def _filter_spec(entry: Any) -> str:
     if isinstance(entry, str):
         return entry
     if isinstance(entry, dict) and len(entry) == 1:
@@ -100,4 +83,4 @@ def _filter_spec(entry: Any, path: Path) -> str:
             return str(name)
         if isinstance(params, dict):
             return f"{name}:" + ",".join(f"{k}={v}" for k, v in params.items())
-    raise SelectError(f"{path}: filter entry {entry!r} must be a spec string or {{name: {{param: value}}}}")
+    raise ConfigError("filters", f"entry {entry!r} must be a rule spec string or {{name: {{param: value}}}}")

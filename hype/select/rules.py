@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from hype.config import ConfigError, coerce, is_text, parse_value
 from hype.plugins import Registry
 from hype.select.errors import SelectError
 from hype.select.table import Batch
@@ -113,29 +114,18 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
 
 
 def coerce_params(rule: str, declared: Mapping[str, tuple[type, Any, str]], given: Mapping[str, Any]) -> dict:
+    """The declared defaults updated with `given`, each value checked by `hype.config.coerce` (the one type
+    checker of every config); text from a spec string is parsed as YAML first, as `key=value` overrides
+    are (`english=no` is false, `min_side=64` a number), except for text parameters, which keep it."""
     out = {k: d for k, (_, d, _) in declared.items()}
     for key, value in given.items():
         if key not in declared:
             known = ", ".join(declared) or "none"
             raise SelectError(f"rule {rule!r}: unknown parameter {key!r} (parameters: {known})")
         typ = declared[key][0]
-        out[key] = _coerce(rule, key, value, typ)
+        parsed = parse_value(value) if isinstance(value, str) and not is_text(typ) else value
+        try:
+            out[key] = coerce(parsed, typ, key)
+        except ConfigError:
+            raise SelectError(f"rule {rule!r}: {key}={value!r} is not a valid {typ.__name__}") from None
     return out
-
-
-def _coerce(rule: str, key: str, value: Any, typ: type) -> Any:
-    try:
-        if typ is bool:
-            if isinstance(value, bool):
-                return value
-            text = str(value).strip().lower()
-            if text in ("1", "true", "yes", "on"):
-                return True
-            if text in ("0", "false", "no", "off"):
-                return False
-            raise ValueError
-        if typ is int and isinstance(value, float) and not value.is_integer():
-            raise ValueError
-        return typ(value)
-    except (TypeError, ValueError):
-        raise SelectError(f"rule {rule!r}: {key}={value!r} is not a valid {typ.__name__}") from None

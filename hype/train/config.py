@@ -11,8 +11,6 @@ and the recipe: samples seen, global batch, optimizer, schedule, precision, data
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
@@ -20,16 +18,19 @@ from typing import Any
 
 from hype.config import (
     ConfigError,
+    at_least,
     build,
+    in_range,
     list_presets,
+    load,
+    one_of,
     parse_override,
+    positive,
     preset_dir,
-    read_config,
     resolve_preset,
+    to_dict,
 )
 from hype.config import apply_override as _apply_override
-from hype.config import at_least as _at_least
-from hype.config import positive as _positive
 from hype.models import ModelConfig, load_model_config
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -48,8 +49,8 @@ class DataConfig:
     subset_check_shards: int = 2000  # parquet files read up front to verify the subset matches the data
 
     def __post_init__(self) -> None:
-        _at_least(self, 0, "workers")
-        _at_least(self, 1, "prefetch", "shuffle_buffer", "subset_check_shards")
+        at_least(self, 0, "workers")
+        at_least(self, 1, "prefetch", "shuffle_buffer", "subset_check_shards")
         if self.caption_template is not None and self.caption_fn is not None:
             raise ConfigError("caption_fn", "set caption_template or caption_fn, not both")
         if self.caption_fn is not None and ":" not in self.caption_fn:
@@ -71,13 +72,10 @@ class OptimConfig:
     grad_clip_norm: float | None = None
 
     def __post_init__(self) -> None:
-        _positive(self, "lr", "eps")
-        for name in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(name, f"must be in [0, 1), got {getattr(self, name)!r}")
-        _at_least(self, 0, "weight_decay", "warmup_steps")
-        if self.grad_clip_norm is not None:
-            _positive(self, "grad_clip_norm")
+        positive(self, "lr", "eps")
+        in_range(self, 0.0, 1.0, "beta1", "beta2")
+        at_least(self, 0, "weight_decay", "warmup_steps")
+        positive(self, "grad_clip_norm")
 
 
 @dataclass(frozen=True)
@@ -93,11 +91,8 @@ class LossConfig:
     K_end: float | None = None
 
     def __post_init__(self) -> None:
-        if self.entailment_weight is not None:
-            _at_least(self, 0, "entailment_weight")
-        for name in ("entailment_K", "K_start", "K_end"):
-            if getattr(self, name) is not None:
-                _positive(self, name)
+        at_least(self, 0, "entailment_weight")
+        positive(self, "entailment_K", "K_start", "K_end")
         if (self.K_start is None) != (self.K_end is None):
             raise ConfigError("K_start", "set both K_start and K_end for a K schedule, or neither")
         if self.K_start is not None and self.entailment_K is not None:
@@ -112,8 +107,8 @@ class CheckpointConfig:
     keep: int = 2  # periodic checkpoints kept on disk (the newest); the final one is always kept
 
     def __post_init__(self) -> None:
-        _at_least(self, 0, "every_steps")
-        _at_least(self, 1, "keep")
+        at_least(self, 0, "every_steps")
+        at_least(self, 1, "keep")
 
 
 @dataclass(frozen=True)
@@ -142,18 +137,15 @@ class TrainConfig:
             raise ConfigError(
                 "model", f"must be a model config name, a path or a mapping, got {self.model!r}"
             )
-        _at_least(self, 1, "samples_seen", "batch_size", "accum_steps", "log_every_steps")
+        at_least(self, 1, "samples_seen", "batch_size", "accum_steps", "log_every_steps")
         if self.samples_seen < self.batch_size:
             raise ConfigError(
                 "samples_seen", f"{self.samples_seen} is less than one batch ({self.batch_size}); raise it"
             )
-        if self.precision not in PRECISIONS:
-            raise ConfigError("precision", f"must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
+        one_of(self, "precision", PRECISIONS)
         if self.device != "auto" and not self.device.startswith(("cpu", "cuda", "mps")):
             raise ConfigError("device", f"must be auto, cpu, cuda or cuda:N; got {self.device!r}")
-        for name in ("max_steps", "debug_nan_at_step"):
-            if getattr(self, name) is not None:
-                _at_least(self, 1, name)
+        at_least(self, 1, "max_steps", "debug_nan_at_step")
 
     @property
     def total_steps(self) -> int:
@@ -164,14 +156,11 @@ class TrainConfig:
         return load_model_config(self.model)
 
     def to_dict(self) -> dict[str, Any]:
-        return copy.deepcopy(dataclasses.asdict(self))
+        return to_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> TrainConfig:
-        try:
-            return build(cls, data, "")
-        except ConfigError as e:
-            raise e.from_source(source) from None
+        return build(cls, data, source=source)
 
 
 # --- presets, files and overrides (the shared machinery is hype.config) ----------------------------
@@ -192,10 +181,7 @@ def resolve_config_path(config: str | PathLike) -> Path:
 
 def load_train_config(config: str | PathLike | dict, overrides: list[str] | None = None) -> TrainConfig:
     """Read a preset name, a YAML path or a dict, apply `key=value` overrides, validate."""
-    data, source = read_config("train", config, what="training")
-    for item in overrides or []:
-        apply_override(data, item)
-    return TrainConfig.from_dict(data, source + (" (with overrides)" if overrides else ""))
+    return load(TrainConfig, "train", config, overrides, what="training", override=apply_override)
 
 
 def apply_override(data: dict, item: str, root: type | None = None) -> None:
