@@ -171,10 +171,10 @@ def test_load_reads_overrides_and_names_the_source(tmp_path, monkeypatch):
 
 
 def test_presets_suites_and_rule_parameters_share_the_mechanism(tmp_path):
-    import filters
     from hype.eval.tasks import TaskConfigError, load_suite
     from hype.select.errors import SelectError
     from hype.select.presets import load_preset
+    from hype.select.rules import make_rule
 
     preset = tmp_path / "p.yaml"
     preset.write_text("rank: hype\nnormalize: zz\n")
@@ -193,6 +193,6 @@ def test_presets_suites_and_rule_parameters_share_the_mechanism(tmp_path):
         load_suite(suite)
     assert isinstance(err.value, ConfigError) and err.value.key == "task a.size"
     # Spec text is parsed like an override value; text parameters keep it as typed.
-    rule = filters.make_rule("basic:english=off,min_words=4.0,min_side=1e2")
+    rule = make_rule("basic:english=off,min_words=4.0,min_side=1e2")
     assert (rule.params["english"], rule.params["min_words"], rule.params["min_side"]) == (False, 4, 100.0)
-    assert filters.make_rule("hype:weights=eps_i=1").params["weights"].startswith("eps_i=1")
+    assert make_rule("hype:weights=eps_i=1").params["weights"].startswith("eps_i=1")
