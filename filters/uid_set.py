@@ -16,7 +16,7 @@ from typing import ClassVar
 import numpy as np
 
 from filters.base import Rule
-from hype.data.uids import UidError, UidMultiset, load_subset, sort_order
+from hype.data.uids import UidError, UidMultiset, from_structured, load_subset, sort_order
 from hype.select.errors import SelectError
 from hype.select.table import Batch
 
@@ -64,8 +64,9 @@ def union(hi: np.ndarray, lo: np.ndarray, path: str | Path) -> tuple[np.ndarray,
     ms = UidMultiset(other)
     in_other = ms.find(hi, lo) >= 0
     keep_hi, keep_lo = hi[~in_other], lo[~in_other]
-    merged_hi = np.concatenate([keep_hi, other["f0"].astype(np.uint64)])
-    merged_lo = np.concatenate([keep_lo, other["f1"].astype(np.uint64)])
+    other_hi, other_lo = from_structured(other)
+    merged_hi = np.concatenate([keep_hi, other_hi])
+    merged_lo = np.concatenate([keep_lo, other_lo])
     order = sort_order(merged_hi, merged_lo)
     info = {
         "path": str(path),

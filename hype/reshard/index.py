@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hype.data.samples import BAD_JSON, NO_UID, UNREADABLE_SHARD, SkipStats, split_member_name
-from hype.data.uids import UidMultiset
+from hype.data.uids import UidMultiset, parse_uid
 
 TRUNCATED = "truncated_member"  # a member whose data runs past the end of the tar (interrupted copy)
 
@@ -53,19 +53,6 @@ class ShardIndex:
     @classmethod
     def from_json(cls, d: dict) -> ShardIndex:
         return cls(**d)
-
-
-def parse_uid(value: object) -> tuple[int, int] | None:
-    """DataComp's parse of `json["uid"]`: any hex string whose value fits 128 bits (`int(uid, 16)`)."""
-    if not isinstance(value, str):
-        return None
-    try:
-        v = int(value, 16)
-    except ValueError:
-        return None
-    if not 0 <= v < 2**128:
-        return None
-    return divmod(v, 2**64)
 
 
 def iter_sample_members(path: str, stats: SkipStats) -> Iterator[tuple[str, dict[str, tuple[int, int]]]]:
