@@ -40,6 +40,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args()
 
+    from hype.data.imageprep import Preprocess
     from hype.eval import readers as R
     from hype.eval.runner import default_workers
     from hype.eval.tasks import load_suite
@@ -60,7 +61,7 @@ def main() -> None:
         torch.manual_seed(0)
         model = create_model(args.model_config).to(device).eval()
         opts = EncodeOptions(device=device, batch_size=args.batch_size)
-        transform = model.preprocess(train=False)
+        transform = Preprocess.of(model)
 
         t0 = time.perf_counter()
         classnames, templates = R.read_classnames(folder), R.read_templates(folder)

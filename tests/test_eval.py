@@ -358,6 +358,41 @@ def test_decode_image_tolerates_a_wrong_extension():
     assert decode_image(buf.getvalue(), "jpg").format == "PNG"
 
 
+def test_loader_images_are_bit_identical_to_open_clip_in_every_image_mode(tmp_path):
+    """The eval loader batches `hype.data.imageprep.Preprocess`; each image equals the model's open_clip
+    eval transform on the decoded file, whatever its mode (the RGB conversion follows the crop)."""
+    from hype.data.imageprep import Preprocess
+    from hype.eval import readers as R
+
+    rng = np.random.default_rng(3)
+    images = []
+    for mode, size in (
+        ("RGB", (97, 41)),
+        ("L", (30, 70)),
+        ("P", (64, 64)),
+        ("RGBA", (50, 33)),
+        ("LA", (9, 300)),
+    ):
+        rgb = Image.fromarray(rng.integers(0, 256, size=(size[1], size[0], 3), dtype=np.uint8))
+        images.append(rgb.quantize(16) if mode == "P" else rgb.convert(mode))
+    members = []
+    for i, img in enumerate(images):
+        buf = io.BytesIO()
+        img.save(buf, "PNG")
+        members += [(f"k{i:03d}.png", buf.getvalue()), (f"k{i:03d}.cls", b"0")]
+    _write_task(tmp_path / "task", [members])
+    for name in ("tiny-clip", "tiny-hyperbolic"):
+        model = _model(name)
+        spec = R.WdsSpec(label=True)
+        (batch,) = R.wds_loader(
+            tmp_path / "task", transform=Preprocess.of(model), spec=spec, batch_size=8, workers=0
+        )
+        decoded = [decode_image(data, "png") for key, data in members if key.endswith(".png")]
+        assert [d.mode for d in decoded] == ["RGB", "L", "P", "RGBA", "LA"]
+        expected = torch.stack([model.preprocess(train=False)(d) for d in decoded])
+        assert batch["images"].dtype == torch.float32 and torch.equal(batch["images"], expected), name
+
+
 # --- CLI ------------------------------------------------------------------------------------------
 
 

@@ -87,6 +87,29 @@ def test_weighted_sums(scored):
     np.testing.assert_array_equal(got, 2 * x["eps_i"] + -0.5 * x["c_in"])
 
 
+def test_one_hype_score_for_selection_and_the_quality_table(scored):
+    """`hype_score` (paper Eq. 1) is what the `hype` rule ranks by and what the quality table measures;
+    float32 columns give the sum of their exact float64 values."""
+    from hype.scoring.quality import noise_auroc_table
+    from hype.select.combine import hype_score, weighted_sum
+
+    df, table = scored
+    x32 = {m: df[m].to_numpy(np.float32) for m in METRICS}
+    expected = sum(x.astype(np.float64) for x in x32.values())
+    np.testing.assert_array_equal(hype_score(x32), expected)
+    np.testing.assert_array_equal(
+        hype_score({m: df[m].to_numpy() for m in METRICS}), apply(filters.make_rule("hype"), table)
+    )
+    with pytest.raises(SelectError, match="every weight is 0"):
+        weighted_sum(x32, {})
+    labelled = df.assign(noise=np.where(np.arange(len(df)) % 3 == 0, "clean", "shuffled"))
+    aurocs = noise_auroc_table(labelled)
+    by_hand = noise_auroc_table(
+        labelled.assign(eps_i=hype_score({m: df[m].to_numpy(np.float64) for m in METRICS}))
+    )
+    assert aurocs["hype"] == by_hand["eps_i"]
+
+
 def test_image_cluster_is_c_in_positive(scored):
     df, table = scored
     np.testing.assert_array_equal(apply(make_rule("image_cluster"), table), df["c_in"].to_numpy() > 0)

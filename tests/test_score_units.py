@@ -132,8 +132,8 @@ def test_streaming_reference_selection_selects_exactly_what_select_references_se
 
 
 def test_fast_preprocessing_is_bit_identical_to_open_clip(tmp_path):
+    from hype.data.imageprep import Preprocess, decode_rgb
     from hype.models import create_model
-    from hype.scoring.imageprep import Preprocess, decode_rgb
 
     rng = np.random.default_rng(0)
     for name in ("tiny-hyperbolic", "tiny-clip"):

@@ -8,12 +8,16 @@ import pytest
 from hype.data.uids import (
     UidError,
     array_to_uids,
+    from_structured,
     is_sorted,
     load_subset,
     pair_to_uid,
+    parse_uid,
     save_subset,
+    to_structured,
     uid_to_pair,
     uids_to_array,
+    uids_to_pairs,
 )
 
 UIDS = [
@@ -28,6 +32,27 @@ def test_pair_matches_datacomp_divmod():
     for u in UIDS:
         assert uid_to_pair(u) == divmod(int(u, 16), 2**64)
         assert pair_to_uid(*uid_to_pair(u)) == u
+
+
+def test_every_form_of_the_codec_agrees():
+    hi, lo = uids_to_pairs(UIDS)
+    assert hi.dtype == lo.dtype == np.uint64
+    assert [(int(h), int(x)) for h, x in zip(hi, lo, strict=True)] == [uid_to_pair(u) for u in UIDS]
+    arr = to_structured(hi, lo)
+    back_hi, back_lo = from_structured(arr)
+    assert back_hi.dtype == np.uint64 and np.array_equal(back_hi, hi) and np.array_equal(back_lo, lo)
+    assert array_to_uids(arr) == UIDS
+    assert [len(a) for a in uids_to_pairs([])] == [0, 0]
+
+
+def test_parse_uid_reads_json_uids_as_datacomp_does():
+    # DataComp's resharder reads `int(uid, 16)`: case and length are not checked, only the 128-bit range.
+    for u in UIDS:
+        assert parse_uid(u) == uid_to_pair(u) == parse_uid(u.upper())
+    assert parse_uid("f") == (0, 15)
+    assert parse_uid("1" + "0" * 32) is None  # 2**128: does not fit
+    for bad in ("", "xyz", None, 42, "-1"):
+        assert parse_uid(bad) is None
 
 
 def test_array_is_sorted_u8u8_and_round_trips_with_duplicates():

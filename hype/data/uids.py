@@ -1,7 +1,8 @@
 """The one uid codec: DataComp's 128-bit sample ids and its `.npy` subset files.
 
-Scalar functions convert one uid at a time (`uid_to_pair`, `validate_uid`); the vectorised ones
-(`arrow_to_pairs`, `pairs_to_arrow`, `sort_order`, `UidMultiset`) do the same on whole Arrow / NumPy
+Scalar functions convert one uid at a time (`uid_to_pair`, `pair_to_uid`, `validate_uid`, and
+`parse_uid`, DataComp's laxer reading of a shard's `json["uid"]`); the vectorised ones (`arrow_to_pairs`,
+`pairs_to_arrow`, `uids_to_pairs`, `sort_order`, `UidMultiset`) do the same on whole Arrow / NumPy
 arrays with a lookup table over the raw string bytes, for tables with millions of rows (one Python
 `int()` per uid takes minutes at DataComp scale); tests check that both agree exactly.
 
@@ -14,7 +15,7 @@ A uid is a 32-character lowercase hex string. Subset files store it as
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from os import PathLike
 from pathlib import Path
 
@@ -43,6 +44,21 @@ def uid_to_pair(uid: str) -> tuple[int, int]:
     return divmod(int(validate_uid(uid), 16), 2**64)
 
 
+def parse_uid(value: object) -> tuple[int, int] | None:
+    """DataComp's resharder's parse of a sample's `json["uid"]`: any string `int(uid, 16)` reads whose
+    value fits 128 bits, as `(hi, lo)`; None for anything else. Laxer than `uid_to_pair` on purpose: a
+    shard sample is matched the way DataComp matches it."""
+    if not isinstance(value, str):
+        return None
+    try:
+        v = int(value, 16)
+    except ValueError:
+        return None
+    if not 0 <= v < 2**128:
+        return None
+    return divmod(v, 2**64)
+
+
 def pair_to_uid(hi: int, lo: int) -> str:
     """`(hi, lo)` -> 32-char lowercase hex uid."""
     hi, lo = int(hi), int(lo)
@@ -67,10 +83,19 @@ def uids_to_array(uids: Iterable[str], *, sort: bool = True) -> np.ndarray:
     return arr
 
 
+def uids_to_pairs(uids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Valid uids (a list, e.g. a column's `to_pylist()`) -> `(hi, lo)` uint64 arrays, through one
+    `bytes.fromhex` of them all; `arrow_to_pairs` is the validating form for Arrow columns."""
+    if len(uids) == 0:
+        return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+    raw = np.frombuffer(bytes.fromhex("".join(uids)), dtype=">u8").reshape(-1, 2)
+    return raw[:, 0].astype(np.uint64), raw[:, 1].astype(np.uint64)
+
+
 def array_to_uids(arr: np.ndarray) -> list[str]:
     """Decode a `"u8,u8"` array back into hex uids, in array order."""
     arr = _check_dtype(arr, "array")
-    return [f"{int(h):016x}{int(lo):016x}" for h, lo in zip(arr["f0"], arr["f1"], strict=True)]
+    return [pair_to_uid(h, lo) for h, lo in zip(arr["f0"], arr["f1"], strict=True)]
 
 
 def is_sorted(arr: np.ndarray) -> bool:
@@ -198,6 +223,11 @@ def to_structured(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
     arr["f0"] = hi
     arr["f1"] = lo
     return arr
+
+
+def from_structured(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """DataComp's `"u8,u8"` structured array -> `(hi, lo)` uint64 arrays (copies, same order)."""
+    return arr["f0"].astype(np.uint64), arr["f1"].astype(np.uint64)
 
 
 def sort_order(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import io
 import json
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
+
+from hype.data.imageprep import Preprocess
 
 IMAGE_EXTS = ("webp", "png", "jpg", "jpeg")  # CLIP_benchmark's order of preference
 MAX_ERROR_EXAMPLES = 5
@@ -179,50 +181,6 @@ def decode_npy(data: bytes) -> np.ndarray:
     return np.load(io.BytesIO(data), allow_pickle=False)
 
 
-class BatchedTransform:
-    """A model's eval transform split so that its tail runs once per batch instead of once per image.
-
-    open_clip's eval transforms end in ToTensor + Normalize; per image these cost about as much as the
-    decode itself. When the transform has that shape, images go through the PIL steps one by one and
-    are stacked as uint8, then converted and normalized as one tensor: the same float32 operations
-    element by element, so the result is bit-identical. Any other transform runs per image unchanged.
-    """
-
-    def __init__(self, transform: Callable):
-        self.transform = transform
-        self.pil_steps: Callable | None = None
-        steps = getattr(transform, "transforms", None)
-        if isinstance(steps, list) and len(steps) >= 2:
-            from torchvision import transforms as T
-
-            to_tensor, normalize = steps[-2], steps[-1]
-            if type(to_tensor).__name__ in ("ToTensor", "MaybeToTensor") and type(normalize) is T.Normalize:
-                self.pil_steps = T.Compose(steps[:-2])
-                self.mean = torch.as_tensor(normalize.mean, dtype=torch.float32).view(1, -1, 1, 1)
-                self.std = torch.as_tensor(normalize.std, dtype=torch.float32).view(1, -1, 1, 1)
-
-    def one(self, image: Image.Image) -> torch.Tensor:
-        """Per image: a uint8 (3, H, W) tensor when the tail is batched, else the full transform."""
-        if self.pil_steps is not None:
-            out = self.pil_steps(image)
-            if isinstance(out, Image.Image) and out.mode == "RGB":
-                return torch.from_numpy(np.array(out, np.uint8, copy=True)).permute(2, 0, 1)
-        return self.transform(image)
-
-    def batch(self, items: list[torch.Tensor]) -> torch.Tensor:
-        """Stack `one` outputs into a normalized float batch."""
-        if all(t.dtype == torch.uint8 for t in items):
-            return torch.stack(items).float().div_(255).sub_(self.mean).div_(self.std)
-        # Mixed (a non-RGB image fell back to the full transform): finish the uint8 ones one by one.
-        return torch.stack([self._finish(t) if t.dtype == torch.uint8 else t for t in items])
-
-    def _finish(self, t: torch.Tensor) -> torch.Tensor:
-        return t.float().div_(255).sub_(self.mean[0]).div_(self.std[0])
-
-    def __call__(self, image: Image.Image) -> torch.Tensor:
-        return self.batch([self.one(image)])[0]
-
-
 @dataclass
 class WdsSpec:
     """What each webdataset sample must contain besides its image."""
@@ -240,10 +198,10 @@ class WdsBatches(torch.utils.data.IterableDataset):
     `captions` list of caption lists, and `stats` (ReadStats of this batch, including skipped samples).
     """
 
-    def __init__(self, shards: Sequence[Path], transform: Callable, spec: WdsSpec, batch_size: int):
+    def __init__(self, shards: Sequence[Path], transform: Preprocess, spec: WdsSpec, batch_size: int):
         super().__init__()
         self.shards = [str(s) for s in shards]
-        self.transform = BatchedTransform(transform)
+        self.transform = transform
         self.spec = spec
         self.batch_size = batch_size
 
@@ -322,14 +280,14 @@ class WdsBatches(torch.utils.data.IterableDataset):
                 stats.skip(f"{where}: .txt holds no caption")
                 return None
         try:
-            image = self.transform.one(decode_image(sample[ext], ext))
+            image = self.transform.pixels(decode_image(sample[ext], ext))
         except Exception as e:  # PIL raises many types for corrupt data; any of them means "skip"
             stats.skip(f"{where}: corrupt .{ext} ({type(e).__name__}: {e})")
             return None
         return image, label, meta, captions
 
     def _collate(self, batch: list[tuple], stats: ReadStats) -> dict:
-        images = self.transform.batch([b[0] for b in batch]) if batch else None
+        images = self.transform.batch([b[0] for b in batch], "cpu") if batch else None
         return {
             "images": images,
             "labels": torch.tensor([b[1] for b in batch], dtype=torch.int64),
@@ -342,7 +300,7 @@ class WdsBatches(torch.utils.data.IterableDataset):
 def wds_loader(
     folder: Path,
     *,
-    transform: Callable,
+    transform: Preprocess,
     spec: WdsSpec,
     batch_size: int,
     workers: int,
@@ -423,7 +381,7 @@ def _find_image(folder: Path, name: str) -> Path:
 class WinoDataset(torch.utils.data.Dataset):
     """One WinoGAViL item per index: its candidate images transformed, or the reason it is unusable."""
 
-    def __init__(self, items: Sequence[WinoItem], transform: Callable):
+    def __init__(self, items: Sequence[WinoItem], transform: Preprocess):
         self.items = list(items)
         self.transform = transform
 
@@ -433,15 +391,16 @@ class WinoDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> dict:
         item = self.items[index]
         try:
-            images = torch.stack(
-                [self.transform(decode_image(p.read_bytes(), p.suffix[1:].lower())) for p in item.images]
-            )
+            pixels = [
+                self.transform.pixels(decode_image(p.read_bytes(), p.suffix[1:].lower())) for p in item.images
+            ]
+            images = self.transform.batch(pixels, "cpu")
         except Exception as e:  # a missing or corrupt candidate image makes the item unusable
             return {"item": item, "images": None, "error": f"{item.cue!r}: {type(e).__name__}: {e}"}
         return {"item": item, "images": images, "error": None}
 
 
-def wino_loader(items: Sequence[WinoItem], transform: Callable, *, batch_size: int, workers: int):
+def wino_loader(items: Sequence[WinoItem], transform: Preprocess, *, batch_size: int, workers: int):
     """Batches of whole items, about `batch_size` images each (items hold 5 to 12 candidates)."""
     per_batch = max(1, batch_size // 12)
     return torch.utils.data.DataLoader(

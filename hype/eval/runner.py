@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hype.data.imageprep import Preprocess
 from hype.eval import metrics as M
 from hype.eval import readers as R
 from hype.eval.report import aggregate, main_metric
@@ -184,7 +185,7 @@ def evaluate_task(
     if evaluate is None:  # the registry validates types; this guards one added there but not here
         raise ValueError(f"task type {task.type!r} has no evaluator")
     loader_args = dict(
-        transform=model.preprocess(train=False),
+        transform=Preprocess.of(model),
         batch_size=encode.batch_size,
         workers=workers,
         pin_memory=encode.device.type == "cuda",

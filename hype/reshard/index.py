@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hype.data.samples import BAD_JSON, NO_UID, SkipStats, iter_sample_members
-from hype.data.uids import UidMultiset
+from hype.data.uids import UidMultiset, parse_uid
 
 
 @dataclass
@@ -49,19 +49,6 @@ class ShardIndex:
     @classmethod
     def from_json(cls, d: dict) -> ShardIndex:
         return cls(**d)
-
-
-def parse_uid(value: object) -> tuple[int, int] | None:
-    """DataComp's parse of `json["uid"]`: any hex string whose value fits 128 bits (`int(uid, 16)`)."""
-    if not isinstance(value, str):
-        return None
-    try:
-        v = int(value, 16)
-    except ValueError:
-        return None
-    if not 0 <= v < 2**128:
-        return None
-    return divmod(v, 2**64)
 
 
 def index_tar(path: str, subset: UidMultiset) -> ShardIndex:

@@ -24,6 +24,7 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
+from hype.data.imageprep import ImageError, Preprocess, decode_rgb
 from hype.data.samples import (
     BAD_CAPTION,
     BAD_JSON,
@@ -34,7 +35,6 @@ from hype.data.samples import (
     SkipStats,
     iter_tar_samples,
 )
-from hype.scoring.imageprep import ImageError, Preprocess, decode_rgb
 
 BAD_UID = "bad_uid"  # a uid that is not 32 hex characters
 NO_CLASS = "no_class"  # a labelled reference image without a readable .cls

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hype.scoring.metadata import uids_to_halves
+from hype.data.uids import pair_to_uid, uids_to_pairs
 from hype.scoring.rundir import RunDir, ShardTask, atomic_write_json, completed, write_parquet
 from hype.scoring.topk import order_id, split_order_id
 
@@ -39,7 +39,7 @@ def find_duplicates(
         his, los, ids = [], [], []
         for task in tasks:
             uids = pq.read_table(run.shard_output("embed", task), columns=["uid"]).column("uid").to_pylist()
-            hi, lo = uids_to_halves(uids)
+            hi, lo = uids_to_pairs(uids)
             rows = np.arange(len(uids), dtype=np.int64)
             if passes > 1:
                 sel = (hi % np.uint64(passes)) == np.uint64(p)
@@ -60,7 +60,7 @@ def find_duplicates(
         run_start = np.maximum.accumulate(np.where(~same, np.arange(len(gid)), 0))
         dup_ids.append(gid[same])
         first_ids.append(gid[run_start[same]])
-        dup_uids += [f"{int(a):016x}{int(b):016x}" for a, b in zip(hi[same], lo[same], strict=True)]
+        dup_uids += [pair_to_uid(a, b) for a, b in zip(hi[same], lo[same], strict=True)]
     dup = np.concatenate(dup_ids) if dup_ids else np.zeros(0, np.int64)
     first = np.concatenate(first_ids) if first_ids else np.zeros(0, np.int64)
     order = np.argsort(dup, kind="stable")

@@ -29,11 +29,11 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from hype.data.imageprep import Preprocess
 from hype.data.samples import SkipStats
 from hype.geometry import get_geometry
 from hype.scoring import embed_format
 from hype.scoring.decode import Decoded, DecodePool, DecodeSpec, Skipped
-from hype.scoring.imageprep import Preprocess
 from hype.scoring.rundir import (
     RunDir,
     ShardTask,

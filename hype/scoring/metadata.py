@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from hype.data.uids import UidError, uids_to_pairs, validate_uid
 from hype.scoring.rundir import atomic_write_bytes, atomic_write_json, file_identity, fingerprint, read_json
 
 INDEX_DTYPE = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("file", "<u4"), ("row", "<u4"), ("score", "<f4")])
@@ -49,14 +50,6 @@ def metadata_files(folder: str | Path) -> list[Path]:
     return files
 
 
-def uids_to_halves(uids) -> tuple[np.ndarray, np.ndarray]:
-    """32-hex-char uids -> (hi, lo) uint64 arrays (vectorised; uids must be valid)."""
-    if len(uids) == 0:
-        return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
-    raw = np.frombuffer(bytes.fromhex("".join(uids)), dtype=">u8").reshape(-1, 2)
-    return raw[:, 0].astype(np.uint64), raw[:, 1].astype(np.uint64)
-
-
 def build_index(folder: str | Path, index_path: Path, score_column: str) -> dict:
     """Write the sorted uid index of a metadata folder (atomically, marker last); reuse a current one."""
     files = metadata_files(folder)
@@ -67,8 +60,6 @@ def build_index(folder: str | Path, index_path: Path, score_column: str) -> dict
         return done
     started = time.perf_counter()
     parts = []
-    from hype.data.uids import UidError, validate_uid
-
     for i, path in enumerate(files):
         try:
             table = pq.read_table(path, columns=["uid", score_column])
@@ -83,7 +74,7 @@ def build_index(folder: str | Path, index_path: Path, score_column: str) -> dict
                 validate_uid(u)
         except UidError as e:
             raise MetadataError(f"{path}: {e}") from None
-        hi, lo = uids_to_halves(uids)
+        hi, lo = uids_to_pairs(uids)
         part = np.empty(len(uids), INDEX_DTYPE)
         part["hi"], part["lo"], part["file"] = hi, lo, i
         part["row"] = np.arange(len(uids), dtype=np.uint32)
@@ -141,7 +132,7 @@ class MetadataLookup:
 
     def lookup(self, uids: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(found mask, scores, features of the found rows (n_found, d) float32)."""
-        hi, lo = uids_to_halves(uids)
+        hi, lo = uids_to_pairs(uids)
         idx_hi, idx_lo = self.index["hi"], self.index["lo"]
         left = np.searchsorted(idx_hi, hi, side="left")
         right = np.searchsorted(idx_hi, hi, side="right")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from hype.scoring.schema import METRICS
+from hype.select.combine import hype_score
 
 
 def average_ranks(x: np.ndarray) -> np.ndarray:
@@ -39,15 +40,11 @@ def auroc(scores: np.ndarray, positive: np.ndarray) -> float:
     return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
-def hype_score(df) -> np.ndarray:
-    """Paper Eq. 1 with equal weights: ε_i + ε_t + (−d_L) + cos θ + c_IN."""
-    return sum(df[m].to_numpy(np.float64) for m in METRICS)
-
-
 def noise_auroc_table(df, noise_column: str = "noise", clean: str = "clean") -> dict[str, dict[str, float]]:
     """metric (the five terms and `hype`) -> noise kind -> AUROC of clean vs that kind."""
     kinds = sorted(k for k in df[noise_column].unique() if k != clean)
-    columns = {m: df[m].to_numpy(np.float64) for m in METRICS} | {"hype": hype_score(df)}
+    columns = {m: df[m].to_numpy(np.float64) for m in METRICS}
+    columns["hype"] = hype_score(columns)
     is_clean = (df[noise_column] == clean).to_numpy()
     table: dict[str, dict[str, float]] = {}
     for name, values in columns.items():

@@ -25,10 +25,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hype.data.uids import uids_to_pairs
 from hype.scoring import embed_format
 from hype.scoring.clusters import c_in, kmeans_centroids, nearest_centroid, target_centroids
 from hype.scoring.dedup import keep_mask
-from hype.scoring.metadata import uids_to_halves
 from hype.scoring.rundir import (
     RunDir,
     ShardTask,
@@ -123,7 +123,7 @@ def train_clusters(
         pool += len(rows)
         if not len(rows):
             continue
-        hi, _ = uids_to_halves(t.column("uid").take(pa.array(rows)).to_pylist())
+        hi, _ = uids_to_pairs(t.column("uid").take(pa.array(rows)).to_pylist())
         feats = embed_format.fixed_list_to_numpy(t.column("clip_img"))[rows]
         sample.add(hi, order_id(task.index, rows), feats)
     if pool == 0:

@@ -14,7 +14,7 @@ The sum is accumulated in float64, in the fixed order of `METRICS`, so a score d
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -26,6 +26,37 @@ NORMALIZATIONS = ("none", "zscore", "rank")
 RANK_BITS = 22
 
 PAPER_WEIGHTS = dict.fromkeys(METRICS, 1.0)
+
+
+def weighted_sum(
+    columns: Mapping[str, np.ndarray],
+    weights: Mapping[str, float],
+    transform: Callable[[str, np.ndarray], np.ndarray] | None = None,
+) -> np.ndarray:
+    """Σ weight·column over METRICS, in that order, in float64; metrics with weight 0 (or none) are not
+    read, and `transform(metric, column)` (a normalization) is applied to each as it is read. float32
+    columns are widened exactly inside the ufuncs (no float64 copy of each column), so the result is the
+    same as summing float64 copies."""
+    total: np.ndarray | None = None
+    for m in METRICS:
+        w = float(weights.get(m, 0.0))
+        if w == 0.0:
+            continue
+        x = columns[m] if transform is None else transform(m, columns[m])
+        if total is None:
+            total = np.multiply(x, w, dtype=np.float64) if w != 1.0 else np.array(x, dtype=np.float64)
+        elif w == 1.0:
+            np.add(total, x, out=total, dtype=np.float64)
+        else:
+            total += np.multiply(x, w, dtype=np.float64)
+    if total is None:
+        raise SelectError("every weight is 0, so every sample would tie; give a metric a weight")
+    return total
+
+
+def hype_score(columns: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The HYPE score of paper Eq. 1, ε_i + ε_t + (−d_L) + cos θ + c_IN: `weighted_sum` at PAPER_WEIGHTS."""
+    return weighted_sum(columns, PAPER_WEIGHTS)
 
 
 def parse_weights(spec: str | Mapping[str, object]) -> dict[str, float]:
@@ -131,17 +162,5 @@ class Combiner:
         return x
 
     def score(self, columns: Mapping[str, np.ndarray]) -> np.ndarray:
-        """float64 sum over METRICS in order; float32 columns are widened exactly inside the ufuncs (no
-        float64 copy of each column), so the result is the same as summing float64 copies."""
-        total: np.ndarray | None = None
-        for m in self.metrics:
-            x = columns[m] if self.normalize == "none" else self.transform(m, columns[m])
-            w = self.weights[m]
-            if total is None:
-                total = np.multiply(x, w, dtype=np.float64) if w != 1.0 else np.array(x, dtype=np.float64)
-            elif w == 1.0:
-                np.add(total, x, out=total, dtype=np.float64)
-            else:
-                total += np.multiply(x, w, dtype=np.float64)
-        assert total is not None
-        return total
+        """`weighted_sum` of the (normalized) metrics."""
+        return weighted_sum(columns, self.weights, None if self.normalize == "none" else self.transform)

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hype.data.uids import UID_DTYPE, is_sorted, load_subset, pairs_to_arrow, sorted_uids
+from hype.data.uids import UID_DTYPE, is_sorted, load_subset, pair_to_uid, pairs_to_arrow, sorted_uids
 from hype.select.errors import SelectError
 from hype.select.stats import RunningStats
 
@@ -90,7 +90,7 @@ class SubsetWriter:
         hi, lo = arr["f0"], arr["f1"]
         dup = np.flatnonzero((hi[1:] == hi[:-1]) & (lo[1:] == lo[:-1]))
         if len(dup):
-            uid = f"{int(hi[dup[0]]):016x}{int(lo[dup[0]]):016x}"
+            uid = pair_to_uid(hi[dup[0]], lo[dup[0]])
             raise SelectError(
                 f"uid {uid} (and {len(dup) - 1} more) appears more than once in the scores table, so the "
                 "subset would repeat it; a shard was probably scored twice: remove the duplicate part files "

@@ -124,144 +124,205 @@ def reduce(
 ) -> ReduceResult:
     """Run the passes; `carry` columns are handed to the sink for kept rows; `pool_stats` (column -> stats)
     and `score_stats` (the ranking score) are updated with every row of the table."""
-    carry = list(dict.fromkeys(carry))
-    pool_stats = pool_stats or {}
-    rules = [ranker, *masks]
-    passes: list[str] = []
-
-    def label(name: str) -> str | None:
-        passes.append(name)
-        return f"{name} pass" if progress else None
-
-    if any(r.needs_pool_pass for r in rules):
-        cols = _cols(r.columns() for r in rules if r.needs_pool_pass)
-        for batch in table.iter_batches(cols, workers=workers, progress=label("statistics"), check=cols):
-            for r in rules:
-                if r.needs_pool_pass:
-                    r.observe(batch)
-        for r in rules:
-            if r.needs_pool_pass:
-                r.finish_observe()
-
-    rule_cols = _cols([ranker.columns(), *(m.columns() for m in masks)])
-    removed = {m.spec(): 0 for m in masks}
-    cached_masks: list[np.ndarray] | None = None
-    eligible_rows = table.num_rows
-    threshold = target.threshold
-    m_needed = 0
-    lower = upper = math.inf
-
-    k = target.count(table.num_rows) if target.ranked and target.frac_of == "pool" else None
+    run = _Reduction(
+        table, ranker, masks, target, sink, carry, pool_stats or {}, score_stats, workers, progress
+    )
+    run.statistics_pass()
+    run.plan()
     if target.ranked:
-        hist = np.zeros(1 << HIST_BITS, dtype=np.int64)
-        cached_masks = [] if masks else None
-        eligible_rows = 0
-        cols = _cols([rule_cols, list(pool_stats)])
-        for batch in table.iter_batches(cols, workers=workers, progress=label("rank"), check=rule_cols):
-            _update_stats(pool_stats, batch)
-            keep = _eligible(batch, masks, removed)
-            if cached_masks is not None:
-                cached_masks.append(np.packbits(keep))
-            score = _score(ranker, batch)
-            if score_stats is not None:
-                score_stats.add(score)
-            bins = bins64(score if keep is None else score[keep], HIST_BITS)
-            eligible_rows += len(bins)
-            hist += np.bincount(bins, minlength=len(hist))
-        k = target.count(eligible_rows) if k is None else k
-        if k > eligible_rows:
-            raise _too_few(k, eligible_rows, table.num_rows, masks)
-        if k == eligible_rows:
-            threshold = -math.inf  # every eligible row is in
-        else:
-            above = np.cumsum(hist[::-1])  # above[i] = rows in the top i+1 bins
-            j = int(np.searchsorted(above, k))  # first prefix reaching k
-            cut_bin = len(hist) - 1 - j
-            m_needed = k - (int(above[j - 1]) if j > 0 else 0)
-            lower, upper = _bin_bounds(cut_bin)
+        run.rank_pass()
+    run.select_pass()
+    # Parquet decoding leaves freed buffers cached in Arrow's allocator; the caller is about to sort the
+    # kept uids, the peak of a selection: give that memory back first.
+    pa.default_memory_pool().release_unused()
+    run.take_cut()
+    return run.result()
 
-    # -- select pass
-    cols = _cols([["uid"], ranker.columns(), [] if cached_masks is not None else rule_cols, carry])
-    if not target.ranked:
-        cols = _cols([cols, list(pool_stats), rule_cols])
-    candidates = _Candidates(m_needed, carry)
-    kept = 0
-    cut_score = math.inf
-    at_cut = 0
-    eligible_count = 0
-    for i, batch in enumerate(
-        table.iter_batches(cols, workers=workers, progress=label("select"), check=rule_cols)
+
+class _Reduction:
+    """One `reduce` call: its inputs, the passes in the order they run, and what each pass leaves for the
+    next (the cut found by the rank pass, the counts of the select pass)."""
+
+    def __init__(
+        self,
+        table: ScoresTable,
+        ranker: Rule,
+        masks: Sequence[Rule],
+        target: Target,
+        sink: Sink,
+        carry: Iterable[str],
+        pool_stats: dict[str, RunningStats],
+        score_stats: RunningStats | None,
+        workers: int,
+        progress: bool,
     ):
-        if not target.ranked:
-            _update_stats(pool_stats, batch)
-            keep = _eligible(batch, masks, removed)
-        elif cached_masks is not None:
-            keep = np.unpackbits(cached_masks[i], count=len(batch)).astype(bool)
-            cached_masks[i] = None  # type: ignore[call-overload]  # free as we go
-        else:
-            keep = None
-        score = _score(ranker, batch)
-        if score_stats is not None and not target.ranked:
-            score_stats.add(score)
-        eligible_count += len(batch) if keep is None else int(keep.sum())
-        if threshold is not None:
-            definite = score >= threshold
+        self.table, self.ranker, self.masks, self.target, self.sink = table, ranker, masks, target, sink
+        self.carry = list(dict.fromkeys(carry))
+        self.pool_stats, self.score_stats = pool_stats, score_stats
+        self.workers, self.progress = workers, progress
+        self.passes: list[str] = []
+        # What to keep: every row with score >= threshold, or (ranked) the rows with score >= upper and
+        # the best m_needed rows in [lower, upper), the cut bin.
+        self.threshold = target.threshold
+        self.m_needed = 0
+        self.lower = self.upper = math.inf
+        self.cached_masks: list[np.ndarray] | None = None  # the rank pass's masks, as bits, per batch
+        self.eligible_rows = table.num_rows
+        # Counts of the select pass.
+        self.candidates = _Candidates(0, self.carry)
+        self.kept = 0
+        self.cut_score = math.inf
+        self.at_cut = 0
+        self.rows_at_cut = 0
+
+    def _batches(self, name: str, columns: list[str], check: list[str]) -> Iterable[Batch]:
+        self.passes.append(name)
+        label = f"{name} pass" if self.progress else None
+        return self.table.iter_batches(columns, workers=self.workers, progress=label, check=check)
+
+    def statistics_pass(self) -> None:
+        """Rules that normalize over the pool (zscore, rank) see every row first."""
+        observers = [r for r in (self.ranker, *self.masks) if r.needs_pool_pass]
+        if not observers:
+            return
+        cols = _cols(r.columns() for r in observers)
+        for batch in self._batches("statistics", cols, check=cols):
+            for r in observers:
+                r.observe(batch)
+        for r in observers:
+            r.finish_observe()
+
+    def plan(self) -> None:
+        """The columns the rules read, their removal counts, and k when it is a fraction of the pool."""
+        self.rule_cols = _cols([self.ranker.columns(), *(m.columns() for m in self.masks)])
+        self.removed = {m.spec(): 0 for m in self.masks}
+        target = self.target
+        self.k = target.count(self.table.num_rows) if target.ranked and target.frac_of == "pool" else None
+
+    def rank_pass(self) -> None:
+        """Histogram the eligible rows' score keys, then find the cut bin in it."""
+        hist = np.zeros(1 << HIST_BITS, dtype=np.int64)
+        self.cached_masks = [] if self.masks else None
+        self.eligible_rows = 0
+        cols = _cols([self.rule_cols, list(self.pool_stats)])
+        for batch in self._batches("rank", cols, check=self.rule_cols):
+            _update_stats(self.pool_stats, batch)
+            keep = _eligible(batch, self.masks, self.removed)
+            if self.cached_masks is not None:
+                self.cached_masks.append(np.packbits(keep))
+            score = _score(self.ranker, batch)
+            if self.score_stats is not None:
+                self.score_stats.add(score)
+            bins = bins64(score if keep is None else score[keep], HIST_BITS)
+            self.eligible_rows += len(bins)
+            hist += np.bincount(bins, minlength=len(hist))
+        self._find_cut(hist)
+
+    def _find_cut(self, hist: np.ndarray) -> None:
+        k = self.k = self.target.count(self.eligible_rows) if self.k is None else self.k
+        if k > self.eligible_rows:
+            raise _too_few(k, self.eligible_rows, self.table.num_rows, self.masks)
+        if k == self.eligible_rows:
+            self.threshold = -math.inf  # every eligible row is in
+            return
+        above = np.cumsum(hist[::-1])  # above[i] = rows in the top i+1 bins
+        j = int(np.searchsorted(above, k))  # first prefix reaching k
+        cut_bin = len(hist) - 1 - j
+        self.m_needed = k - (int(above[j - 1]) if j > 0 else 0)
+        self.lower, self.upper = _bin_bounds(cut_bin)
+
+    def select_pass(self) -> None:
+        """Read again with the uids: rows above the cut go to the sink, rows in the cut bin are candidates."""
+        ranked = self.target.ranked
+        masks_cols = [] if self.cached_masks is not None else self.rule_cols
+        cols = _cols([["uid"], self.ranker.columns(), masks_cols, self.carry])
+        if not ranked:
+            cols = _cols([cols, list(self.pool_stats), self.rule_cols])
+        self.candidates = _Candidates(self.m_needed, self.carry)
+        eligible_count = 0
+        for i, batch in enumerate(self._batches("select", cols, check=self.rule_cols)):
+            keep = self._keep(i, batch)
+            score = _score(self.ranker, batch)
+            if self.score_stats is not None and not ranked:
+                self.score_stats.add(score)
+            eligible_count += len(batch) if keep is None else int(keep.sum())
+            self._take(batch, score, keep)
+        if not ranked:
+            self.eligible_rows = eligible_count
+
+    def _keep(self, i: int, batch: Batch) -> np.ndarray | None:
+        """Batch `i`'s eligible rows: computed now (threshold selections), or the rank pass's bits."""
+        if not self.target.ranked:
+            _update_stats(self.pool_stats, batch)
+            return _eligible(batch, self.masks, self.removed)
+        if self.cached_masks is None:
+            return None
+        keep = np.unpackbits(self.cached_masks[i], count=len(batch)).astype(bool)
+        self.cached_masks[i] = None  # type: ignore[call-overload]  # free as we go
+        return keep
+
+    def _take(self, batch: Batch, score: np.ndarray, keep: np.ndarray | None) -> None:
+        if self.threshold is not None:
+            definite = score >= self.threshold
             cand = None
         else:
             # Same as comparing key bins with the cut bin, on floats: cheaper than keys for every row.
-            definite = score >= upper
-            cand = score >= lower
+            definite = score >= self.upper
+            cand = score >= self.lower
             cand &= ~definite
         if keep is not None:
             definite &= keep
             if cand is not None:
                 cand &= keep
         if definite.any():
-            s = score[definite]
-            if threshold is not None:  # the cut of a top-k selection is decided among the candidates
-                lowest = float(s.min())
-                if lowest < cut_score:
-                    cut_score, at_cut = lowest, 0
-                at_cut += int((s == cut_score).sum())
-            _emit(sink, batch, definite, s, carry)
-            kept += len(s)
+            self._emit_definite(batch, definite, score[definite])
         if cand is not None and cand.any():
-            sub = batch.filter(cand, ["uid", *carry])
+            sub = batch.filter(cand, ["uid", *self.carry])
             hi, lo = sub.uid_pairs()
-            candidates.add(key64(score[cand]), hi, lo, score[cand], {c: sub.raw(c) for c in carry})
-    if not target.ranked:
-        eligible_rows = eligible_count
-    # Parquet decoding leaves freed buffers cached in Arrow's allocator; the caller is about to sort the
-    # kept uids, the peak of a selection: give that memory back first.
-    pa.default_memory_pool().release_unused()
+            self.candidates.add(key64(score[cand]), hi, lo, score[cand], {c: sub.raw(c) for c in self.carry})
 
-    rows_at_cut = at_cut
-    if m_needed:
-        best = candidates.best()
-        kept += len(best["hi"])
+    def _emit_definite(self, batch: Batch, rows: np.ndarray, s: np.ndarray) -> None:
+        if self.threshold is not None:  # the cut of a top-k selection is decided among the candidates
+            lowest = float(s.min())
+            if lowest < self.cut_score:
+                self.cut_score, self.at_cut = lowest, 0
+            self.at_cut += int((s == self.cut_score).sum())
+        _emit(self.sink, batch, rows, s, self.carry)
+        self.kept += len(s)
+
+    def take_cut(self) -> None:
+        """The best `m_needed` candidates go to the sink, best first; the cut score is the last one's."""
+        self.rows_at_cut = self.at_cut
+        if not self.m_needed:
+            return
+        best = self.candidates.best()
+        self.kept += len(best["hi"])
         s = best["score"]
-        cut_score = float(s[-1])
-        kept_ties = int((s == cut_score).sum())
-        at_cut, rows_at_cut = kept_ties, kept_ties + candidates.dropped_at(key64(np.array([cut_score]))[0])
-        sink(best["hi"], best["lo"], s, best["columns"], None)
-    if kept == 0:
-        raise SelectError(
-            f"empty selection: no eligible row has score >= {target.threshold} "
-            f"({eligible_rows} of {table.num_rows} rows passed the filters); lower --threshold"
+        self.cut_score = float(s[-1])
+        kept_ties = int((s == self.cut_score).sum())
+        dropped_ties = self.candidates.dropped_at(key64(np.array([self.cut_score]))[0])
+        self.at_cut, self.rows_at_cut = kept_ties, kept_ties + dropped_ties
+        self.sink(best["hi"], best["lo"], s, best["columns"], None)
+
+    def result(self) -> ReduceResult:
+        if self.kept == 0:
+            raise SelectError(
+                f"empty selection: no eligible row has score >= {self.target.threshold} "
+                f"({self.eligible_rows} of {self.table.num_rows} rows passed the filters); lower --threshold"
+            )
+        if self.k is not None and self.kept != self.k:  # the algorithm's invariant; never expected
+            raise AssertionError(f"selected {self.kept} rows, expected {self.k}")
+        return ReduceResult(
+            pool_rows=self.table.num_rows,
+            eligible_rows=self.eligible_rows,
+            kept_rows=self.kept,
+            removed_by=self.removed,
+            cut_score=None if math.isinf(self.cut_score) else self.cut_score,
+            rows_at_cut_score=self.rows_at_cut,
+            kept_at_cut_score=self.at_cut,
+            k=self.k,
+            passes=self.passes,
         )
-    if k is not None and kept != k:  # the algorithm's invariant; never expected
-        raise AssertionError(f"selected {kept} rows, expected {k}")
-    return ReduceResult(
-        pool_rows=table.num_rows,
-        eligible_rows=eligible_rows,
-        kept_rows=kept,
-        removed_by=removed,
-        cut_score=None if math.isinf(cut_score) else cut_score,
-        rows_at_cut_score=rows_at_cut,
-        kept_at_cut_score=at_cut,
-        k=k,
-        passes=passes,
-    )
 
 
 def _bin_bounds(b: int) -> tuple[float, float]:

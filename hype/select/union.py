@@ -12,7 +12,7 @@ from os import PathLike
 
 import numpy as np
 
-from hype.data.uids import UidMultiset, load_uid_file, sort_order
+from hype.data.uids import UidMultiset, from_structured, load_uid_file, sort_order
 
 
 def union(hi: np.ndarray, lo: np.ndarray, path: str | PathLike) -> tuple[np.ndarray, np.ndarray, dict]:
@@ -23,8 +23,9 @@ def union(hi: np.ndarray, lo: np.ndarray, path: str | PathLike) -> tuple[np.ndar
     ms = UidMultiset(other)
     in_other = ms.find(hi, lo) >= 0
     keep_hi, keep_lo = hi[~in_other], lo[~in_other]
-    merged_hi = np.concatenate([keep_hi, other["f0"].astype(np.uint64)])
-    merged_lo = np.concatenate([keep_lo, other["f1"].astype(np.uint64)])
+    other_hi, other_lo = from_structured(other)
+    merged_hi = np.concatenate([keep_hi, other_hi])
+    merged_lo = np.concatenate([keep_lo, other_lo])
     order = sort_order(merged_hi, merged_lo)
     info = {
         "path": str(path),

@@ -17,7 +17,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,31 @@ def effective_model_config(cfg: TrainConfig) -> ModelConfig:
     if loss.K_end is not None:
         d["loss"]["entailment_K"] = loss.K_end
     return ModelConfig.from_dict(d, source=f"model {base.name!r} with the training config's loss section")
+
+
+@dataclass
+class _Session:
+    """What `Trainer.run` carries from step to step."""
+
+    step: int  # completed steps
+    last_ckpt: CheckpointPaths | None
+    metrics: MetricsLog | None  # rank 0 only
+    pbar: Any = None
+    status: str = "running"
+    train_time: float = 0.0
+    t0: float = 0.0
+    t_log: float = 0.0  # time and samples at the last metrics row, for its samples_per_s
+    samples_log: int = 0
+    steady_from: tuple[float, int] | None = None  # (time, step) after the warm-up steps
+
+
+@dataclass(frozen=True)
+class _StepDone:
+    step: int
+    lr: float
+    K: float | None
+    grad_norm: float
+    skipped: bool
 
 
 class Trainer:
@@ -352,6 +378,7 @@ class Trainer:
                 signal.signal(s, h)
 
     def run(self) -> dict[str, Any]:
+        """Train from the start (or resumed) step to the end step; returns the summary."""
         cfg, info = self.cfg, self.info
         if info.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
@@ -367,145 +394,185 @@ class Trainer:
         self.global_terms = torch.zeros(3)
         self.global_stop = False
         self.global_shards_read = self.prev_shards_read
-        train_time = steady_time = 0.0
-        steady_from = None
-        last_ckpt = latest_checkpoint(self.out)
-        step = self.start_step
-
+        session = _Session(step=self.start_step, last_ckpt=latest_checkpoint(self.out), metrics=metrics)
         if self.start_step >= self.end_step:
             status = "already_complete" if self.start_step >= self.total_steps else "stopped"
-            return self._finish(status, step, 0.0, None, last_ckpt, metrics, summary)
+            return self._finish(status, session.step, 0.0, None, session.last_ckpt, metrics, summary)
+        return self._train(session, summary)
 
-        ddp_model: nn.Module = self.model
-        if info.distributed:
-            ddp_model = nn.parallel.DistributedDataParallel(
-                self.model,
-                device_ids=[info.device.index] if info.device.type == "cuda" else None,
-                broadcast_buffers=False,
-            )
+    def _train(self, session: _Session, summary: dict[str, Any]) -> dict[str, Any]:
+        """The steps of this session, then the summary, whatever ended them (a raise is re-raised)."""
+        cfg, info = self.cfg, self.info
+        ddp_model = self._wrap_model()
         loader = make_loader(
             self.stream,
             workers=cfg.data.workers,
             pin_memory=info.device.type == "cuda",
             prefetch=cfg.data.prefetch,
         )
-        n_steps = self.end_step - self.start_step
-        warm = min(3, n_steps - 1)  # steps left out of the steady-state throughput (startup, warm-up)
-        pbar = tqdm(
-            total=self.end_step * cfg.batch_size,
-            initial=self.start_step * cfg.batch_size,
-            unit="sample",
-            unit_scale=self.end_step * cfg.batch_size >= 100_000,
-            dynamic_ncols=True,
-            file=sys.stderr,
-            disable=not self.progress,
-            desc=f"train {cfg.name}",
-        )
-        status = "running"
+        session.pbar = self._progress_bar()
         try:
             with self._signals():
-                it = iter(loader)
-                t0 = time.perf_counter()
-                t_log, samples_log = t0, self.start_step * cfg.batch_size
-                for step_idx in range(self.start_step, self.end_step):
-                    current = step_idx + 1  # `step` counts completed steps; it advances after the update
-                    try:
-                        batch = next(it)
-                    except RuntimeError:
-                        if not self.stop_requested:
-                            raise
-                        # Workers lost to the stop signal: the last completed step is saved below.
-                        status = "interrupted"
-                        last_ckpt = self._save(step, train_time) if step > self.start_step else last_ckpt
-                        break
-                    self.skips.merge(batch["skips"])
-                    self.shards_read += batch["shards_read"]
-                    images = batch["images"].to(info.device, non_blocking=True)
-                    tokens = batch["tokens"].to(info.device, non_blocking=True)
-                    lr = lr_at(
-                        step_idx,
-                        base_lr=cfg.optim.lr,
-                        warmup_steps=cfg.optim.warmup_steps,
-                        total_steps=self.total_steps,
-                    )
-                    set_lr(self.optimizer, lr)
-                    K = entailment_K_at(step_idx, self.total_steps, cfg.loss, self.base_K)
-                    self.loss_fn.K = K
-                    self.optimizer.zero_grad(set_to_none=True)
-                    forward_backward(
-                        ddp_model,
-                        self.loss_fn,
-                        images,
-                        tokens,
-                        accum_steps=cfg.accum_steps,
-                        autocast=self.autocast,
-                        scaler=self.scaler,
-                        check=self._check_terms(current, lr, K),
-                        inject_nan=cfg.debug_nan_at_step == current,
-                    )
-                    grad_norm, skipped = self._optimizer_step(current)
-                    step = current
-                    now = time.perf_counter()
-                    train_time = now - t0
-                    if step_idx - self.start_step + 1 == warm:
-                        steady_from = (now, step)
-                    pbar.update(cfg.batch_size)
-
-                    stop = self.global_stop
-                    if step % cfg.log_every_steps == 0 or step == self.end_step or stop:
-                        skips = self._global_skips()
-                        samples = step * cfg.batch_size
-                        terms = self.global_terms.tolist()
-                        row = {
-                            "step": step,
-                            "samples_seen": samples,
-                            "lr": lr,
-                            "loss": terms[0],
-                            "contrastive": terms[1],
-                            "entailment": terms[2] if self.loss_fn.entailment_weight > 0 else None,
-                            "K": K if self.loss_fn.entailment_weight > 0 else None,
-                            **self.scalars(),
-                            "grad_norm": grad_norm,
-                            "fp16_skipped_step": skipped if self.scaler is not None else None,
-                            "samples_per_s": (samples - samples_log) / max(now - t_log, 1e-9),
-                            "skipped": skips.total,
-                            "shards_read": self.global_shards_read,
-                            "time_s": round(self.prev_train_time + train_time, 3),
-                        }
-                        t_log, samples_log = now, samples
-                        self.last_row = row
-                        if metrics is not None:
-                            metrics.write(row)
-                        pbar.set_postfix(step=step, loss=f"{terms[0]:.4f}", lr=f"{lr:.2e}", refresh=False)
-                    every = cfg.checkpoint.every_steps
-                    if stop or step == self.end_step or (every and step % every == 0):
-                        last_ckpt = self._save(step, train_time)
-                    if stop:
-                        status = "interrupted"
-                        break
-                else:
-                    status = "completed" if self.end_step == self.total_steps else "stopped"
+                self._steps(ddp_model, iter(loader), session)
         except TrainingDiverged as e:
-            status = "diverged"
+            session.status = "diverged"
             summary["error"] = str(e)
             raise
         except Exception as e:
-            status = "failed"
+            session.status = "failed"
             summary["error"] = f"{type(e).__name__}: {e}"
             raise
         finally:
-            pbar.close()
-            if steady_from is not None and step > steady_from[1]:
-                steady_time = time.perf_counter() - steady_from[0]
-                self.steady_rate = (step - steady_from[1]) * cfg.batch_size / max(steady_time, 1e-9)
-            else:
-                self.steady_rate = (step - self.start_step) * cfg.batch_size / max(train_time, 1e-9)
-            if status != "running":
-                self._finish(status, step, train_time, steady_time, last_ckpt, metrics, summary)
-            elif metrics is not None:
-                metrics.close()
+            session.pbar.close()
+            steady_time = self._measure_rate(session)
+            if session.status != "running":
+                self._finish(
+                    session.status,
+                    session.step,
+                    session.train_time,
+                    steady_time,
+                    session.last_ckpt,
+                    session.metrics,
+                    summary,
+                )
+            elif session.metrics is not None:
+                session.metrics.close()
             del loader
         return summary
+
+    def _wrap_model(self) -> nn.Module:
+        if not self.info.distributed:
+            return self.model
+        return nn.parallel.DistributedDataParallel(
+            self.model,
+            device_ids=[self.info.device.index] if self.info.device.type == "cuda" else None,
+            broadcast_buffers=False,
+        )
+
+    def _progress_bar(self) -> tqdm:
+        batch, end = self.cfg.batch_size, self.end_step
+        return tqdm(
+            total=end * batch,
+            initial=self.start_step * batch,
+            unit="sample",
+            unit_scale=end * batch >= 100_000,
+            dynamic_ncols=True,
+            file=sys.stderr,
+            disable=not self.progress,
+            desc=f"train {self.cfg.name}",
+        )
+
+    def _steps(self, model: nn.Module, it: Iterator[dict], session: _Session) -> None:
+        """Step until the end step or a stop; leaves how it ended in `session.status`."""
+        cfg = self.cfg
+        warm = min(3, self.end_step - self.start_step - 1)  # steps left out of the steady-state throughput
+        session.t0 = time.perf_counter()
+        session.t_log, session.samples_log = session.t0, self.start_step * cfg.batch_size
+        for step_idx in range(self.start_step, self.end_step):
+            batch = self._next_batch(it, session)
+            if batch is None:
+                return
+            done = self._step(model, batch, step_idx)
+            session.step = done.step  # `step` counts completed steps; it advances after the update
+            now = time.perf_counter()
+            session.train_time = now - session.t0
+            if step_idx - self.start_step + 1 == warm:
+                session.steady_from = (now, session.step)
+            session.pbar.update(cfg.batch_size)
+            stop = self.global_stop
+            if done.step % cfg.log_every_steps == 0 or done.step == self.end_step or stop:
+                self._log(done, now, session)
+            every = cfg.checkpoint.every_steps
+            if stop or done.step == self.end_step or (every and done.step % every == 0):
+                session.last_ckpt = self._save(done.step, session.train_time)
+            if stop:
+                session.status = "interrupted"
+                return
+        session.status = "completed" if self.end_step == self.total_steps else "stopped"
+
+    def _next_batch(self, it: Iterator[dict], session: _Session) -> dict | None:
+        """The next batch, or None when the loader died of a stop signal (the stop is then taken here)."""
+        try:
+            return next(it)
+        except RuntimeError:
+            if not self.stop_requested:
+                raise
+            # Workers lost to the stop signal: the last completed step is saved below.
+            session.status = "interrupted"
+            if session.step > self.start_step:
+                session.last_ckpt = self._save(session.step, session.train_time)
+            return None
+
+    def _step(self, model: nn.Module, batch: dict, step_idx: int) -> _StepDone:
+        """One optimizer step on `batch`: learning rate and K for `step_idx`, gradients, clip, update."""
+        cfg, info = self.cfg, self.info
+        current = step_idx + 1
+        self.skips.merge(batch["skips"])
+        self.shards_read += batch["shards_read"]
+        images = batch["images"].to(info.device, non_blocking=True)
+        tokens = batch["tokens"].to(info.device, non_blocking=True)
+        lr = lr_at(
+            step_idx,
+            base_lr=cfg.optim.lr,
+            warmup_steps=cfg.optim.warmup_steps,
+            total_steps=self.total_steps,
+        )
+        set_lr(self.optimizer, lr)
+        K = entailment_K_at(step_idx, self.total_steps, cfg.loss, self.base_K)
+        self.loss_fn.K = K
+        self.optimizer.zero_grad(set_to_none=True)
+        forward_backward(
+            model,
+            self.loss_fn,
+            images,
+            tokens,
+            accum_steps=cfg.accum_steps,
+            autocast=self.autocast,
+            scaler=self.scaler,
+            check=self._check_terms(current, lr, K),
+            inject_nan=cfg.debug_nan_at_step == current,
+        )
+        grad_norm, skipped = self._optimizer_step(current)
+        return _StepDone(current, lr, K, grad_norm, skipped)
+
+    def _log(self, done: _StepDone, now: float, session: _Session) -> None:
+        """A metrics row for the step just done (a collective: all ranks log at the same steps)."""
+        skips = self._global_skips()
+        samples = done.step * self.cfg.batch_size
+        terms = self.global_terms.tolist()
+        entailment = self.loss_fn.entailment_weight > 0
+        row = {
+            "step": done.step,
+            "samples_seen": samples,
+            "lr": done.lr,
+            "loss": terms[0],
+            "contrastive": terms[1],
+            "entailment": terms[2] if entailment else None,
+            "K": done.K if entailment else None,
+            **self.scalars(),
+            "grad_norm": done.grad_norm,
+            "fp16_skipped_step": done.skipped if self.scaler is not None else None,
+            "samples_per_s": (samples - session.samples_log) / max(now - session.t_log, 1e-9),
+            "skipped": skips.total,
+            "shards_read": self.global_shards_read,
+            "time_s": round(self.prev_train_time + session.train_time, 3),
+        }
+        session.t_log, session.samples_log = now, samples
+        self.last_row = row
+        if session.metrics is not None:
+            session.metrics.write(row)
+        session.pbar.set_postfix(step=done.step, loss=f"{terms[0]:.4f}", lr=f"{done.lr:.2e}", refresh=False)
+
+    def _measure_rate(self, session: _Session) -> float:
+        """Set `steady_rate` (samples/s after the warm-up steps, when there were steps after them);
+        returns the steady time (0 without it)."""
+        batch, step, steady_from = self.cfg.batch_size, session.step, session.steady_from
+        if steady_from is not None and step > steady_from[1]:
+            steady_time = time.perf_counter() - steady_from[0]
+            self.steady_rate = (step - steady_from[1]) * batch / max(steady_time, 1e-9)
+            return steady_time
+        self.steady_rate = (step - self.start_step) * batch / max(session.train_time, 1e-9)
+        return 0.0
 
     def _finish(
         self,

@@ -1,17 +1,19 @@
-"""Image decoding and the models' eval preprocessing, split for throughput.
+"""The one image preprocessor: a model's eval transform, split for throughput. Scoring and eval use it.
 
-open_clip's eval transform is resize (shortest side, bicubic) -> center crop -> to tensor -> normalize.
-The first two run per image in the decode workers on PIL images and give uint8 arrays (this module
-imports only Pillow and NumPy at the top, so decode processes start in a fraction of a second); the
-conversion to float and the normalization run once per batch on the model's device (`Preprocess.batch`),
-which also keeps host-to-device copies at one byte per channel. The result is bit-identical to
-`model.preprocess(train=False)` on the same RGB image (tested): the resize and crop arithmetic below is
-torchvision's for PIL images.
+open_clip's eval transform is resize (shortest side, bicubic) -> center crop -> RGB -> to tensor ->
+normalize. The geometry runs per image on PIL images and gives uint8 arrays (`Preprocess.pixels`; this
+module imports only Pillow and NumPy at the top, so decode processes start in a fraction of a second); the
+conversion to float and the normalization run once per batch (`Preprocess.batch`), on the model's device
+when scoring (host-to-device copies stay at one byte per channel), in the loader's workers in eval. The
+result is bit-identical to `model.preprocess(train=False)` on the same image (tested): the resize and
+crop arithmetic below is torchvision's for PIL images, and the float steps are ToTensor's and
+Normalize's, element by element.
 
-Images are converted to RGB before resizing, like the training pipeline (`hype.data.samples`), so that
-scorer and trainer see the same pixels. Big JPEGs are decoded at a reduced DCT scale (`draft`) that
-still leaves at least twice the model's input size, so the bicubic resize that follows sees nearly the
-same image at a fraction of the decoding cost.
+The scorer converts images to RGB before resizing (`decode_rgb`), like the training pipeline
+(`hype.data.samples`), so that scorer and trainer see the same pixels; eval hands images over in their
+own mode and `pixels` converts after the crop, where open_clip does. Big JPEGs are decoded at a reduced
+DCT scale (`draft`) that still leaves at least twice the model's input size, so the bicubic resize that
+follows sees nearly the same image at a fraction of the decoding cost.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ class Preprocess:
         return (self.size, self.resize_mode, self.interpolation)
 
     def pixels(self, img: Image.Image) -> np.ndarray:
-        """RGB PIL image -> resized and cropped (size, size, 3) uint8 array."""
+        """PIL image -> resized, cropped, RGB (size, size, 3) uint8 array."""
         resample = _PIL_INTERP[self.interpolation]
         if self.resize_mode == "shortest":
             img = _center_crop(_resize_shortest(img, self.size, resample), self.size)
@@ -105,6 +107,8 @@ class Preprocess:
             mode = InterpolationMode(self.interpolation)
             img = ResizeKeepRatio(self.size, interpolation=mode, longest=1)(img)
             img = CenterCropOrPad(self.size, fill=0)(img)
+        if img.mode != "RGB":  # after the geometry, as open_clip's `_convert_to_rgb`
+            img = img.convert("RGB")
         return np.array(img, dtype=np.uint8)  # a writable copy, as ToTensor makes
 
     def batch(self, pixels: list[np.ndarray], device):
