@@ -98,7 +98,7 @@ def test_one_hype_score_for_selection_and_the_quality_table(scored):
     expected = sum(x.astype(np.float64) for x in x32.values())
     np.testing.assert_array_equal(hype_score(x32), expected)
     np.testing.assert_array_equal(
-        hype_score({m: df[m].to_numpy() for m in METRICS}), apply(filters.make_rule("hype"), table)
+        hype_score({m: df[m].to_numpy() for m in METRICS}), apply(make_rule("hype"), table)
     )
     with pytest.raises(SelectError, match="every weight is 0"):
         weighted_sum(x32, {})

@@ -66,6 +66,7 @@ STAGE_EDGES: dict[tuple[str, str], str] = {
     ("hype.report", "hype.select.table"): "the report reads the scores table through selection's reader",
     ("hype.report", "hype.select.stats"): "the report's pool/subset statistics are those of subset.json",
     ("hype.submit", "hype.select.table"): "a submission reads the scores table through selection's reader",
+    ("hype.scoring", "hype.select.combine"): "the quality table ranks by the one HYPE sum selection uses",
 }
 
 # TEMPORARY (issue 12): edges that other branches of issue 12 remove. Empty this set once they are merged;
