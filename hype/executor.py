@@ -156,8 +156,8 @@ class MapResult:
 
 
 class Progress:
-    """A tqdm bar over the tasks a map runs. The bar is created at the first result, so that a forking
-    pool forks before the bar's monitor thread exists; `postfix()` adds a live figure."""
+    """A tqdm bar over the tasks a map runs; `postfix()` adds a live figure. With `lazy`, the bar is
+    created at the first result, so that a forking pool forks before the bar's monitor thread exists."""
 
     def __init__(
         self,
@@ -166,19 +166,21 @@ class Progress:
         enabled: bool = True,
         unit: str = "shard",
         leave: bool = True,
+        lazy: bool = False,
         postfix: Callable[[], str] | None = None,
     ):
         self.desc, self.enabled, self.unit, self.leave, self.postfix = desc, enabled, unit, leave, postfix
+        self.lazy = lazy
         self.total = 0
         self.bar = None
 
     def start(self, total: int) -> None:
         self.total = total
+        if not self.lazy:
+            self._open()
 
-    def update(self) -> None:
-        if not self.enabled or not self.total:
-            return
-        if self.bar is None:
+    def _open(self) -> None:
+        if self.bar is None and self.enabled and self.total:
             from tqdm import tqdm
 
             self.bar = tqdm(
@@ -189,6 +191,11 @@ class Progress:
                 file=sys.stderr,
                 dynamic_ncols=True,
             )
+
+    def update(self) -> None:
+        self._open()
+        if self.bar is None:
+            return
         if self.postfix is not None:
             self.bar.set_postfix_str(self.postfix(), refresh=False)
         self.bar.update(1)

@@ -64,6 +64,18 @@ class BadSetup(Stage):
         return task
 
 
+class Double:
+    """A stage with no `Stage` base class: the executor supplies the default hooks."""
+
+    name = "double"
+
+    def setup(self):
+        pass
+
+    def run(self, task):
+        return 2 * task
+
+
 @pytest.mark.parametrize("workers", [1, 3])
 def test_runs_what_is_not_done_retries_and_reports_failures(tmp_path, workers):
     (tmp_path / "1.json").write_text(json.dumps({"task": 1, "value": 1, "reused": True}))
@@ -122,19 +134,15 @@ def test_fail_fast_stops_at_the_first_failure(tmp_path):
     ]
 
 
-def test_stub_stages_need_only_run_and_progress_counts_new_results(tmp_path):
-    class Double:  # no Stage base class: the executor supplies the default hooks
-        name = "double"
-
-        def setup(self):
-            pass
-
-        def run(self, task):
-            return 2 * task
-
+def test_stub_stages_need_only_run_and_progress_counts_new_results(tmp_path, capsys):
     bar = Progress("double", enabled=False)
     assert PoolExecutor().map(Double(), [1, 2, 3], progress=bar).results == [2, 4, 6]
     assert bar.total == 3 and bar.bar is None
+    for lazy in (False, True):
+        bar = Progress(f"doubling{int(lazy)}", lazy=lazy, postfix=lambda: "fast")
+        PoolExecutor(2, start_method="fork").map(Double(), [1, 2, 3], progress=bar)
+        err = capsys.readouterr().err
+        assert f"doubling{int(lazy)}" in err and "3/3" in err and "fast" in err
 
 
 def test_score_executors_are_plug_ins_found_by_name():

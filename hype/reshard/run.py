@@ -325,7 +325,7 @@ def _clear(out: Path) -> None:
 
 def _run(stage: Stage, tasks: list, workers: int, progress: bool) -> MapResult:
     """Run a pass on `workers` processes (1: in this process); the first failure stops it and is raised."""
-    bar = Progress(stage.name, enabled=progress, unit=" shards")
+    bar = Progress(stage.name, enabled=progress, unit=" shards", lazy=True)  # after the fork
     result = PoolExecutor(workers, retries=0, fail_fast=True).map(stage, tasks, progress=bar)
     result.raise_first_failure()
     return result

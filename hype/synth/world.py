@@ -228,7 +228,7 @@ def _run_jobs(jobs: list[tuple[Callable, tuple]], workers: int, progress: bool) 
     # this process exists (the progress bar starts at the first result), so none is copied mid-lock.
     method = "fork" if sys.platform.startswith("linux") else "spawn"
     executor = PoolExecutor(workers, retries=0, fail_fast=True, start_method=method)
-    bar = Progress("synth", enabled=progress, leave=False)
+    bar = Progress("synth", enabled=progress, leave=False, lazy=True)
     result = executor.map(_Jobs(), jobs, progress=bar)
     result.raise_first_failure()
     return result.results
