@@ -38,8 +38,6 @@ from hype.executor import (
     stop_stage,
 )
 
-log = logging.getLogger(__name__)
-
 
 class _Worker:
     """A Ray actor that holds one set-up stage at a time; `run` processes one shard.
