@@ -1,4 +1,8 @@
-"""Executor-facing jobs (local and Ray) that run the stage code of `hype` over shards.
+"""Executors that run the stages of `hype` (local, Ray), as plug-ins of `hype.executor.EXECUTORS`.
 
-The stages themselves live in the `hype` library and do not know which executor runs them.
+Importing a module registers its executor; `hype` finds them through the `hype.executors` entry points
+(`pyproject.toml`) and never imports this package (only `hype.cli`, which composes the layers, does).
+The stages live in the library and do not know which executor runs them.
 """
+
+from pipelines import local, ray_executor  # noqa: F401 - importing them registers the executors

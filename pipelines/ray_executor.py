@@ -6,10 +6,14 @@ the shard from the shared filesystem, writes the outputs into the run directory 
 marker last), and returns only the small stats dict. The driver keeps one shard in flight per actor
 and hands out the next as each finishes.
 
+Actors are sized from the stage's declared `resources()` (CPUs and GPUs per actor where it names them,
+else this executor's settings; the environment the actor process starts with) and told their CPU budget
+through the stage's `prepare_process(cpus)`; a stage that declares other resources gets a fresh pool.
+
 Failures: a shard whose actor dies (killed, out of memory, node lost) is given to a fresh actor; a shard
-whose run raises is retried on the same actor. Either way at most `retries` extra attempts, then the
-shard is reported as failed (never dropped silently). An error in `setup()` (bad checkpoint, missing
-file) is fatal: it would fail on every actor.
+whose run raises is retried on the same actor. The retry policy (at most `retries` extra attempts, then
+the shard is reported as failed, never dropped silently; an error in `setup()` is fatal: it would fail on
+every actor), skipping finished shards and the stats are `hype.executor.Executor`'s.
 
 Requirements: the pool and the run directory on a filesystem every node sees at the same path, and
 `hype` installed on every node (e.g. the project's Docker image). `ray_address` joins a running cluster
@@ -21,12 +25,18 @@ from __future__ import annotations
 import logging
 import math
 import uuid
-from collections import deque
-from collections.abc import Callable
+from typing import Any
 
-from hype.scoring.stagebase import StageSetupError
-
-log = logging.getLogger(__name__)
+from hype.executor import (
+    EXECUTORS,
+    Executor,
+    Job,
+    StageSetupError,
+    Tally,
+    stage_resources,
+    start_stage,
+    stop_stage,
+)
 
 
 class _Worker:
@@ -45,13 +55,10 @@ class _Worker:
     def install(self, key: str, stage) -> None:
         self.release()
         self.key, self.stage, self.error = key, stage, None
-        if not getattr(stage, "threads", 0):
-            # The CPU budget of this actor (torch threads, decode workers), not the whole node's.
-            stage.threads = max(1, int(self.cpus))
         try:
-            stage.setup()
-        except Exception as e:  # noqa: BLE001 - reported to the driver on the first `run`
-            self.error = f"{type(e).__name__}: {e}"
+            start_stage(stage, self.cpus)  # the CPU budget of this actor, not the whole node's
+        except StageSetupError as e:  # reported to the driver on the first `run`
+            self.error = str(e)
 
     def run(self, key: str, task) -> dict:
         if key != self.key:
@@ -62,9 +69,8 @@ class _Worker:
 
     def release(self) -> None:
         """Drop the stage's state (models, decode processes, GPU memory) before the next stage."""
-        teardown = getattr(self.stage, "teardown", None)
-        if teardown is not None:
-            teardown()
+        if self.stage is not None:
+            stop_stage(self.stage)
         self.stage = None
         import gc
 
@@ -78,7 +84,8 @@ class _Worker:
             pass
 
 
-class RayExecutor:
+@EXECUTORS.register
+class RayExecutor(Executor):
     name = "ray"
 
     def __init__(
@@ -91,12 +98,12 @@ class RayExecutor:
         device: str = "auto",
         retries: int = 2,
     ):
+        super().__init__(retries)
         import ray
 
         self.ray = ray
         self.workers = workers
         self.cpus = cpus_per_worker
-        self.retries = retries
         self._started_here = not ray.is_initialized()
         if self._started_here:
             ray.init(
@@ -121,42 +128,65 @@ class RayExecutor:
             share = resources.get("CPU", 1) / resources["GPU"] * self.gpus if self.gpus else 1.0
             self.cpus = max(1.0, math.floor(share))
         self._workers: list = []
+        self._spec: tuple | None = None  # (cpus, gpus, env) the actors in `_workers` were started with
 
-    def __enter__(self) -> RayExecutor:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    @classmethod
+    def from_config(cls, cfg: Any) -> RayExecutor:
+        """From a `hype.scoring.config.ScoreConfig`."""
+        e = cfg.executor
+        return cls(
+            e.ray_address,
+            workers=e.workers,
+            cpus_per_worker=e.cpus_per_worker,
+            gpus_per_worker=e.gpus_per_worker,
+            device=cfg.device,
+            retries=e.retries,
+        )
 
     def close(self) -> None:
-        for worker in self._workers:
-            self.ray.kill(worker, no_restart=True)
-        self._workers = []
+        self._kill_workers()
         if self._started_here and self.ray.is_initialized():
             self.ray.shutdown()
 
-    def capacity(self) -> int:
-        """How many actors the cluster fits."""
-        fit = math.floor(self.resources.get("CPU", 1) / self.cpus + 1e-9)
-        if self.gpus:
-            fit = min(fit, math.floor(self.resources.get("GPU", 0) / self.gpus + 1e-9))
+    def _kill_workers(self) -> None:
+        for worker in self._workers:
+            self.ray.kill(worker, no_restart=True)
+        self._workers = []
+
+    def _spec_of(self, stage) -> tuple[float, float, tuple]:
+        """(cpus, gpus, env) of one actor for `stage`: what it declares, else this executor's settings."""
+        need = stage_resources(stage)
+        gpus = self.gpus if need.gpus is None else need.gpus
+        if gpus and not self.resources.get("GPU", 0):
+            raise StageSetupError(f"{stage.name} needs {gpus} GPU per worker; the Ray cluster has none")
+        return (need.cpus or self.cpus, gpus, tuple(sorted(need.env.items())))
+
+    def capacity(self, spec: tuple | None = None) -> int:
+        """How many actors of `spec` (default: this executor's settings) the cluster fits."""
+        cpus, gpus = (self.cpus, self.gpus) if spec is None else spec[:2]
+        fit = math.floor(self.resources.get("CPU", 1) / cpus + 1e-9)
+        if gpus:
+            fit = min(fit, math.floor(self.resources.get("GPU", 0) / gpus + 1e-9))
         return max(1, fit)
 
     def _new_worker(self):
-        ray = self.ray
-        from hype.scoring.decode import share_cores_with_decoders
-
-        env = {"env_vars": share_cores_with_decoders()}  # the actor's torch shares cores with its decoders
-        cls = ray.remote(
-            num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=0, max_task_retries=0, runtime_env=env
+        cpus, gpus, env = self._spec
+        cls = self.ray.remote(
+            num_cpus=cpus,
+            num_gpus=gpus,
+            max_restarts=0,
+            max_task_retries=0,
+            runtime_env={"env_vars": dict(env)},  # set before the actor process imports torch
         )(_Worker)
-        return cls.remote(self.cpus)
+        return cls.remote(cpus)
 
-    def map(self, stage, tasks: list, on_result: Callable[[object, dict], None]) -> list[dict]:
-        if not tasks:
-            return []
+    def _execute(self, stage, tally: Tally) -> None:
         ray = self.ray
-        want = min(len(tasks), self.workers or self.capacity())
+        spec = self._spec_of(stage)
+        if spec != self._spec:
+            self._kill_workers()
+            self._spec = spec
+        want = min(len(tally), self.workers or self.capacity(spec))
         while len(self._workers) < want:
             self._workers.append(self._new_worker())
         key = uuid.uuid4().hex
@@ -164,51 +194,34 @@ class RayExecutor:
         idle = list(self._workers[:want])
         for worker in idle:
             worker.install.remote(key, stage_ref)  # actor calls run in submission order
-        queue = deque(tasks)
-        attempts: dict[str, int] = {}
-        inflight: dict = {}
-        failures: list[dict] = []
-
-        def submit(worker) -> None:
-            task = queue.popleft()
-            attempts[task.shard_id] = attempts.get(task.shard_id, 0) + 1
-            inflight[worker.run.remote(key, task)] = (worker, task)
-
-        def retry_or_fail(task, error: str) -> None:
-            n = attempts[task.shard_id]
-            log.warning("%s: %s attempt %d failed: %s", task.path, stage.name, n, error)
-            if n > self.retries:
-                failures.append(
-                    {"shard": task.path, "shard_id": task.shard_id, "attempts": n, "error": error}
-                )
-            else:
-                queue.appendleft(task)
-
-        while queue or inflight:
-            while queue and idle:
-                submit(idle.pop())
-            ready, _ = ray.wait(list(inflight), num_returns=1)
-            worker, task = inflight.pop(ready[0])
-            try:
-                stats = ray.get(ready[0])
-            except ray.exceptions.RayActorError as e:
-                # The worker died while holding this shard: replace it, give the shard again.
-                ray.kill(worker, no_restart=True)
-                fresh = self._new_worker()
-                self._workers[self._workers.index(worker)] = fresh
-                fresh.install.remote(key, stage_ref)
-                idle.append(fresh)
-                retry_or_fail(task, f"worker died ({type(e).__name__})")
-                continue
-            except ray.exceptions.RayTaskError as e:
-                if isinstance(e.cause, StageSetupError):
-                    raise StageSetupError(f"{stage.name} setup failed on a Ray worker: {e.cause}") from None
+        inflight: dict[Any, tuple[Any, Job]] = {}
+        try:
+            while tally or inflight:
+                while tally and idle:
+                    worker, job = idle.pop(), tally.next()
+                    inflight[worker.run.remote(key, job.task)] = (worker, job)
+                ready, _ = ray.wait(list(inflight), num_returns=1)
+                worker, job = inflight.pop(ready[0])
+                try:
+                    stats = ray.get(ready[0])
+                except ray.exceptions.RayActorError as e:
+                    # The worker died while holding this shard: replace it, give the shard again.
+                    ray.kill(worker, no_restart=True)
+                    fresh = self._new_worker()
+                    self._workers[self._workers.index(worker)] = fresh
+                    fresh.install.remote(key, stage_ref)
+                    idle.append(fresh)
+                    tally.failed(job, f"worker died ({type(e).__name__})")
+                    continue
+                except ray.exceptions.RayTaskError as e:
+                    idle.append(worker)
+                    cause = e.cause if e.cause is not None else e
+                    if isinstance(cause, StageSetupError):
+                        cause = StageSetupError(f"{cause} (on a Ray worker)")
+                    tally.failed(job, cause)
+                    continue
                 idle.append(worker)
-                cause = e.cause if e.cause is not None else e
-                retry_or_fail(task, f"{type(cause).__name__}: {cause}")
-                continue
-            idle.append(worker)
-            on_result(task, dict(stats, attempts=attempts[task.shard_id]))
-        for worker in self._workers:
-            worker.release.remote()
-        return failures
+                tally.done(job, stats)
+        finally:
+            for worker in self._workers:
+                worker.release.remote()

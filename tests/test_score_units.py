@@ -119,7 +119,7 @@ def test_streaming_reference_selection_selects_exactly_what_select_references_se
     drops = load_duplicates(run)
     top = select_top_pairs(run, tasks, drops, 50, "fp1", warnings.append)
     stage = CandidateStage(run, curv=curv, K=0.1, hinge=True, top_n_digest=top["digest"], budget_elems=4096)
-    assert LocalExecutor().map(stage, tasks, lambda t, s: None) == []
+    assert LocalExecutor().map(stage, tasks, lambda t, s: None).failures == []
     meta = {"n_top": 50, "K": 0.1, "hinge": True, "curv": curv}
     select_top_m(run, tasks, drops, 40, meta, "fp2", warnings.append)
     streamed = load_reference(run.reference)
@@ -174,9 +174,10 @@ def test_local_executor_retries_and_reports_failing_shards(tmp_path):
 
     tasks = make_tasks([str(tmp_path / f"{i}.tar") for i in range(4)])
     done = []
-    failures = LocalExecutor(retries=2).map(_Flaky(tmp_path), tasks, lambda t, s: done.append((t.index, s)))
+    result = LocalExecutor(retries=2).map(_Flaky(tmp_path), tasks, lambda t, s: done.append((t.index, s)))
+    failures = result.failures
     assert [i for i, _ in done] == [0, 2, 3] and dict(done)[2]["attempts"] == 2
-    assert len(failures) == 1 and failures[0]["attempts"] == 3 and "disk trouble" in failures[0]["error"]
+    assert len(failures) == 1 and failures[0].attempts == 3 and "disk trouble" in failures[0].error
 
 
 # --- run directory, config, metadata --------------------------------------------------------------

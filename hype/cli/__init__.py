@@ -10,6 +10,7 @@ import importlib
 
 import click
 
+import pipelines  # noqa: F401 - registers the bundled executors; hype.cli composes the layers
 from hype import __version__
 
 # name -> (module, attribute, one-line help shown by `hype --help`)

@@ -25,10 +25,8 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import time
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
 from os import PathLike
 from pathlib import Path
 
@@ -39,6 +37,7 @@ from hype.data.errors import SelectError
 from hype.data.samples import SkipStats, iter_tar_samples
 from hype.data.shards import ShardError, expand_shards
 from hype.data.uids import UidError, UidMultiset, load_subset
+from hype.executor import MapResult, PoolExecutor, Progress, Stage
 from hype.files import read_json_dict, sha256_file
 from hype.reshard.index import index_tar
 from hype.synth.shards import write_json, write_tar
@@ -51,35 +50,74 @@ def _tar_id(path: str) -> str:
     return hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:20]
 
 
-# ---- worker-side state: the subset's unique uids, memory-mapped from OUT/.reshard (shared page cache)
-
-_SUBSET: UidMultiset | None = None
-
-
-def _init_worker(state_dir: str) -> None:
-    global _SUBSET
+def _load_subset(state_dir: str) -> UidMultiset:
+    """The subset's unique uids, memory-mapped from OUT/.reshard (workers share the page cache)."""
 
     def load(name: str) -> np.ndarray:
         return np.load(os.path.join(state_dir, f"subset_{name}.npy"), mmap_mode="r", allow_pickle=False)
 
-    _SUBSET = UidMultiset.from_unique(load("hi"), load("lo"), load("counts"))
+    return UidMultiset.from_unique(load("hi"), load("lo"), load("counts"))
 
 
-def _index_job(tar: str, index_path: str) -> dict:
-    """Index one input tar (or reuse its saved index); returns the index as a dict."""
+def _saved_index(tar: str, index_path: str) -> dict | None:
+    """The index saved by an earlier run, if it is of this very tar (path, size, mtime)."""
     p = Path(index_path)
+    if not p.exists():
+        return None
     st = os.stat(tar)
-    if p.exists():
-        try:
-            saved = json.loads(p.read_text())
-            if saved["tar"] == tar and saved["size"] == st.st_size and saved["mtime_ns"] == st.st_mtime_ns:
-                return saved
-        except (OSError, ValueError, KeyError):
-            pass  # unreadable or stale: index again
-    assert _SUBSET is not None
-    index = index_tar(tar, _SUBSET).to_json()
-    write_json(p, index)
+    try:
+        saved = json.loads(p.read_text())
+        if saved["tar"] == tar and saved["size"] == st.st_size and saved["mtime_ns"] == st.st_mtime_ns:
+            return saved
+    except (OSError, ValueError, KeyError):
+        pass  # unreadable or stale: index again
+    return None
+
+
+def _index_job(tar: str, index_path: str, subset: UidMultiset) -> dict:
+    """Index one input tar and save the index; returns it as a dict."""
+    index = index_tar(tar, subset).to_json()
+    write_json(Path(index_path), index)
     return index
+
+
+class _IndexStage(Stage):
+    """Pass 1: one input tar per task `(tar, index file)`; a saved index of the same tar is reused."""
+
+    name = "index"
+
+    def __init__(self, state_dir: str):
+        self.state_dir = state_dir
+
+    def done(self, task: tuple[str, str]) -> dict | None:
+        return _saved_index(*task)
+
+    def label(self, task: tuple[str, str]) -> str:
+        return task[0]
+
+    def setup(self) -> None:
+        self.subset = _load_subset(self.state_dir)
+
+    def run(self, task: tuple[str, str]) -> dict:
+        return _index_job(*task, self.subset)
+
+
+class _WriteStage(Stage):
+    """Pass 2: one output shard per task `(k, pieces)`; done when its `_stats.json` is there."""
+
+    name = "write"
+
+    def __init__(self, out: str):
+        self.out = out
+
+    def done(self, task: tuple[int, list]) -> dict | None:
+        return read_json_dict(Path(self.out) / f"{task[0]:08d}_stats.json")
+
+    def label(self, task: tuple[int, list]) -> str:
+        return str(Path(self.out) / f"{task[0]:08d}.tar")
+
+    def run(self, task: tuple[int, list]) -> dict:
+        return _write_job(self.out, *task)
 
 
 def _copies(index: dict) -> Iterator[tuple[str, int, list]]:
@@ -185,16 +223,15 @@ def reshard(
     skipped = SkipStats()
     copies: list[int] = []
     samples_seen = matched = 0
-    with _pool(workers, str(state)) as ex:
-        results = ex.map(_index_job, inputs, index_files) if ex else map(_index_job, inputs, index_files)
-        for index in _bar(results, len(inputs), "index", progress, "shards"):
-            idx = np.asarray(index["found"], dtype=np.int64)
-            duplicates += int(found[idx].sum()) + (len(idx) - len(np.unique(idx)))
-            found[idx] = True
-            skipped.merge(index["skipped"])
-            copies.append(sum(m[1] for m in index["matched"]))
-            samples_seen += index["samples"]
-            matched += len(index["matched"])
+    indexes = _run(_IndexStage(str(state)), list(zip(inputs, index_files, strict=True)), workers, progress)
+    for index in indexes.results:
+        idx = np.asarray(index["found"], dtype=np.int64)
+        duplicates += int(found[idx].sum()) + (len(idx) - len(np.unique(idx)))
+        found[idx] = True
+        skipped.merge(index["skipped"])
+        copies.append(sum(m[1] for m in index["matched"]))
+        samples_seen += index["samples"]
+        matched += len(index["matched"])
 
     # -- pass 2: plan and write output shards
     total = int(sum(copies))
@@ -217,13 +254,7 @@ def reshard(
                 pieces.append((index_files[i], int(s), int(e)))
             i += 1
         plans.append(pieces)
-    todo = [k for k in range(n_out) if not (out / f"{k:08d}_stats.json").exists()]
-    done_before = n_out - len(todo)
-    with _pool(workers, str(state)) as ex:
-        args = ([str(out)] * len(todo), todo, [plans[k] for k in todo])
-        results = ex.map(_write_job, *args) if ex else map(_write_job, *args)
-        for _ in _bar(results, len(todo), "write", progress, "shards"):
-            pass
+    writes = _run(_WriteStage(str(out)), list(enumerate(plans)), workers, progress)
 
     # -- verify the whole output against the plan
     written = 0
@@ -254,8 +285,8 @@ def reshard(
         "missing_rows": int(len(arr) - ms.counts[found].sum()),
         "duplicate_pool_uids": duplicates,
         "skipped": skipped.to_dict(),
-        "shards_written": len(todo),
-        "shards_resumed": done_before,
+        "shards_written": writes.ran,
+        "shards_resumed": writes.reused,
         "verified": True,
         "seconds": round(time.perf_counter() - start, 3),
         "hype_version": __version__,
@@ -292,28 +323,9 @@ def _clear(out: Path) -> None:
             p.unlink()
 
 
-class _pool:
-    """A process pool (or None for --workers 1) whose workers memory-map the subset."""
-
-    def __init__(self, workers: int, state_dir: str):
-        self.workers, self.state_dir = workers, state_dir
-        self.ex: ProcessPoolExecutor | None = None
-
-    def __enter__(self) -> ProcessPoolExecutor | None:
-        if self.workers == 1:
-            _init_worker(self.state_dir)
-            return None
-        self.ex = ProcessPoolExecutor(self.workers, initializer=_init_worker, initargs=(self.state_dir,))
-        return self.ex
-
-    def __exit__(self, *exc) -> None:
-        if self.ex is not None:
-            self.ex.shutdown(wait=True, cancel_futures=True)
-
-
-def _bar(it, total: int, desc: str, enabled: bool, unit: str):
-    if not enabled:
-        return it
-    from tqdm import tqdm
-
-    return tqdm(it, total=total, desc=desc, unit=f" {unit}", file=sys.stderr, dynamic_ncols=True)
+def _run(stage: Stage, tasks: list, workers: int, progress: bool) -> MapResult:
+    """Run a pass on `workers` processes (1: in this process); the first failure stops it and is raised."""
+    bar = Progress(stage.name, enabled=progress, unit=" shards", lazy=True)  # after the fork
+    result = PoolExecutor(workers, retries=0, fail_fast=True).map(stage, tasks, progress=bar)
+    result.raise_first_failure()
+    return result

@@ -7,8 +7,8 @@
     clusters     [per class shard] + driver k-means + per shard  -> clusters/<id>.parquet (c_IN)
     merge        per shard   THE scores table                      -> scores/part-<index>.parquet
 
-Per-shard work goes through an executor (`pipelines.local.LocalExecutor` in-process, or
-`pipelines.ray_executor.RayExecutor`); the driver-side steps stream the per-shard outputs with bounded
+Per-shard work goes through an executor found by name in `hype.executor.EXECUTORS` (`local` in-process,
+`ray`: the plug-ins of `pipelines/`); the driver-side steps stream the per-shard outputs with bounded
 memory. Every output is skipped when its marker records the current fingerprint (see `rundir`), so a
 rerun after a crash continues where it stopped and a rerun of a finished run does nothing.
 """
@@ -16,11 +16,13 @@ rerun after a crash continues where it stopped and a rerun of a finished run doe
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from hype.executor import EXECUTORS, MapResult, Progress, StageSetupError
 from hype.scoring import summary as summary_mod
 from hype.scoring.config import ScoreConfig
 from hype.scoring.dedup import find_duplicates, load_duplicates
@@ -34,7 +36,6 @@ from hype.scoring.rundir import (
     fingerprint,
     make_tasks,
 )
-from hype.scoring.stagebase import StageSetupError
 
 log = logging.getLogger("hype.score")
 
@@ -52,21 +53,14 @@ class ScoreFailed(RuntimeError):
 
 
 def make_executor(cfg: ScoreConfig):
-    e = cfg.executor
-    if e.kind == "ray":
-        from pipelines.ray_executor import RayExecutor
-
-        return RayExecutor(
-            e.ray_address,
-            workers=e.workers,
-            cpus_per_worker=e.cpus_per_worker,
-            gpus_per_worker=e.gpus_per_worker,
-            device=cfg.device,
-            retries=e.retries,
+    """The executor plug-in named by `cfg.executor.kind`, built from the config."""
+    cls = EXECUTORS.get(cfg.executor.kind)
+    if cls is None:
+        raise ValueError(
+            f"no executor named {cfg.executor.kind!r} is installed (found: {', '.join(EXECUTORS.names())}); "
+            "install hype with its bundled pipelines package"
         )
-    from pipelines.local import LocalExecutor
-
-    return LocalExecutor(retries=e.retries)
+    return cls.from_config(cfg)
 
 
 def _abs(path: str | None) -> str | None:
@@ -99,53 +93,46 @@ class _Run:
 
     def map(self, stage, tasks: list[ShardTask]) -> list[dict]:
         """Run a per-shard stage where needed; return every shard's stats (reused or new) in task order."""
-        from tqdm import tqdm
-
         started = time.perf_counter()
-        todo, done = stage.pending(tasks)
-        results: dict[str, dict] = {s["shard_id"]: s for s in done}
         samples = [0]
-        bar = tqdm(
-            total=len(todo),
-            desc=f"{stage.name:<11}",
-            unit="shard",
-            file=sys.stderr,
-            disable=not self.progress or not todo,
-            dynamic_ncols=True,
-        )
 
-        def on_result(task: ShardTask, stats: dict) -> None:
-            results[task.shard_id] = stats
+        def count(task: ShardTask, stats: dict) -> None:
             samples[0] += int((stats.get("counts") or {}).get("samples", 0))
-            elapsed = time.perf_counter() - started
-            bar.set_postfix_str(f"{samples[0] / max(elapsed, 1e-9):,.0f} samples/s", refresh=False)
-            bar.update(1)
 
+        def rate() -> str:
+            return f"{samples[0] / max(time.perf_counter() - started, 1e-9):,.0f} samples/s"
+
+        progress = Progress(f"{stage.name:<11}", enabled=self.progress, postfix=rate)
         try:
-            failures = self.executor.map(stage, todo, on_result) if todo else []
+            result = self.executor.map(stage, tasks, count, progress=progress)
         except StageSetupError as e:
             raise ScoreError(str(e)) from None
-        finally:
-            bar.close()
-        seconds = time.perf_counter() - started
-        for s in results.values():
-            stage.remember(stage.name, _task_of(s, tasks), s)
-        retries = sum(max(0, int(s.get("attempts", 1)) - 1) for s in results.values() if s.get("attempts"))
-        m = self.stages.setdefault(stage.name, {})
+        for task, stats in zip(tasks, result.results, strict=True):
+            if stats is not None:
+                stage.remember(stage.name, task, stats)
+        self._record(stage.name, result, samples[0])
+        return [s for s in result.results if s is not None]
+
+    def _record(self, name: str, result: MapResult, samples: int) -> None:
+        """Add one map's shard counts, time and failures to the stage's metrics."""
+        m = self.stages.setdefault(name, {})
         for key in ("seconds", "shards_run", "shards_reused", "samples"):
             m.setdefault(key, 0)
-        m["seconds"] = round(m["seconds"] + seconds, 3)
-        m["shards_run"] += len(todo) - len(failures)
-        m["shards_reused"] += len(done)
-        m["samples"] += samples[0]
+        m["seconds"] = round(m["seconds"] + result.seconds, 3)
+        m["shards_run"] += result.ran
+        m["shards_reused"] += result.reused
+        m["samples"] += samples
         m["samples_per_s"] = (
             round(m["samples"] / m["seconds"], 1) if m["seconds"] > 0 and m["samples"] else None
         )
-        m["retries"] = m.get("retries", 0) + retries + sum(f["attempts"] - 1 for f in failures)
-        if failures:
-            m["failed"] = failures
-            self.failures += [f | {"stage": stage.name} for f in failures]
-        return [results[t.shard_id] for t in tasks if t.shard_id in results]
+        m["retries"] = m.get("retries", 0) + result.retries
+        if result.failures:
+            failed = [
+                {"shard": f.task.path, "shard_id": f.task.shard_id, "attempts": f.attempts, "error": f.error}
+                for f in result.failures
+            ]
+            m["failed"] = failed
+            self.failures += [f | {"stage": name} for f in failed]
 
     def timed(self, name: str, fn: Callable[[], dict]) -> dict:
         started = time.perf_counter()
@@ -180,13 +167,6 @@ class _Run:
         )
         atomic_write_json(self.run.summary, s)
         return s
-
-
-def _task_of(stats: dict, tasks: list[ShardTask]) -> ShardTask:
-    t = tasks[stats["index"]] if 0 <= stats.get("index", -1) < len(tasks) else None
-    if t is None or t.shard_id != stats["shard_id"]:
-        t = next(x for x in tasks if x.shard_id == stats["shard_id"])
-    return t
 
 
 def _plan(cfg: ScoreConfig, warn: Callable[[str], None]) -> tuple[list[ShardTask], list[str]]:
@@ -285,9 +265,30 @@ def _with_absolute_paths(cfg: ScoreConfig) -> ScoreConfig:
 
 
 def _score(state: _Run) -> dict:
+    cfg = state.cfg
+    tasks = _start(state)
+    pool, embed_stats = _embed(state, tasks)
+    ref_info = _reference(state, pool)
+    _specificity(state, pool, ref_info["digest"])
+    clusters_info = _clusters(state, pool)
+    merge_stats = _merge(state, pool, c_in=clusters_info is not None)
+    return state.summary(
+        state.plan,
+        status="complete",
+        embed_stats=embed_stats,
+        merge_stats=merge_stats,
+        duplicates=pool.dups,
+        reference=ref_info,
+        clusters=clusters_info,
+        specificity={"hinge": cfg.specificity.hinge, "K": pool.K, "curv": pool.curv},
+    )
+
+
+def _start(state: _Run) -> list[ShardTask]:
+    """The pool's shards: planned, written to plan.json, and the run marked running."""
     cfg, run = state.cfg, state.run
     tasks, empty = _plan(cfg, state.warn)
-    plan = state.plan = {"pool": cfg.pool, "shards": len(tasks), "empty_shards": empty}
+    state.plan = {"pool": cfg.pool, "shards": len(tasks), "empty_shards": empty}
     atomic_write_json(
         run.plan,
         {
@@ -296,7 +297,30 @@ def _score(state: _Run) -> dict:
             "shards": [{"index": t.index, "path": t.path, "id": t.shard_id} for t in tasks],
         },
     )
-    state.summary(plan, status="running")
+    state.summary(state.plan, status="running")
+    return tasks
+
+
+def _metadata(state: _Run) -> dict | None:
+    """The uid index of --metadata (its CLIP features and scores stand in for the CLIP tower)."""
+    cfg, run = state.cfg, state.run
+    if cfg.metadata.dir is None:
+        return None
+    from hype.scoring.metadata import MetadataError, build_index
+
+    try:
+        info = state.timed(
+            "metadata",
+            lambda: build_index(cfg.metadata.dir, run.metadata_index, cfg.metadata.score_column),
+        )
+    except MetadataError as e:
+        raise ScoreError(str(e)) from None
+    return {"dir": cfg.metadata.dir, "features_key": cfg.metadata.features_key, "index": info["fingerprint"]}
+
+
+def _embed(state: _Run, tasks: list[ShardTask]) -> tuple[_Embedded, list[dict]]:
+    """Embed every shard, then find the duplicate uids; (the embedded pool, the embed stats)."""
+    cfg, run, plan = state.cfg, state.run, state.plan
     meru = _model_ref(cfg.meru, "meru")
     clip = _model_ref(cfg.clip, "clip")
     kw = state.stage_kwargs()
@@ -308,24 +332,7 @@ def _score(state: _Run) -> dict:
         "jpeg_draft": cfg.embed.jpeg_draft,
         "precision": cfg.precision,
     }
-
-    # --- embed ----------------------------------------------------------------------------------
-    metadata = None
-    if cfg.metadata.dir is not None:
-        from hype.scoring.metadata import MetadataError, build_index
-
-        try:
-            info = state.timed(
-                "metadata",
-                lambda: build_index(cfg.metadata.dir, run.metadata_index, cfg.metadata.score_column),
-            )
-        except MetadataError as e:
-            raise ScoreError(str(e)) from None
-        metadata = {
-            "dir": cfg.metadata.dir,
-            "features_key": cfg.metadata.features_key,
-            "index": info["fingerprint"],
-        }
+    metadata = _metadata(state)
     embed = EmbedStage(run, meru=meru, clip=clip, metadata=metadata, **embed_kw, **kw)
     embed_stats = state.map(embed, tasks)
     state.check_failures("embed", plan)
@@ -338,177 +345,206 @@ def _score(state: _Run) -> dict:
             f"{run.root}/embed/*_stats.json for examples",
             summary,
         )
-    curv = next(s["curv"] for s in embed_stats if "curv" in s)
     K = cfg.specificity.K if cfg.specificity.K is not None else next(s["K"] for s in embed_stats if "K" in s)
-    dims = next(s["dims"] for s in embed_stats if "dims" in s)
     pool_fp = fingerprint([(t.shard_id, embed.upstream_digest("embed", t)) for t in tasks])
-
-    # --- dedup ----------------------------------------------------------------------------------
     dups = state.timed(
         "dedup", lambda: find_duplicates(run, tasks, fingerprint({"pool": pool_fp}), pool_rows)
     )
-    drops = load_duplicates(run)
+    pool = _Embedded(
+        tasks=tasks,
+        drops=load_duplicates(run),
+        dups=dups,
+        fingerprint=pool_fp,
+        rows=pool_rows,
+        dims=next(s["dims"] for s in embed_stats if "dims" in s),
+        curv=next(s["curv"] for s in embed_stats if "curv" in s),
+        K=K,
+        clip=clip,
+        embed_kw=embed_kw,
+        kw=kw,
+    )
+    return pool, embed_stats
 
-    # --- reference ------------------------------------------------------------------------------
-    ref_info = _reference(state, tasks, drops, dups, pool_fp, curv, K, dims, kw)
 
-    # --- specificity ----------------------------------------------------------------------------
+def _specificity(state: _Run, pool: _Embedded, reference_digest: str) -> None:
     from hype.scoring.stage_specificity import SpecificityStage
 
+    sc = state.cfg.specificity
     spec = SpecificityStage(
-        run,
-        curv=curv,
-        K=K,
-        hinge=cfg.specificity.hinge,
-        reference_digest=ref_info["digest"],
-        budget_elems=cfg.specificity.budget_elems,
-        **kw,
+        state.run,
+        curv=pool.curv,
+        K=pool.K,
+        hinge=sc.hinge,
+        reference_digest=reference_digest,
+        budget_elems=sc.budget_elems,
+        **pool.kw,
     )
-    state.map(spec, tasks)
-    state.check_failures("specificity", plan)
+    state.map(spec, pool.tasks)
+    state.check_failures("specificity", state.plan)
 
-    # --- clusters -------------------------------------------------------------------------------
-    clusters_info = _clusters(
-        state, tasks, drops, dups, pool_fp, pool_rows - dups["duplicates"], dims, clip, embed_kw, kw, plan
-    )
 
-    # --- merge ----------------------------------------------------------------------------------
+def _merge(state: _Run, pool: _Embedded, c_in: bool) -> list[dict]:
+    """THE scores table, one part per shard (parts of shards no longer in the pool are removed)."""
     from hype.scoring.stage_merge import MergeStage
 
-    expected = {run.shard_output("merge", t).name for t in tasks}
+    run = state.run
+    expected = {run.shard_output("merge", t).name for t in pool.tasks}
     for stale in run.scores.glob("part-*.parquet"):
         if stale.name not in expected:
             stale.unlink()
-    merge = MergeStage(
-        run, c_in=clusters_info is not None, duplicates_digest=dups["digest"], drops=drops, **kw
-    )
-    merge_stats = state.map(merge, tasks)
-    state.check_failures("merge", plan)
-    return state.summary(
-        plan,
-        status="complete",
-        embed_stats=embed_stats,
-        merge_stats=merge_stats,
-        duplicates=dups,
-        reference=ref_info,
-        clusters=clusters_info,
-        specificity={"hinge": cfg.specificity.hinge, "K": K, "curv": curv},
-    )
+    merge = MergeStage(run, c_in=c_in, duplicates_digest=pool.dups["digest"], drops=pool.drops, **pool.kw)
+    merge_stats = state.map(merge, pool.tasks)
+    state.check_failures("merge", state.plan)
+    return merge_stats
 
 
-def _reference(state: _Run, tasks, drops, dups, pool_fp, curv, K, dims, kw) -> dict:
+@dataclass(frozen=True)
+class _Embedded:
+    """The embedded pool, as the steps after embed see it."""
+
+    tasks: list[ShardTask]
+    drops: Any  # rows to leave out (`load_duplicates`)
+    dups: dict  # the dedup step's info: digest, duplicates
+    fingerprint: str  # of every shard's embed output
+    rows: int  # embedded rows, duplicates included
+    dims: dict  # feature widths: meru, clip
+    curv: float
+    K: float
+    clip: ModelRef | None
+    embed_kw: dict  # settings of the embed stages
+    kw: dict  # settings of every stage
+
+    @property
+    def unique(self) -> int:
+        return self.rows - self.dups["duplicates"]
+
+
+def _reference(state: _Run, pool: _Embedded) -> dict:
     from hype.scoring.reference import ReferenceError
-    from hype.scoring.stage_reference import (
-        CandidateStage,
-        copy_reference_file,
-        select_top_m,
-        select_top_pairs,
-    )
+    from hype.scoring.stage_reference import copy_reference_file
 
-    cfg, run = state.cfg, state.run
+    rc, run = state.cfg.reference, state.run
+    if rc.file is None:
+        return _select_reference(state, pool)
+    try:
+        return state.timed(
+            "reference",
+            lambda: copy_reference_file(
+                run, rc.file, pool.dims["meru"], fingerprint({"file": file_digest(rc.file)})
+            ),
+        )
+    except (ReferenceError, OSError) as e:
+        raise ScoreError(f"--reference: {e}") from None
+
+
+def _select_reference(state: _Run, pool: _Embedded) -> dict:
+    """HYPE §3.3 on the pool: the top-N pairs by cos θ, then the M most generic among them."""
+    from hype.scoring.stage_reference import CandidateStage, select_top_m, select_top_pairs
+
+    cfg, run, tasks = state.cfg, state.run, pool.tasks
     rc = cfg.reference
-    if rc.file is not None:
-        try:
-            return state.timed(
-                "reference",
-                lambda: copy_reference_file(
-                    run, rc.file, dims["meru"], fingerprint({"file": file_digest(rc.file)})
-                ),
-            )
-        except (ReferenceError, OSError) as e:
-            raise ScoreError(f"--reference: {e}") from None
+    top_fp = fingerprint({"pool": pool.fingerprint, "dups": pool.dups["digest"], "n_top": rc.n_top})
     top = state.timed(
-        "reference",
-        lambda: select_top_pairs(
-            run,
-            tasks,
-            drops,
-            rc.n_top,
-            fingerprint({"pool": pool_fp, "dups": dups["digest"], "n_top": rc.n_top}),
-            state.warn,
-        ),
+        "reference", lambda: select_top_pairs(run, tasks, pool.drops, rc.n_top, top_fp, state.warn)
     )
     if top["n_top"] < rc.n_top:
         state.warn(f"pool of {top['pool']} samples: reference N reduced from {rc.n_top} to {top['n_top']}")
     cand = CandidateStage(
         run,
-        curv=curv,
-        K=K,
+        curv=pool.curv,
+        K=pool.K,
         hinge=rc.hinge,
         top_n_digest=top["digest"],
         budget_elems=cfg.specificity.budget_elems,
-        **kw,
+        **pool.kw,
     )
     cand_stats = state.map(cand, tasks)
     state.check_failures("reference", {"pool": cfg.pool, "shards": len(tasks)})
     m = min(rc.m, top["pool"])
     if m < rc.m:
         state.warn(f"pool of {top['pool']} samples: reference M reduced from {rc.m} to {m}")
-    meta = {"n_top": top["n_top"], "K": K, "hinge": rc.hinge, "curv": curv}
+    meta = {"n_top": top["n_top"], "K": pool.K, "hinge": rc.hinge, "curv": pool.curv}
     fp = fingerprint(
         {
             "top_n": top["digest"],
             "candidates": [s["output"]["digest"] for s in cand_stats],
             "m": m,
-            "dups": dups["digest"],
+            "dups": pool.dups["digest"],
             "meta": meta,
         }
     )
-    info = state.timed("reference", lambda: select_top_m(run, tasks, drops, m, meta, fp, state.warn))
-    return info
+    return state.timed("reference", lambda: select_top_m(run, tasks, pool.drops, m, meta, fp, state.warn))
 
 
-def _clusters(
-    state: _Run, tasks, drops, dups, pool_fp, pool_unique, dims, clip, embed_kw, kw, plan
-) -> dict | None:
-    from hype.scoring.clusters import default_num_clusters
-    from hype.scoring.stage_clusters import (
-        AssignStage,
-        ClassFeatureError,
-        class_features_from_stage,
-        read_class_features_file,
-        train_clusters,
-    )
-
-    cfg, run = state.cfg, state.run
-    cc = cfg.clusters
+def _clusters(state: _Run, pool: _Embedded) -> dict | None:
+    """c_IN: class features, k-means of the pool's CLIP image features, then each sample's cluster."""
+    cc = state.cfg.clusters
     if cc.class_features is None and cc.class_images is None:
         state.warn(
             "no --class-features or --class-images: c_IN is 0 for every sample (the ImageNet-cluster term "
             "is off)"
         )
         return None
+    feats, class_digest = _class_features(state, pool)
+    model = _train_clusters(state, pool, feats, class_digest)
+    from hype.scoring.stage_clusters import AssignStage
+
+    assign = AssignStage(state.run, model_digest=model["digest"], caption_filter=cc.caption_filter, **pool.kw)
+    assign_stats = state.map(assign, pool.tasks)
+    state.check_failures("clusters", state.plan)
+    return model | {
+        "caption_filter": cc.caption_filter,
+        "caption_ok": sum(int(s["counts"]["caption_ok"]) for s in assign_stats),
+        "class_source": cc.class_features or cc.class_images,
+    }
+
+
+def _class_features(state: _Run, pool: _Embedded) -> tuple[Any, str]:
+    """(class feature matrix, its digest) from --class-features, or embedded from --class-images."""
+    from hype.scoring.stage_clusters import (
+        ClassFeatureError,
+        class_features_from_stage,
+        read_class_features_file,
+    )
+
+    cc, width = state.cfg.clusters, pool.dims["clip"]
     try:
         if cc.class_features is not None:
-            feats = read_class_features_file(cc.class_features, dims["clip"])
-            class_digest = file_digest(cc.class_features)
-        else:
-            from hype.data.shards import ShardError, expand_shards
+            return read_class_features_file(cc.class_features, width), file_digest(cc.class_features)
+        from hype.data.shards import ShardError, expand_shards
 
-            try:
-                class_tasks = make_tasks(expand_shards(cc.class_images).paths)
-            except ShardError as e:
-                raise ScoreError(f"--class-images: {e}") from None
-            stage = ClassEmbedStage(run, clip=clip, **embed_kw, **kw)
-            class_stats = state.map(stage, class_tasks)
-            state.check_failures("classes", plan)
-            feats = class_features_from_stage(run, class_tasks)
-            if feats.shape[1] != dims["clip"]:
-                raise ClassFeatureError(
-                    f"--class-images: features of width {feats.shape[1]}, the pool's CLIP features have "
-                    f"{dims['clip']}; with --metadata, pass --class-features from the metadata's CLIP model"
-                )
-            class_digest = fingerprint([s["output"]["digest"] for s in class_stats])
+        try:
+            class_tasks = make_tasks(expand_shards(cc.class_images).paths)
+        except ShardError as e:
+            raise ScoreError(f"--class-images: {e}") from None
+        stage = ClassEmbedStage(state.run, clip=pool.clip, **pool.embed_kw, **pool.kw)
+        class_stats = state.map(stage, class_tasks)
+        state.check_failures("classes", state.plan)
+        feats = class_features_from_stage(state.run, class_tasks)
+        if feats.shape[1] != width:
+            raise ClassFeatureError(
+                f"--class-images: features of width {feats.shape[1]}, the pool's CLIP features have "
+                f"{width}; with --metadata, pass --class-features from the metadata's CLIP model"
+            )
+        return feats, fingerprint([s["output"]["digest"] for s in class_stats])
     except ClassFeatureError as e:
         raise ScoreError(str(e)) from None
-    k = cc.num_clusters or default_num_clusters(pool_unique)
+
+
+def _train_clusters(state: _Run, pool: _Embedded, feats, class_digest: str) -> dict:
+    """faiss k-means of the pool's CLIP image features (resumable: keyed on everything it depends on)."""
+    from hype.scoring.clusters import default_num_clusters
+    from hype.scoring.stage_clusters import train_clusters
+
+    cc = state.cfg.clusters
+    k = cc.num_clusters or default_num_clusters(pool.unique)
     max_points = cc.points_per_centroid * k
     if cc.max_train_points is not None:
         max_points = min(max_points, cc.max_train_points)
     fp = fingerprint(
         {
-            "pool": pool_fp,
-            "dups": dups["digest"],
+            "pool": pool.fingerprint,
+            "dups": pool.dups["digest"],
             "classes": class_digest,
             "k": k,
             "niter": cc.niter,
@@ -517,12 +553,12 @@ def _clusters(
             "gpu": cc.gpu,
         }
     )
-    model = state.timed(
+    return state.timed(
         "clusters",
         lambda: train_clusters(
-            run,
-            tasks,
-            drops,
+            state.run,
+            pool.tasks,
+            pool.drops,
             feats,
             k=k,
             niter=cc.niter,
@@ -533,11 +569,3 @@ def _clusters(
             warn=state.warn,
         ),
     )
-    assign = AssignStage(run, model_digest=model["digest"], caption_filter=cc.caption_filter, **kw)
-    assign_stats = state.map(assign, tasks)
-    state.check_failures("clusters", plan)
-    return model | {
-        "caption_filter": cc.caption_filter,
-        "caption_ok": sum(int(s["counts"]["caption_ok"]) for s in assign_stats),
-        "class_source": cc.class_features or cc.class_images,
-    }

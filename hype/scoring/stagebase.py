@@ -1,14 +1,15 @@
-"""The contract between per-shard stages and executors (datatrove-style).
+"""The per-shard stages of `hype score` on the executor contract (`hype.executor`).
 
-A stage is a small picklable object holding its settings and the run directory. An executor (in-process
-or Ray, see `pipelines/`) ships it to each worker once, calls `setup()` there (load models, references,
-centroids: once per worker), then `run(task)` for every shard it is given. `run` reads its inputs from
-the run directory, writes its outputs there atomically with the completion marker last, and returns
-the small stats dict it wrote in that marker; nothing else leaves the worker. Stages know nothing about
-the executor, and executors nothing about the stages.
+A stage is a small picklable object holding its settings and the run directory. An executor (in-process,
+a process pool, Ray: see `hype.executor` and `pipelines/`) ships it to each worker once, calls
+`prepare_process(cpus)` and `setup()` there (load models, references, centroids: once per worker), then
+`run(task)` for every shard it is given. `run` reads its inputs from the run directory, writes its
+outputs there atomically with the completion marker last (`_finish`, the one place), and returns the
+small stats dict it wrote in that marker; nothing else leaves the worker. Stages know nothing about the
+executor; executors know a stage only through that interface and `resources()`.
 
-`fingerprint(task)` is what the shard's output depends on; the driver skips tasks whose marker already
-records it (`pending`), and `run` stores it, so both sides agree without talking.
+`fingerprint(task)` is what the shard's output depends on; the executor skips tasks whose marker already
+records it (`done`), and `run` stores it, so both sides agree without talking.
 """
 
 from __future__ import annotations
@@ -20,15 +21,12 @@ from pathlib import Path
 
 import torch
 
+from hype.executor import Resources, Stage
+from hype.scoring.decode import SHARED_CORE_ENV
 from hype.scoring.rundir import RunDir, ShardTask, atomic_write_json, completed, read_json, write_parquet
 
 
-class StageSetupError(RuntimeError):
-    """A stage could not be set up in a worker (bad checkpoint, missing file, no GPU); retrying the shard
-    on another worker would not help, so executors raise this instead of retrying."""
-
-
-class ShardStage:
+class ShardStage(Stage):
     """Base class of the per-shard stages."""
 
     name = "stage"
@@ -76,15 +74,21 @@ class ShardStage:
             self.run_dir.shard_output(self.name, task),
         )
 
-    def pending(self, tasks: list[ShardTask]) -> tuple[list[ShardTask], list[dict]]:
-        """(tasks to run, stats of the ones already done)."""
-        todo, done = [], []
-        for task in tasks:
-            stats = self.done(task)
-            (todo.append(task) if stats is None else done.append(stats))
-        return todo, done
+    def label(self, task: ShardTask) -> str:
+        return task.path
+
+    def resources(self) -> Resources:
+        """CPUs and GPUs: the executor's share (a CPU device needs no GPU); the environment: torch's
+        OpenMP threads share the cores with the decode workers (see `hype.scoring.decode`)."""
+        env = {key: os.environ.get(key, value) for key, value in SHARED_CORE_ENV.items()}
+        return Resources(gpus=0.0 if self.device == "cpu" else None, env=env)
 
     # --- worker side ------------------------------------------------------------------------------
+
+    def prepare_process(self, cpus: float | None) -> None:
+        # Unless set, torch threads and decode workers use the worker's CPU budget, not the whole node's.
+        if not self.threads and cpus is not None:
+            self.threads = max(1, int(cpus))
 
     def setup(self) -> None:
         """Per-worker initialisation; subclasses load their heavy state and call this first."""

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-import multiprocessing
 import os
 import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import pyarrow as pa
 
 from hype import __version__
 from hype.data.uids import save_subset
+from hype.executor import PoolExecutor, Progress, Stage
 from hype.synth.eval_tasks import (
     OBJECT_CLASSES,
     RETRIEVAL_TASK,
@@ -208,52 +208,30 @@ def _default_workers() -> int:
     return max(1, min(os.cpu_count() or 1, 8))
 
 
+class _Jobs(Stage):
+    """The render jobs as a stage: a task is `(fn, args)`, its result `fn(*args)`."""
+
+    name = "synth"
+
+    def label(self, task: tuple[Callable, tuple]) -> str:
+        return task[0].__name__
+
+    def run(self, task: tuple[Callable, tuple]) -> object:
+        fn, args = task
+        return fn(*args)
+
+
 def _run_jobs(jobs: list[tuple[Callable, tuple]], workers: int, progress: bool) -> list:
-    """Run `(fn, args)` jobs, in `workers` processes when > 1; results come back in job order."""
-    if workers <= 1 or len(jobs) <= 1:
-        bar = _Progress(len(jobs), progress)
-        results = []
-        for fn, args in jobs:
-            results.append(fn(*args))
-            bar.step()
-        bar.close()
-        return results
-    # fork starts workers in milliseconds. They are all forked at the first submit, before this function
-    # starts threads of its own (progress bar, executor manager), so none of those is copied mid-lock.
+    """Run `(fn, args)` jobs, in `workers` processes when > 1; results come back in job order. The
+    first failure stops the run and is raised (the world is built in a temporary folder: all or nothing)."""
+    # fork starts workers in milliseconds; the pool forks them all at the first job, before any thread of
+    # this process exists (the progress bar starts at the first result), so none is copied mid-lock.
     method = "fork" if sys.platform.startswith("linux") else "spawn"
-    ex = ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context(method))
-    try:
-        futures = [ex.submit(fn, *args) for fn, args in jobs]
-        bar = _Progress(len(jobs), progress)
-        try:
-            results = []
-            for f in futures:
-                results.append(f.result())
-                bar.step()
-        finally:
-            bar.close()
-    except BaseException:
-        ex.shutdown(wait=True, cancel_futures=True)
-        raise
-    ex.shutdown(wait=True)
-    return results
-
-
-class _Progress:
-    def __init__(self, total: int, enabled: bool):
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit="shard", desc="synth", dynamic_ncols=True, leave=False)
-
-    def step(self) -> None:
-        if self.bar is not None:
-            self.bar.update(1)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+    executor = PoolExecutor(workers, retries=0, fail_fast=True, start_method=method)
+    bar = Progress("synth", enabled=progress, leave=False, lazy=True)
+    result = executor.map(_Jobs(), jobs, progress=bar)
+    result.raise_first_failure()
+    return result.results
 
 
 def _wds_jobs(
@@ -277,6 +255,32 @@ def _shard_jobs(
         (_shard_job, (folder, i, samples[i * shard_size : (i + 1) * shard_size], base_url, images))
         for i in range(math.ceil(len(samples) / shard_size))
     ]
+
+
+@dataclass(frozen=True)
+class _Args:
+    """`make_world`'s arguments, checked and resolved."""
+
+    out: Path
+    size: int
+    seed: int
+    clean_size: int
+    eval_size: int
+    reference_per_class: int
+    shard_size: int
+    fractions: dict[str, float]
+    base_url: str
+    workers: int
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Every sample and eval item of the world, drawn before anything is rendered."""
+
+    pool: list[Sample]
+    clean: list[Sample]
+    eval_items: dict[str, list[EvalItem]]
+    reference: list[EvalItem]
 
 
 def make_world(
@@ -308,111 +312,152 @@ def make_world(
         raise SynthError(f"--noise: {e}") from None
     if not base_url.startswith(("http://", "https://")):
         raise SynthError(f"--base-url must start with http:// or https://, got {base_url!r}")
-    base_url = base_url.rstrip("/")
-    workers = _default_workers() if workers is None else int(workers)
-    out = Path(os.path.abspath(out))  # "." and "dir/" have no usable name for the sibling temp folder
-    _prepare_out(out, overwrite)
-
-    # Plan everything (cheap, sequential, one RNG stream per part), then render in parallel.
-    pool_samples = plan_pool(size, seed, stream(seed, "pool"), fractions)
-    clean_samples = plan_clean(clean_size, seed, stream(seed, "clean"))
-    eval_items = {t.name: plan_classification(t, eval_size, stream(seed, f"eval:{t.name}")) for t in TASKS}
-    eval_items[RETRIEVAL_TASK] = plan_retrieval(eval_size, stream(seed, f"eval:{RETRIEVAL_TASK}"))
-    ref_items = plan_reference(reference_per_class, stream(seed, "reference"))
-
-    tmp = out.parent / f".{out.name}.synth-tmp"
+    args = _Args(
+        out=Path(os.path.abspath(out)),  # "." and "dir/" have no usable name for the sibling temp folder
+        size=size,
+        seed=seed,
+        clean_size=clean_size,
+        eval_size=eval_size,
+        reference_per_class=reference_per_class,
+        shard_size=shard_size,
+        fractions=fractions,
+        base_url=base_url.rstrip("/"),
+        workers=_default_workers() if workers is None else int(workers),
+    )
+    _prepare_out(args.out, overwrite)
+    plan = _plan(args)
+    tmp = args.out.parent / f".{args.out.name}.synth-tmp"
     if tmp.exists():
         shutil.rmtree(tmp)  # our own leftover from an interrupted run
     tmp.mkdir(parents=True)
     try:
-        pool, eval_dir = tmp / "pool", tmp / "eval"
-        pool_jobs = _shard_jobs(pool / "shards", pool_samples, shard_size, base_url, pool / "images")
-        clean_jobs = _shard_jobs(tmp / "clean" / "shards", clean_samples, shard_size, None, None)
-        other_jobs = []
-        for task in TASKS:
-            folder = eval_dir / task.folder
-            folder.mkdir(parents=True)
-            write_text(folder / "classnames.txt", "".join(f"{c}\n" for c in task.classnames))
-            write_text(
-                folder / "zeroshot_classification_templates.txt", "".join(f"{t}\n" for t in task.templates)
-            )
-            other_jobs += _wds_jobs(folder / "test", eval_items[task.name], shard_size, EVAL_IMAGE_EXT)
-        retrieval = eval_dir / task_folder(RETRIEVAL_TASK)
-        retrieval.mkdir(parents=True)
-        # CLIP_benchmark treats a webdataset folder without this file as classification.
-        write_text(retrieval / "dataset_type.txt", "retrieval\n")
-        other_jobs += _wds_jobs(retrieval / "test", eval_items[RETRIEVAL_TASK], shard_size, EVAL_IMAGE_EXT)
-        ref = eval_dir / "reference"
-        ref.mkdir()
-        write_text(ref / "classnames.txt", "".join(f"{c}\n" for c in OBJECT_CLASSES))
-        other_jobs += _wds_jobs(ref / "train", ref_items, shard_size, "jpg")
-
-        results = _run_jobs(pool_jobs + clean_jobs + other_jobs, workers, progress)
-
-        truth = [row for r in results[: len(pool_jobs)] for row in r[0]]
-        meta = [row for r in results[: len(pool_jobs)] for row in r[1]]
-        clean_truth = [
-            row for r in results[len(pool_jobs) : len(pool_jobs) + len(clean_jobs)] for row in r[0]
-        ]
-        (pool / "metadata").mkdir()
-        metadata_files = []
-        for start in range(0, len(meta), METADATA_ROWS_PER_FILE):
-            rows = meta[start : start + METADATA_ROWS_PER_FILE]
-            name = hashlib.blake2b(
-                f"hype-synth:{seed}:metadata:{start}:{size}".encode(), digest_size=16
-            ).hexdigest()
-            write_parquet(pool / "metadata" / f"{name}.parquet", _table(rows, METADATA_SCHEMA))
-            metadata_files.append(f"pool/metadata/{name}.parquet")
-        write_parquet(tmp / "truth.parquet", _table(truth, TRUTH_SCHEMA))
-        write_parquet(tmp / "clean" / "truth.parquet", _table(clean_truth, TRUTH_SCHEMA))
-        # The oracle subset (every clean pool sample) is the upper bound any filter is compared against.
-        (tmp / "subsets").mkdir()
-        save_subset(tmp / "subsets" / "oracle_clean.npy", [s.uid for s in pool_samples if s.noise == "clean"])
-
-        noise_counts = _count(s.noise for s in pool_samples)
-        world = {
-            "format_version": FORMAT_VERSION,
-            "generator": f"hype.synth {__version__}",
-            "seed": seed,
-            "args": {
-                "size": size,
-                "clean_size": clean_size,
-                "eval_size": eval_size,
-                "reference_per_class": reference_per_class,
-                "shard_size": shard_size,
-                "noise": {k: round(v, 6) for k, v in fractions.items()},
-                "base_url": base_url,
-            },
-            "counts": {
-                "pool": size,
-                "clean": clean_size,
-                "eval_per_task": eval_size,
-                "reference": len(ref_items),
-                "pool_shards": len(pool_jobs),
-                "clean_shards": len(clean_jobs),
-            },
-            "noise_counts": {k: noise_counts.get(k, 0) for k in NOISE_KINDS},
-            "image_kinds": _count(s.scene.kind for s in pool_samples),
-            "eval_tasks": list(TASK_NAMES),
-            "eval_image_ext": EVAL_IMAGE_EXT,
-            "layout": {
-                "pool_shards": "pool/shards/{shard:08d}.tar (+ .parquet, _stats.json)",
-                "pool_images": "pool/images/{uid}.jpg (serve pool/ as the web root)",
-                "pool_metadata": metadata_files,
-                "clean_shards": "clean/shards/{shard:08d}.tar (+ .parquet, _stats.json)",
-                "truth": "truth.parquet",
-                "clean_truth": "clean/truth.parquet",
-                "oracle_subset": "subsets/oracle_clean.npy",
-                "eval": [f"eval/{task_folder(t)}" for t in TASK_NAMES],
-                "reference": "eval/reference/train/{i}.tar (+ eval/reference/classnames.txt)",
-            },
-        }
-        write_json(tmp / "world.json", world)
+        world = _build(tmp, args, plan, progress)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _swap_into_place(tmp, args.out)
+    elapsed = round(time.perf_counter() - t0, 3)
+    return {**world, "out": str(args.out), "workers": args.workers, "elapsed_s": elapsed}
 
-    # Swap into place: `out` only ever holds a complete world.
+
+def _plan(a: _Args) -> _Plan:
+    """Plan everything (cheap, sequential, one RNG stream per part); rendering comes after, in parallel."""
+    seed = a.seed
+    eval_items = {t.name: plan_classification(t, a.eval_size, stream(seed, f"eval:{t.name}")) for t in TASKS}
+    eval_items[RETRIEVAL_TASK] = plan_retrieval(a.eval_size, stream(seed, f"eval:{RETRIEVAL_TASK}"))
+    return _Plan(
+        pool=plan_pool(a.size, seed, stream(seed, "pool"), a.fractions),
+        clean=plan_clean(a.clean_size, seed, stream(seed, "clean")),
+        eval_items=eval_items,
+        reference=plan_reference(a.reference_per_class, stream(seed, "reference")),
+    )
+
+
+def _build(tmp: Path, a: _Args, plan: _Plan, progress: bool) -> dict:
+    """Render and write the whole world into `tmp`, `world.json` last; returns what it holds."""
+    pool = tmp / "pool"
+    pool_jobs = _shard_jobs(pool / "shards", plan.pool, a.shard_size, a.base_url, pool / "images")
+    clean_jobs = _shard_jobs(tmp / "clean" / "shards", plan.clean, a.shard_size, None, None)
+    eval_jobs = _eval_jobs(tmp / "eval", plan, a.shard_size)
+
+    results = _run_jobs(pool_jobs + clean_jobs + eval_jobs, a.workers, progress)
+
+    pool_results = results[: len(pool_jobs)]
+    clean_results = results[len(pool_jobs) : len(pool_jobs) + len(clean_jobs)]
+    metadata_files = _write_metadata(pool / "metadata", a, [row for r in pool_results for row in r[1]])
+    write_parquet(tmp / "truth.parquet", _table([row for r in pool_results for row in r[0]], TRUTH_SCHEMA))
+    clean_truth = [row for r in clean_results for row in r[0]]
+    write_parquet(tmp / "clean" / "truth.parquet", _table(clean_truth, TRUTH_SCHEMA))
+    # The oracle subset (every clean pool sample) is the upper bound any filter is compared against.
+    (tmp / "subsets").mkdir()
+    save_subset(tmp / "subsets" / "oracle_clean.npy", [s.uid for s in plan.pool if s.noise == "clean"])
+    world = _world_json(a, plan, metadata_files, len(pool_jobs), len(clean_jobs))
+    write_json(tmp / "world.json", world)
+    return world
+
+
+def _eval_jobs(eval_dir: Path, plan: _Plan, shard_size: int) -> list[tuple[Callable, tuple]]:
+    """Lay out the eval tasks (CLIP_benchmark's folders) and the reference set; their render jobs."""
+    jobs = []
+    for task in TASKS:
+        folder = eval_dir / task.folder
+        folder.mkdir(parents=True)
+        write_text(folder / "classnames.txt", "".join(f"{c}\n" for c in task.classnames))
+        write_text(
+            folder / "zeroshot_classification_templates.txt", "".join(f"{t}\n" for t in task.templates)
+        )
+        jobs += _wds_jobs(folder / "test", plan.eval_items[task.name], shard_size, EVAL_IMAGE_EXT)
+    retrieval = eval_dir / task_folder(RETRIEVAL_TASK)
+    retrieval.mkdir(parents=True)
+    # CLIP_benchmark treats a webdataset folder without this file as classification.
+    write_text(retrieval / "dataset_type.txt", "retrieval\n")
+    jobs += _wds_jobs(retrieval / "test", plan.eval_items[RETRIEVAL_TASK], shard_size, EVAL_IMAGE_EXT)
+    ref = eval_dir / "reference"
+    ref.mkdir()
+    write_text(ref / "classnames.txt", "".join(f"{c}\n" for c in OBJECT_CLASSES))
+    jobs += _wds_jobs(ref / "train", plan.reference, shard_size, "jpg")
+    return jobs
+
+
+def _write_metadata(folder: Path, a: _Args, meta: list[dict]) -> list[str]:
+    """The pool's DataComp-style metadata parquet files; returns their paths relative to the world."""
+    folder.mkdir()
+    files = []
+    for start in range(0, len(meta), METADATA_ROWS_PER_FILE):
+        rows = meta[start : start + METADATA_ROWS_PER_FILE]
+        name = hashlib.blake2b(
+            f"hype-synth:{a.seed}:metadata:{start}:{a.size}".encode(), digest_size=16
+        ).hexdigest()
+        write_parquet(folder / f"{name}.parquet", _table(rows, METADATA_SCHEMA))
+        files.append(f"pool/metadata/{name}.parquet")
+    return files
+
+
+def _world_json(
+    a: _Args, plan: _Plan, metadata_files: list[str], pool_shards: int, clean_shards: int
+) -> dict:
+    noise_counts = _count(s.noise for s in plan.pool)
+    return {
+        "format_version": FORMAT_VERSION,
+        "generator": f"hype.synth {__version__}",
+        "seed": a.seed,
+        "args": {
+            "size": a.size,
+            "clean_size": a.clean_size,
+            "eval_size": a.eval_size,
+            "reference_per_class": a.reference_per_class,
+            "shard_size": a.shard_size,
+            "noise": {k: round(v, 6) for k, v in a.fractions.items()},
+            "base_url": a.base_url,
+        },
+        "counts": {
+            "pool": a.size,
+            "clean": a.clean_size,
+            "eval_per_task": a.eval_size,
+            "reference": len(plan.reference),
+            "pool_shards": pool_shards,
+            "clean_shards": clean_shards,
+        },
+        "noise_counts": {k: noise_counts.get(k, 0) for k in NOISE_KINDS},
+        "image_kinds": _count(s.scene.kind for s in plan.pool),
+        "eval_tasks": list(TASK_NAMES),
+        "eval_image_ext": EVAL_IMAGE_EXT,
+        "layout": {
+            "pool_shards": "pool/shards/{shard:08d}.tar (+ .parquet, _stats.json)",
+            "pool_images": "pool/images/{uid}.jpg (serve pool/ as the web root)",
+            "pool_metadata": metadata_files,
+            "clean_shards": "clean/shards/{shard:08d}.tar (+ .parquet, _stats.json)",
+            "truth": "truth.parquet",
+            "clean_truth": "clean/truth.parquet",
+            "oracle_subset": "subsets/oracle_clean.npy",
+            "eval": [f"eval/{task_folder(t)}" for t in TASK_NAMES],
+            "reference": "eval/reference/train/{i}.tar (+ eval/reference/classnames.txt)",
+        },
+    }
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    """`out` only ever holds a complete world: the previous one until the new one is renamed in."""
     if out.exists():
         old = out.parent / f".{out.name}.synth-old"
         if old.exists():
@@ -422,7 +467,6 @@ def make_world(
         shutil.rmtree(old)
     else:
         tmp.rename(out)
-    return {**world, "out": str(out), "workers": workers, "elapsed_s": round(time.perf_counter() - t0, 3)}
 
 
 def _count(items) -> dict[str, int]:

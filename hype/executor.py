@@ -1,0 +1,431 @@
+"""Executors: run a stage over a list of tasks, wherever the work goes (in the style of datatrove's executor
+base and img2dataset's distributor).
+
+A stage is a small picklable object (`Stage` gives the defaults). On the driver, `done(task)` returns the
+stats of a task whose output is already complete (its completion marker) or None, and `resources()`
+declares what one worker of the stage needs. In a worker, `prepare_process(cpus)` adapts the stage to
+the worker's share of the machine, `setup()` loads its heavy state once, `run(task)` writes one task's
+outputs (completion marker last) and returns its small stats, `teardown()` releases the state.
+
+`Executor.map` is the one implementation of everything but placement: it skips completed tasks, hands
+the others to the subclass's `_execute` through a `Tally`, which numbers attempts, retries a failed task
+at most `retries` times (never a `StageSetupError`: it would fail on every worker), reports each result
+to the caller's callback and progress bar, and collects the per-task stats and the failures into a
+`MapResult`. Subclasses only decide where `run` is called: `PoolExecutor` in this process or a pool of
+local processes (`hype reshard`, `hype synth`, and `pipelines.local`), `pipelines.ray_executor` on a Ray
+cluster. Executors selectable by name (`hype score --executor NAME`) register in `EXECUTORS`.
+
+This module sits below the stages: it imports nothing of `hype` but the plug-in registry.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import multiprocessing
+import os
+import pickle
+import sys
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from typing import Any
+
+from hype.plugins import Registry
+
+log = logging.getLogger(__name__)
+
+# Executors that `hype score --executor NAME` finds by name; `pipelines/` registers the bundled ones.
+EXECUTORS: Registry[type] = Registry("executors")
+
+
+class StageSetupError(RuntimeError):
+    """A stage could not be set up in a worker (bad checkpoint, missing file, no GPU); retrying the task
+    on another worker would not help, so executors raise this instead of retrying."""
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one worker of a stage needs; an executor sizes and starts its workers from this alone."""
+
+    cpus: float = 0.0  # CPU cores per worker; 0: the executor's share (its settings, the machine)
+    gpus: float | None = None  # GPUs per worker (fractions share one); None: the executor's setting
+    # Environment a worker process needs before it loads the stage (OpenMP reads it once, at start).
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+class Stage:
+    """Defaults of the stage interface; a stage overrides `run` and what else it needs."""
+
+    name = "stage"
+
+    # --- driver side ------------------------------------------------------------------------------
+
+    def resources(self) -> Resources:
+        return Resources()
+
+    def done(self, task: Any) -> Any | None:
+        """The stats of `task`'s complete output (from its marker), or None when it must run."""
+        return None
+
+    def label(self, task: Any) -> str:
+        """How logs and failures name `task`."""
+        return str(task)
+
+    # --- worker side ------------------------------------------------------------------------------
+
+    def prepare_process(self, cpus: float | None) -> None:
+        """Called in each worker before `setup`, with the CPU cores the worker holds (None: all of
+        this machine's, shared with the driver)."""
+
+    def setup(self) -> None:
+        """Per-worker initialisation (models, references): once per worker, before the first task."""
+
+    def run(self, task: Any) -> Any:
+        raise NotImplementedError
+
+    def teardown(self) -> None:
+        """Per-worker clean-up after the last task."""
+
+
+def _hook(stage: object, name: str) -> Callable:
+    # Stages need not subclass `Stage` (a test's stub, a third-party stage): missing hooks take the defaults.
+    return getattr(stage, name, None) or getattr(Stage, name).__get__(stage)
+
+
+def stage_resources(stage: object) -> Resources:
+    return _hook(stage, "resources")()
+
+
+def start_stage(stage: object, cpus: float | None) -> None:
+    """Worker side: prepare the process for `stage` and set it up; any error is a `StageSetupError`."""
+    try:
+        _hook(stage, "prepare_process")(cpus)
+        stage.setup()
+    except Exception as e:  # noqa: BLE001 - every task would fail the same way
+        name = getattr(stage, "name", type(stage).__name__)
+        raise StageSetupError(f"{name} setup failed: {type(e).__name__}: {e}") from e
+
+
+def stop_stage(stage: object) -> None:
+    _hook(stage, "teardown")()
+
+
+# --- the driver's book-keeping -----------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    """One task on its way through an executor."""
+
+    index: int  # position in the task list given to `map`
+    task: Any
+    attempts: int = 0
+
+
+@dataclass
+class Failure:
+    """A task that still failed after its retries."""
+
+    task: Any
+    attempts: int
+    error: str  # "<ExceptionType>: message"
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass
+class MapResult:
+    results: list  # per task, in task order: its stats (reused or new), None where it failed
+    failures: list[Failure]
+    ran: int  # tasks run to success by this map
+    reused: int  # tasks skipped because their output was already complete
+    retries: int  # attempts that failed and were given another go
+    seconds: float
+
+    def raise_first_failure(self) -> None:
+        """Raise the first failed task's own exception (or a RuntimeError naming it)."""
+        if self.failures:
+            f = self.failures[0]
+            if f.exception is not None:
+                raise f.exception
+            raise RuntimeError(f"{f.task}: {f.error} (after {f.attempts} attempts)")
+
+
+class Progress:
+    """A tqdm bar over the tasks a map runs; `postfix()` adds a live figure. With `lazy`, the bar is
+    created at the first result, so that a forking pool forks before the bar's monitor thread exists."""
+
+    def __init__(
+        self,
+        desc: str,
+        *,
+        enabled: bool = True,
+        unit: str = "shard",
+        leave: bool = True,
+        lazy: bool = False,
+        postfix: Callable[[], str] | None = None,
+    ):
+        self.desc, self.enabled, self.unit, self.leave, self.postfix = desc, enabled, unit, leave, postfix
+        self.lazy = lazy
+        self.total = 0
+        self.bar = None
+
+    def start(self, total: int) -> None:
+        self.total = total
+        if not self.lazy:
+            self._open()
+
+    def _open(self) -> None:
+        if self.bar is None and self.enabled and self.total:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=self.total,
+                desc=self.desc,
+                unit=self.unit,
+                leave=self.leave,
+                file=sys.stderr,
+                dynamic_ncols=True,
+            )
+
+    def update(self) -> None:
+        self._open()
+        if self.bar is None:
+            return
+        if self.postfix is not None:
+            self.bar.set_postfix_str(self.postfix(), refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+class Tally:
+    """The tasks of one map still to run, their attempts, results and failures: the one retry policy.
+
+    Executors take jobs with `next()` and report each attempt with `done` or `failed`; a failed job goes
+    back to the front of the queue until it has had `retries` extra attempts, then it is a `Failure`.
+    With `fail_fast`, the first `Failure` empties the queue (`stopped`): nothing new is started.
+    """
+
+    def __init__(
+        self,
+        stage: object,
+        tasks: list,
+        retries: int,
+        on_result: Callable[[Any, Any], None] | None = None,
+        progress: Progress | None = None,
+        fail_fast: bool = False,
+    ):
+        self.stage, self.retries, self.fail_fast = stage, retries, fail_fast
+        self.name = getattr(stage, "name", type(stage).__name__)
+        self.on_result, self.progress = on_result, progress
+        self.queue = deque(Job(i, t) for i, t in enumerate(tasks))
+        self.results: dict[int, Any] = {}
+        self.failures: list[Failure] = []
+        self.retried = 0
+        self.stopped = False
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    def next(self) -> Job:
+        job = self.queue.popleft()
+        job.attempts += 1
+        return job
+
+    def done(self, job: Job, result: Any) -> None:
+        if isinstance(result, dict):
+            result = dict(result, attempts=job.attempts)
+        self.results[job.index] = result
+        if self.on_result is not None:
+            self.on_result(job.task, result)
+        if self.progress is not None:
+            self.progress.update()
+
+    def failed(self, job: Job, error: BaseException | str) -> None:
+        """Record a failed attempt: retry it, or give up on the task. A `StageSetupError` is raised."""
+        if isinstance(error, StageSetupError):
+            raise error
+        message = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        label = _hook(self.stage, "label")(job.task)
+        log.warning("%s: %s failed (attempt %d): %s", label, self.name, job.attempts, message)
+        if isinstance(error, BaseException):
+            log.debug("%s", "".join(traceback.format_exception(error)))
+        if job.attempts <= self.retries:
+            self.retried += 1
+            self.queue.appendleft(job)
+            return
+        exception = error if isinstance(error, BaseException) else None
+        self.failures.append(Failure(job.task, job.attempts, message, exception))
+        if self.fail_fast:
+            self.queue.clear()
+            self.stopped = True
+
+
+# --- executors -----------------------------------------------------------------------------------
+
+
+class Executor:
+    """Runs a stage's tasks; subclasses implement `_execute` (where `run` is called) and nothing else."""
+
+    name = "executor"
+
+    def __init__(self, retries: int = 2, *, fail_fast: bool = False):
+        self.retries = retries
+        self.fail_fast = fail_fast
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the workers (processes, actors) kept between maps."""
+
+    def map(
+        self,
+        stage: object,
+        tasks: list,
+        on_result: Callable[[Any, Any], None] | None = None,
+        *,
+        progress: Progress | None = None,
+    ) -> MapResult:
+        """Run `stage` on every task whose output is not complete; call `on_result(task, stats)` as each
+        finishes. Failures after retries are returned, not raised; a `StageSetupError` is raised."""
+        started = time.perf_counter()
+        done = _hook(stage, "done")
+        results: list = [done(t) for t in tasks]
+        todo = [t for t, r in zip(tasks, results, strict=True) if r is None]
+        tally = Tally(stage, todo, self.retries, on_result, progress, self.fail_fast)
+        if progress is not None:
+            progress.start(len(todo))
+        try:
+            if todo:
+                self._execute(stage, tally)
+        finally:
+            if progress is not None:
+                progress.close()
+        fresh = iter(tally.results.get(i) for i in range(len(todo)))
+        merged = [next(fresh) if r is None else r for r in results]
+        return MapResult(
+            results=merged,
+            failures=tally.failures,
+            ran=len(tally.results),
+            reused=len(tasks) - len(todo),
+            retries=tally.retried,
+            seconds=time.perf_counter() - started,
+        )
+
+    def _execute(self, stage: object, tally: Tally) -> None:
+        raise NotImplementedError
+
+
+class PoolExecutor(Executor):
+    """Runs tasks in this process (`workers=1`, or a single task) or in a pool of `workers` local
+    processes; a worker that dies (killed, out of memory) costs its tasks an attempt, and a fresh pool
+    takes over. `start_method` is multiprocessing's (default: the platform's)."""
+
+    name = "pool"
+
+    def __init__(
+        self, workers: int = 1, *, retries: int = 2, fail_fast: bool = False, start_method: str | None = None
+    ):
+        super().__init__(retries, fail_fast=fail_fast)
+        self.workers = max(1, int(workers))
+        self.start_method = start_method
+
+    def _execute(self, stage: object, tally: Tally) -> None:
+        if self.workers == 1 or len(tally) == 1:
+            self._here(stage, tally)
+            return
+        while tally and not tally.stopped:
+            self._pool_round(stage, tally)
+
+    def _here(self, stage: object, tally: Tally) -> None:
+        # A copy through the object's own reduce protocol, as a process pool or Ray ships it: the state
+        # `setup()` builds stays off the driver's `stage`.
+        worker = copy.deepcopy(stage)
+        start_stage(worker, None)
+        try:
+            while tally:
+                job = tally.next()
+                try:
+                    result = worker.run(job.task)
+                except Exception as e:  # noqa: BLE001 - one task's failure must not stop the others
+                    tally.failed(job, e)
+                    continue
+                tally.done(job, result)
+        finally:
+            stop_stage(worker)
+
+    def _pool_round(self, stage: object, tally: Tally) -> None:
+        """Run the queued jobs on one process pool, until they are done or a worker dies."""
+        n = min(self.workers, len(tally))
+        cpus = max(1.0, (os.cpu_count() or 1) / n)
+        env = dict(stage_resources(stage).env)
+        context = multiprocessing.get_context(self.start_method) if self.start_method else None
+        # The stage travels pickled and is loaded after the worker has set `env`.
+        pool = ProcessPoolExecutor(
+            n, mp_context=context, initializer=_install, initargs=(pickle.dumps(stage), cpus, env)
+        )
+        try:
+            inflight: dict[Future, Job] = {}
+            while (tally or inflight) and not tally.stopped:
+                while tally:
+                    job = tally.next()
+                    inflight[pool.submit(_run_installed, job.task)] = job
+                finished, _ = wait(inflight, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    job = inflight.pop(future)
+                    try:
+                        result = future.result()
+                    except BrokenProcessPool:
+                        # A worker died: the jobs in flight lost their worker; a fresh pool takes them.
+                        self._salvage(tally, {future: job, **inflight})
+                        return
+                    except Exception as e:  # noqa: BLE001 - one task's failure must not stop the others
+                        tally.failed(job, e)
+                        continue
+                    tally.done(job, result)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    @staticmethod
+    def _salvage(tally: Tally, inflight: dict[Future, Job]) -> None:
+        """After a broken pool: keep what finished, count an attempt against every other job."""
+        for future, job in inflight.items():
+            if future.done() and not future.cancelled() and future.exception() is None:
+                tally.done(job, future.result())
+            else:
+                tally.failed(job, "worker died (BrokenProcessPool)")
+
+
+# Worker side of `PoolExecutor`: the stage this process holds, and its setup error if any.
+_INSTALLED: tuple[object, str | None] | None = None
+
+
+def _install(stage_bytes: bytes, cpus: float, env: dict[str, str]) -> None:
+    global _INSTALLED
+    os.environ.update(env)  # the driver resolved them (a user's own setting wins there)
+    stage = pickle.loads(stage_bytes)
+    try:
+        start_stage(stage, cpus)
+        _INSTALLED = (stage, None)
+    except StageSetupError as e:  # reported to the driver on the first task
+        _INSTALLED = (stage, str(e))
+
+
+def _run_installed(task: Any) -> Any:
+    assert _INSTALLED is not None
+    stage, error = _INSTALLED
+    if error is not None:
+        raise StageSetupError(error)
+    return stage.run(task)
