@@ -2,22 +2,22 @@
 
 A tar written by img2dataset (or DataComp's resharder) stores each sample as consecutive members
 `<key>.jpg|png|webp`, `<key>.txt` (caption) and `<key>.json` (metadata with the `uid`). `iter_tar_samples`
-groups members by key without extracting anything to disk; `decode_image` turns the bytes into an RGB
-image. Nothing here raises on bad data: every problem becomes a reason counted in `SkipStats` (SPEC §4.5),
-so callers can report what was left out and why.
+groups members by key (`hype.io.tar`'s rule) without extracting anything to disk; `decode_image` turns the
+bytes into an RGB image. Nothing here raises on bad data: every problem becomes a reason counted in
+`SkipStats` (SPEC §4.5), so callers can report what was left out and why.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import posixpath
-import tarfile
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from PIL import Image
+
+from hype.io.tar import UNREADABLE_SHARD, read_samples
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 CAPTION_EXT = "txt"
@@ -30,7 +30,7 @@ BAD_CAPTION = "bad_caption"  # not UTF-8
 CORRUPT_IMAGE = "corrupt_image"
 BAD_JSON = "bad_json"  # needed only when a uid is looked up (subset training)
 NO_UID = "no_uid"
-UNREADABLE_SHARD = "unreadable_shard"  # a tar that cannot be opened or is truncated mid-way
+# UNREADABLE_SHARD (hype.io.tar): a tar that cannot be opened or is truncated mid-way
 EMPTY_SHARD = "empty_shard"
 SKIP_REASONS = (
     NO_IMAGE,
@@ -122,39 +122,11 @@ class RawSample:
         return f"{self.shard}:{self.key}"
 
 
-def split_member_name(name: str) -> tuple[str, str] | None:
-    """`dir/000000001.jpg` -> (`dir/000000001`, `jpg`): the key ends at the first dot of the basename,
-    as in webdataset. Hidden files and names without an extension give None."""
-    dirname, base = posixpath.split(name)
-    if not base or base.startswith(".") or "." not in base:
-        return None
-    stem, ext = base.split(".", 1)
-    return posixpath.join(dirname, stem) if dirname else stem, ext.lower()
-
-
 def iter_tar_samples(path: str, stats: SkipStats) -> Iterator[RawSample]:
-    """Stream the samples of one tar in file order; a broken tar is counted and ends early (samples read
-    before the damage are still yielded)."""
-    current: RawSample | None = None
-    try:
-        with open(path, "rb") as f, tarfile.open(fileobj=f, mode="r|*") as tar:
-            for member in tar:
-                if not member.isfile():
-                    continue
-                parts = split_member_name(member.name)
-                if parts is None:
-                    continue
-                key, ext = parts
-                data = tar.extractfile(member).read()  # type: ignore[union-attr]
-                if current is None or key != current.key:
-                    if current is not None:
-                        yield current
-                    current = RawSample(key=key, shard=path, files={})
-                current.files[ext] = data
-    except (tarfile.TarError, OSError, EOFError) as e:
-        stats.add(UNREADABLE_SHARD, f"{path}: {type(e).__name__}: {e}")
-    if current is not None:
-        yield current
+    """Stream the samples of one tar in file order (`hype.io.tar`'s grouping rule); a broken tar is counted
+    and ends early (samples read before the damage are still yielded)."""
+    for key, files in read_samples(path, stats):
+        yield RawSample(key=key, shard=path, files=files)
 
 
 class ImageDecodeError(ValueError):

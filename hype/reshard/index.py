@@ -1,27 +1,25 @@
 """Pass 1 of resharding: index one input tar, recording where each selected sample's members lie.
 
-A tar is walked header by header with seeks (`tarfile` in seekable mode skips member data), so only the
-headers and the small `.json` members are read, not the images. Samples are grouped and validated the way
-DataComp's resharder does it: consecutive members sharing a key (the basename up to its first dot, suffix
-lower-cased) form a sample, a repeated suffix starts a new one, a sample without `.json`, with unreadable
-JSON or without a `uid` is skipped (and counted), and the sample is kept as often as its uid occurs in the
-subset.
+A tar is walked header by header with seeks (`hype.io.tar.index_samples`), so only the headers and the
+small `.json` members are read, not the images. Samples are grouped (`hype.io.tar`'s rule, DataComp's
+resharder's: consecutive members sharing a key form a sample, a repeated suffix starts a new one) and
+validated the way DataComp's resharder does it: a sample without `.json`, with unreadable JSON or without a
+`uid` is skipped (and counted), and the sample is kept as often as its uid occurs in the subset.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from hype.data.samples import BAD_JSON, NO_UID, UNREADABLE_SHARD, SkipStats, split_member_name
+from hype.data.samples import BAD_JSON, NO_UID, SkipStats
 from hype.data.uids import UidMultiset
-
-TRUNCATED = "truncated_member"  # a member whose data runs past the end of the tar (interrupted copy)
+from hype.io import open_input
+from hype.io.tar import index_samples
 
 
 @dataclass
@@ -74,37 +72,7 @@ def iter_sample_members(path: str, stats: SkipStats) -> Iterator[tuple[str, dict
     Problems are counted in `stats` (an unreadable tar, a member cut short by the end of the file); the
     samples before the damage are still yielded.
     """
-    size = os.stat(path).st_size
-    current: tuple[str, dict[str, tuple[int, int]]] | None = None
-    try:
-        with tarfile.open(path, mode="r:") as tar:
-            for member in tar:
-                if not member.isfile():
-                    continue
-                parts = split_member_name(member.name)
-                if parts is None:
-                    continue
-                key, ext = parts
-                if member.offset_data + member.size > size:
-                    stats.add(TRUNCATED, f"{path}:{member.name}: data runs past the end of the tar")
-                    break
-                if current is None or key != current[0] or ext in current[1]:
-                    if current is not None:
-                        yield current
-                    current = (key, {})
-                current[1][ext] = (member.offset_data, member.size)
-            else:
-                # tarfile stops quietly at a cut-off header; a complete tar ends with two zero blocks.
-                tar.fileobj.seek(tar.offset)
-                tail = tar.fileobj.read(1024)
-                if len(tail) < 1024 or tail.strip(b"\0"):
-                    stats.add(
-                        TRUNCATED, f"{path}: no end-of-archive marker after byte {tar.offset}: cut short?"
-                    )
-    except (tarfile.TarError, OSError, EOFError) as e:
-        stats.add(UNREADABLE_SHARD, f"{path}: {type(e).__name__}: {e}")
-    if current is not None:
-        yield current
+    return index_samples(path, stats)
 
 
 def index_tar(path: str, subset: UidMultiset) -> ShardIndex:
@@ -116,7 +84,7 @@ def index_tar(path: str, subset: UidMultiset) -> ShardIndex:
     uids: list[str] = []
     pairs: list[tuple[int, int]] = []
     kept: list[dict] = []
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         for key, members in samples:
             where = f"{path}:{key}"
             if "json" not in members:
