@@ -379,3 +379,18 @@ def test_writer_refuses_names_ustar_cannot_hold(tmp_path):
     with pytest.raises(ValueError, match="too long"):
         write_tar(tmp_path / "x.tar", [("a" * 101, b"")])
     assert list(tmp_path.iterdir()) == []  # no target, no temporary
+
+
+def test_the_io_layer_imports_no_torch_and_no_command_package():
+    code = (
+        "import sys, hype.io, hype.io.tar; "
+        "bad = sorted(m for m in sys.modules if m in ('torch', 'webdataset') or "
+        "(m.startswith('hype.') and not m.startswith('hype.io') and m != 'hype.__init__')); print(bad)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
