@@ -394,3 +394,14 @@ def test_the_io_layer_imports_no_torch_and_no_command_package():
         text=True,
     )
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_a_compressed_tar_streams_without_a_false_truncation(tmp_path):
+    path, data, _ = _pool_tar(tmp_path)
+    gz = tmp_path / "pool.tar.gz"
+    with tarfile.open(path) as src, tarfile.open(gz, "w:gz") as dst:
+        for m in src.getmembers():
+            dst.addfile(m, src.extractfile(m))
+    problems = Problems()
+    assert [k for k, _ in read_samples(gz, problems)] == [k for k, _ in read_samples(path, Problems())]
+    assert problems.seen == []

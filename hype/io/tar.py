@@ -1,22 +1,23 @@
 """Webdataset tars: one member-grouping rule, a streaming reader, a header index, and a writer.
 
-The rule (webdataset's, and open_clip's and DataComp's resharder's): a member's key is its path up to the
+The rule (webdataset's, open_clip's and DataComp's resharder's): a member's key is its path up to the
 first dot of its basename and its suffix the rest, lower-cased (`dir/0001.seg.JSON` -> `dir/0001`,
-`seg.json`, as webdataset's `base_plus_ext` splits it; not imported: webdataset imports torch, and this
-layer must not); consecutive members with the same key form one sample, and a
-key change or a suffix the sample already has starts the next. Only regular files count; hidden names,
-names without a suffix and webdataset's `__meta__` entries are not sample members.
+`seg.json`: webdataset's `base_plus_ext` split, written out here because webdataset imports torch);
+consecutive members with the same key form one sample, and a key change or a suffix the sample already
+has starts the next. Only regular files count; hidden names, names without a suffix and webdataset's
+`__meta__` entries are not sample members.
 
 Two readers apply it: `read_samples` streams members with their bytes (scoring, training, evaluation);
 `index_samples` walks the headers with seeks and yields where each member's data lies, reading no data
-(resharding, report thumbnails). Neither raises on a damaged tar: the problem is reported to `problems`
-(anything with `add(reason, message)`, e.g. `hype.data.samples.SkipStats`) and the samples read before the
-damage are still yielded. A tar cut short at a member boundary, which `tarfile` ends quietly, is caught
-by its missing end-of-archive marker. The member loop is ours rather than webdataset's
-`tar_file_iterator` (same `tarfile` stream, same filters) because that one hides where the archive ended.
+(resharding, report thumbnails, eval progress totals). Neither raises on a damaged tar: the problem goes to
+`problems` (anything with `add(reason, message)`, e.g. `hype.data.samples.SkipStats`) and the samples
+before the damage are still yielded. The stream reports any damage as `unreadable_shard`; the index, which
+knows member sizes, reports a cut as `truncated_member`. A tar cut at a member boundary, which `tarfile`
+ends quietly, is caught by its missing end-of-archive marker; that is why the member loop is ours and not
+webdataset's `tar_file_iterator` (the same `tarfile` stream and filters, but it hides where reading ended).
 
-`write_tar` writes ustar members with fixed metadata, so equal members give equal bytes: the bytes
-`tarfile` (and webdataset's `TarWriter` with mode 0644, mtime 0 and empty user and group) writes, faster.
+`write_tar` writes ustar members with fixed metadata, so equal members give equal bytes: those `tarfile`
+writes (and webdataset's `TarWriter` with mode 0644, mtime 0 and no user or group), faster.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from typing import Protocol, TypeVar
 
 from hype.io.files import atomic_write, open_input
 
-UNREADABLE_SHARD = "unreadable_shard"  # a tar that cannot be opened or read on (streaming reader)
-TRUNCATED = "truncated_member"  # a tar cut short: data past its end, or no end-of-archive marker (index)
+UNREADABLE_SHARD = "unreadable_shard"  # a tar that cannot be opened or read to its end
+TRUNCATED = "truncated_member"  # (index) member data past the end of the file, or no end-of-archive marker
 
 BLOCK = 512
 RECORD = 20 * BLOCK
