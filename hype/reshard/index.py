@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -66,20 +65,11 @@ def parse_uid(value: object) -> tuple[int, int] | None:
     return divmod(v, 2**64)
 
 
-def iter_sample_members(path: str, stats: SkipStats) -> Iterator[tuple[str, dict[str, tuple[int, int]]]]:
-    """(key, {suffix: (data offset, size)}) for each sample of a tar, reading headers only.
-
-    Problems are counted in `stats` (an unreadable tar, a member cut short by the end of the file); the
-    samples before the damage are still yielded.
-    """
-    return index_samples(path, stats)
-
-
 def index_tar(path: str, subset: UidMultiset) -> ShardIndex:
     st = os.stat(path)
     index = ShardIndex(tar=path, size=st.st_size, mtime_ns=st.st_mtime_ns)
     stats = SkipStats()
-    samples = list(iter_sample_members(path, stats))
+    samples = list(index_samples(path, stats))  # headers only; damage is counted in stats
     index.samples = len(samples)
     uids: list[str] = []
     pairs: list[tuple[int, int]] = []
