@@ -8,7 +8,6 @@ with `torch.load(weights_only=True)`.
 from __future__ import annotations
 
 import json
-import os
 import struct
 from os import PathLike
 from pathlib import Path
@@ -16,6 +15,8 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
+
+from hype.io import atomic_path
 
 FORMAT = "hype-checkpoint/1"
 
@@ -33,18 +34,9 @@ def save_checkpoint(path: str | PathLike, model: torch.nn.Module, *, extra: dict
         "model_config": json.dumps(model.config.to_dict(), sort_keys=True),
         "extra": json.dumps(extra or {}, sort_keys=True),
     }
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
+    # safetensors creates files 0600; atomic_path gives the user's default mode, so a cluster can share them.
+    with atomic_path(path) as tmp:
         save_model(model, str(tmp), metadata=metadata)
-        # safetensors creates files 0600; use the user's default mode so a cluster can share them.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 from datetime import UTC, datetime
 from os import PathLike
@@ -31,7 +30,7 @@ from hype import __version__
 from hype.config import preset_dir
 from hype.data.errors import SelectError
 from hype.data.uids import UID_DTYPE, UidMultiset, is_sorted
-from hype.files import read_json_dict, sha256_file
+from hype.io import atomic_path, file_digest, read_json, write_json
 
 SCALES = ("debug", "small", "medium", "large", "xlarge")
 
@@ -184,7 +183,7 @@ def make_submission(
                 f"--out {out}: {folder} already holds a submission; pass --overwrite or another --out"
             )
         shutil.rmtree(folder)
-    selection = read_json_dict(subset.with_suffix(".json"))
+    selection = read_json(subset.with_suffix(".json"))
     scored = [r["metrics"]["main_metric"] for r in results if r["metrics"]["main_metric"] is not None]
     meta = {
         "method_name": method_name or _default_name(selection),
@@ -195,7 +194,7 @@ def make_submission(
         "learning_rate": cfg["learning_rate"],
         "train_num_samples": cfg["pool_size"],
         "dataset_size": facts["rows"],
-        "subset": {"file": f"samples/{subset.name}", "sha256": sha256_file(subset), **facts},
+        "subset": {"file": f"samples/{subset.name}", "sha256": file_digest(subset), **facts},
         "pool_check": pool_check,
         "results": {
             "tasks": len(results),
@@ -210,9 +209,7 @@ def make_submission(
     (folder / "samples").mkdir(parents=True, exist_ok=True)
     _copy(subset, folder / "samples" / subset.name)
     _copy(Path(eval_results), folder / "results.jsonl")
-    tmp = folder / ".submission.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=2) + "\n")
-    os.replace(tmp, folder / "submission.json")
+    write_json(folder / "submission.json", meta, sort_keys=False)
     meta["folder"] = str(folder)
     return meta
 
@@ -223,9 +220,8 @@ def _default_name(selection: dict | None) -> str:
 
 
 def _copy(src: Path, dst: Path) -> None:
-    tmp = dst.with_name(f".{dst.name}.tmp")
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
+    with atomic_path(dst) as tmp:
+        shutil.copyfile(src, tmp)
 
 
 def _selection_settings(s: dict | None) -> dict | None:

@@ -19,9 +19,9 @@ from hype.checkpoint import save_checkpoint
 from hype.cli import main
 from hype.eval import RunOptions, load_suite, run_eval, select_tasks
 from hype.eval.readers import decode_image
+from hype.io.tar import write_tar
 from hype.models import create_model, list_model_configs
 from hype.synth import make_world
-from hype.synth.shards import write_tar
 
 TINY = [name for name in list_model_configs() if name.startswith("tiny-")]
 FAST = RunOptions(batch_size=16, device="cpu", workers=0, progress=False)

@@ -18,6 +18,7 @@ from PIL import Image
 
 from hype.cli import main
 from hype.data.uids import load_subset, validate_uid
+from hype.io.tar import write_tar
 from hype.synth import NOISE_KINDS, SynthError, make_world
 from hype.synth.captions import canonical_caption
 from hype.synth.eval_tasks import OBJECT_CLASSES, TASK_NAMES
@@ -25,7 +26,6 @@ from hype.synth.noise import allocate, parse_noise
 from hype.synth.render import EVAL_IMAGE_EXT
 from hype.synth.rng import stream
 from hype.synth.scenes import Obj, Scene
-from hype.synth.shards import write_tar
 
 ARGS = dict(size=300, seed=7, clean_size=120, eval_size=40, reference_per_class=3, shard_size=128)
 HEX32 = re.compile(r"^[0-9a-f]{32}$")

@@ -24,11 +24,11 @@ from hype.data.samples import (
     SkipStats,
     decode_pair,
     iter_tar_samples,
-    split_member_name,
 )
 from hype.data.shards import ShardError, expand_shards
 from hype.data.subset_index import SubsetError, SubsetIndex, check_subset_matches
 from hype.data.uids import save_subset, uids_to_array
+from hype.io.tar import split_member_name
 from hype.train.captions import TemplateCaption
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from hype.files import sha256_file
+from hype.io import file_digest
 
 
 @click.command("eval")
@@ -142,7 +142,7 @@ def _load_model(checkpoint: str | None, model_config: str | None, seed: int):
             model = load_checkpoint(checkpoint)
         except CheckpointError as e:
             raise click.BadParameter(str(e), param_hint="--model") from None
-        return model, {"checkpoint_sha256": sha256_file(Path(checkpoint)), "config": model.config.name}
+        return model, {"checkpoint_sha256": file_digest(Path(checkpoint)), "config": model.config.name}
 
     from hype.models import create_model
 

@@ -1,25 +1,23 @@
-"""Reading webdataset tars sample by sample, robustly: shared by training, scoring, resharding and reports.
+"""Reading webdataset tars sample by sample, robustly: shared by training and scoring.
 
 A tar written by img2dataset (or DataComp's resharder) stores each sample as consecutive members
 `<key>.jpg|png|webp`, `<key>.txt` (caption) and `<key>.json` (metadata with the `uid`). `iter_tar_samples`
-groups members by key without extracting anything to disk (`iter_sample_members` reads only the headers,
-for resharding and reports); `decode_image` turns the bytes into an RGB image. Nothing here raises on bad
-data: every problem becomes a reason counted in `SkipStats` (SPEC §4.5), so callers can report what was
-left out and why.
+groups members by key (`hype.io.tar`'s rule) without extracting anything to disk; `decode_image` turns the
+bytes into an RGB image. Nothing here raises on bad data: every problem becomes a reason counted in
+`SkipStats` (SPEC §4.5), so callers can report what was left out and why.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import os
-import posixpath
-import tarfile
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from PIL import Image
+
+from hype.io.tar import UNREADABLE_SHARD, read_samples
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 CAPTION_EXT = "txt"
@@ -32,10 +30,8 @@ BAD_CAPTION = "bad_caption"  # not UTF-8
 CORRUPT_IMAGE = "corrupt_image"
 BAD_JSON = "bad_json"  # needed only when a uid is looked up (subset training)
 NO_UID = "no_uid"
-UNREADABLE_SHARD = "unreadable_shard"  # a tar that cannot be opened or is truncated mid-way
+# UNREADABLE_SHARD (hype.io.tar): a tar that cannot be opened or is truncated mid-way
 EMPTY_SHARD = "empty_shard"
-# Not a reason to skip a sample in training or scoring: `iter_sample_members` (resharding, reports) only.
-TRUNCATED = "truncated_member"  # a member whose data runs past the end of the tar (interrupted copy)
 SKIP_REASONS = (
     NO_IMAGE,
     NO_CAPTION,
@@ -126,78 +122,11 @@ class RawSample:
         return f"{self.shard}:{self.key}"
 
 
-def split_member_name(name: str) -> tuple[str, str] | None:
-    """`dir/000000001.jpg` -> (`dir/000000001`, `jpg`): the key ends at the first dot of the basename,
-    as in webdataset. Hidden files and names without an extension give None."""
-    dirname, base = posixpath.split(name)
-    if not base or base.startswith(".") or "." not in base:
-        return None
-    stem, ext = base.split(".", 1)
-    return posixpath.join(dirname, stem) if dirname else stem, ext.lower()
-
-
 def iter_tar_samples(path: str, stats: SkipStats) -> Iterator[RawSample]:
-    """Stream the samples of one tar in file order; a broken tar is counted and ends early (samples read
-    before the damage are still yielded)."""
-    current: RawSample | None = None
-    try:
-        with open(path, "rb") as f, tarfile.open(fileobj=f, mode="r|*") as tar:
-            for member in tar:
-                if not member.isfile():
-                    continue
-                parts = split_member_name(member.name)
-                if parts is None:
-                    continue
-                key, ext = parts
-                data = tar.extractfile(member).read()  # type: ignore[union-attr]
-                if current is None or key != current.key:
-                    if current is not None:
-                        yield current
-                    current = RawSample(key=key, shard=path, files={})
-                current.files[ext] = data
-    except (tarfile.TarError, OSError, EOFError) as e:
-        stats.add(UNREADABLE_SHARD, f"{path}: {type(e).__name__}: {e}")
-    if current is not None:
-        yield current
-
-
-def iter_sample_members(path: str, stats: SkipStats) -> Iterator[tuple[str, dict[str, tuple[int, int]]]]:
-    """(key, {suffix: (data offset, size)}) for each sample of a tar, reading headers only.
-
-    Problems are counted in `stats` (an unreadable tar, a member cut short by the end of the file); the
-    samples before the damage are still yielded.
-    """
-    size = os.stat(path).st_size
-    current: tuple[str, dict[str, tuple[int, int]]] | None = None
-    try:
-        with tarfile.open(path, mode="r:") as tar:
-            for member in tar:
-                if not member.isfile():
-                    continue
-                parts = split_member_name(member.name)
-                if parts is None:
-                    continue
-                key, ext = parts
-                if member.offset_data + member.size > size:
-                    stats.add(TRUNCATED, f"{path}:{member.name}: data runs past the end of the tar")
-                    break
-                if current is None or key != current[0] or ext in current[1]:
-                    if current is not None:
-                        yield current
-                    current = (key, {})
-                current[1][ext] = (member.offset_data, member.size)
-            else:
-                # tarfile stops quietly at a cut-off header; a complete tar ends with two zero blocks.
-                tar.fileobj.seek(tar.offset)
-                tail = tar.fileobj.read(1024)
-                if len(tail) < 1024 or tail.strip(b"\0"):
-                    stats.add(
-                        TRUNCATED, f"{path}: no end-of-archive marker after byte {tar.offset}: cut short?"
-                    )
-    except (tarfile.TarError, OSError, EOFError) as e:
-        stats.add(UNREADABLE_SHARD, f"{path}: {type(e).__name__}: {e}")
-    if current is not None:
-        yield current
+    """Stream the samples of one tar in file order (`hype.io.tar`'s grouping rule); a broken tar is counted
+    and ends early (samples read before the damage are still yielded)."""
+    for key, files in read_samples(path, stats):
+        yield RawSample(key=key, shard=path, files=files)
 
 
 class ImageDecodeError(ValueError):

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from hype.data.errors import SelectError
+from hype.io import save_npy
 
 UID_DTYPE = np.dtype("u8,u8")
 _UID_RE = re.compile(r"^[0-9a-f]{32}$")
@@ -112,12 +113,7 @@ def save_subset(path: str | PathLike, uids: Iterable[str] | np.ndarray) -> Path:
     path = Path(path)
     if path.suffix != ".npy":
         raise UidError(f"{path}: subset files must end in .npy (np.save would append it)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        np.save(f, arr, allow_pickle=False)
-    tmp.replace(path)
-    return path
+    return save_npy(path, arr)
 
 
 def load_subset(path: str | PathLike) -> np.ndarray:

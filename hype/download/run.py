@@ -33,6 +33,7 @@ from typing import IO, Any
 from hype.download.config import DownloadConfig, load_download_config
 from hype.download.metadata import DownloadError, MetadataPlan, plan_metadata
 from hype.download.network import REFUSED, NetworkPolicy
+from hype.io import write_json
 
 # img2dataset arguments hype depends on: scoring reads webdataset shards with `uid` in each json.
 FIXED: dict[str, Any] = {
@@ -109,7 +110,7 @@ def run_download(cfg: DownloadConfig) -> dict:
     digits = i2d.oom_shard_count
     before = done_shards(out, plan, digits)
     _check_layout(hype_dir, cfg, plan, resuming=bool(before))
-    (hype_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    write_json(hype_dir / "config.json", cfg.to_dict(), sort_keys=False)
     todo = [(s, n) for s, n in plan.shards if s not in before]
     start = time.perf_counter()
     if todo:
@@ -120,7 +121,7 @@ def run_download(cfg: DownloadConfig) -> dict:
             _run_img2dataset(str(cfg.metadata), out, kwargs, cfg, policy)
     seconds = time.perf_counter() - start
     summary = build_summary(cfg, plan, out, before, seconds)
-    (hype_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(hype_dir / "summary.json", summary, sort_keys=False)
     return summary
 
 
@@ -139,7 +140,7 @@ def _check_layout(hype_dir: Path, cfg: DownloadConfig, plan: MetadataPlan, resum
                 f"{hype_dir.parent}: already holds shards downloaded with other {', '.join(changed)}; "
                 "use a new --out, or the same metadata and settings to resume"
             )
-    path.write_text(json.dumps(layout, indent=2) + "\n")
+    write_json(path, layout, sort_keys=False)
 
 
 def _run_img2dataset(

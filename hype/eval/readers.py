@@ -141,18 +141,21 @@ def shard_paths(folder: Path, split: str = "test") -> list[Path]:
 
 
 def count_samples(shards: Sequence[Path]) -> int | None:
-    """Number of images in the shards from their tar headers (cheap: no data is read), for progress
-    totals of tasks whose size the registry does not give; None when a tar cannot be listed."""
-    import tarfile
+    """Number of samples with an image in the shards, from their tar headers (cheap: no data is read), for
+    progress totals of tasks whose size the registry does not give; None when a tar cannot be listed."""
+    from hype.io.tar import index_samples
+
+    class Problems:
+        seen = False
+
+        def add(self, reason: str, message: str) -> None:
+            self.seen = True
 
     total = 0
-    try:
-        for shard in shards:
-            with tarfile.open(shard, mode="r:") as tar:
-                total += sum(1 for m in tar if m.isfile() and m.name.rsplit(".", 1)[-1].lower() in IMAGE_EXTS)
-    except (OSError, tarfile.TarError):
-        return None
-    return total
+    problems = Problems()
+    for shard in shards:
+        total += sum(1 for _, files in index_samples(shard, problems) if any(e in files for e in IMAGE_EXTS))
+    return None if problems.seen else total
 
 
 # --- decoding -------------------------------------------------------------------------------------
@@ -207,20 +210,23 @@ class WdsBatches(torch.utils.data.IterableDataset):
 
     def __iter__(self) -> Iterator[dict]:
         import webdataset as wds
-        from webdataset import tariterators
+
+        from hype.io.tar import read_samples
 
         # Errors raised while reading go to the stats of the batch being filled; `current` is swapped
         # for a new object at every yield, so a batch's stats never change after it left.
         current = [ReadStats()]
 
-        def on_error(exn: Exception) -> bool:
-            current[0].skip(f"unreadable tar data: {exn}", read_error=True)
-            return True  # skip and continue with the next member / shard
+        class Problems:  # hype.io.tar reports a damaged tar here, then goes on with the next shard
+            def add(self, reason: str, message: str) -> None:
+                current[0].skip(f"unreadable tar data: {message}", read_error=True)
 
-        urls = wds.split_by_worker([{"url": u} for u in self.shards])
-        streams = tariterators.url_opener(urls, handler=on_error)
-        members = tariterators.tar_file_expander(streams, handler=on_error)
-        samples = tariterators.group_by_keys(members, handler=on_error)
+        urls = [u["url"] for u in wds.split_by_worker([{"url": u} for u in self.shards])]
+        samples = (
+            {"__key__": key, "__url__": url, **files}
+            for url in urls
+            for key, files in read_samples(url, Problems())
+        )
         batch: list[tuple] = []
         for sample in samples:
             item = self._decode(sample, current[0])

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
+
+from hype.io import sync, write_json
 
 
 class ResultsFileError(ValueError):
@@ -44,12 +45,12 @@ def read_results(path: str | Path, *, repair: bool = False) -> dict[str, dict]:
             if repair:  # complete JSON, only the newline is missing
                 with open(path, "ab") as f:
                     f.write(b"\n")
-                    _sync(f)
+                    sync(f)
         except ResultsFileError:
             if repair:
                 with open(path, "r+b") as f:
                     f.truncate(len(data) - len(tail))
-                    _sync(f)
+                    sync(f)
     return results
 
 
@@ -79,7 +80,7 @@ def append_result(path: str | Path, line: dict) -> None:
     text = json.dumps(_json_safe(line), allow_nan=False) + "\n"
     with open(path, "ab") as f:
         f.write(text.encode("utf-8"))
-        _sync(f)
+        sync(f)
 
 
 def _json_safe(value: Any) -> Any:
@@ -91,11 +92,6 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_json_safe(v) for v in value]
     return value
-
-
-def _sync(f) -> None:
-    f.flush()
-    os.fsync(f.fileno())
 
 
 def result_line(key: str, dataset: str, metrics: dict, main_metric: str | None) -> dict:
@@ -126,7 +122,4 @@ def check_identity(path: str | Path, identity: dict) -> None:
                 f"{json.dumps(identity)}). Write to a new --out, or delete both files to start over"
             )
         return
-    side.parent.mkdir(parents=True, exist_ok=True)
-    tmp = side.with_name(side.name + f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(identity, indent=2, sort_keys=True) + "\n")
-    tmp.replace(side)
+    write_json(side, identity)

@@ -6,12 +6,11 @@ per 20% percentile bucket of ε_i and ε_t (HYPE Fig. 3), and the run's and the 
 
 from __future__ import annotations
 
-import os
 from os import PathLike
 from pathlib import Path
 
 from hype.data.errors import SelectError
-from hype.files import read_json_dict
+from hype.io import read_json, write_text
 from hype.report.collect import collect
 from hype.report.page import render
 from hype.report.thumbs import attach_thumbnails
@@ -35,13 +34,10 @@ def write_report(
     data = collect(run_dir, subset, bins=bins, per_bucket=per_bucket, workers=workers, progress=progress)
     samples = [s for buckets in data.buckets.values() for bucket in buckets for s in bucket]
     thumbs = attach_thumbnails(samples, run_dir, pool)
-    run_summary = read_json_dict(Path(run_dir) / "summary.json")
-    subset_summary = read_json_dict(Path(subset).with_suffix(".json")) if subset else None
+    run_summary = read_json(Path(run_dir) / "summary.json")
+    subset_summary = read_json(Path(subset).with_suffix(".json")) if subset else None
     page = render(data, run_summary=run_summary, subset_summary=subset_summary, thumbs=thumbs)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, out)
+    write_text(out, page)
     return {
         "out": str(out),
         "bytes": len(page.encode("utf-8")),

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import base64
 import io
-import os
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
-from hype.data.samples import IMAGE_EXTS, ImageDecodeError, SkipStats, decode_image, iter_sample_members
+from hype.data.samples import IMAGE_EXTS, ImageDecodeError, SkipStats, decode_image
+from hype.io import open_input
+from hype.io.tar import index_samples
 
 THUMB_PX = 160
 
@@ -43,8 +44,8 @@ def attach_thumbnails(samples: Iterable, run_dir: str | Path, pool: str | None =
         for s in group:
             wanted[s.key].append(s)
         stats = SkipStats()
-        with open(path, "rb") as f:
-            for key, members in iter_sample_members(os.fspath(path), stats):
+        with open_input(path) as f:
+            for key, members in index_samples(path, stats):
                 found = wanted.pop(key, None)
                 if found is not None:
                     ext = next((e for e in IMAGE_EXTS if e in members), None)

@@ -1,11 +1,10 @@
 """Pass 1 of resharding: index one input tar, recording where each selected sample's members lie.
 
-A tar is walked header by header with seeks (`tarfile` in seekable mode skips member data), so only the
-headers and the small `.json` members are read, not the images. Samples are grouped and validated the way
-DataComp's resharder does it: consecutive members sharing a key (the basename up to its first dot, suffix
-lower-cased) form a sample, a repeated suffix starts a new one, a sample without `.json`, with unreadable
-JSON or without a `uid` is skipped (and counted), and the sample is kept as often as its uid occurs in the
-subset.
+A tar is walked header by header with seeks (`hype.io.tar.index_samples`), so only the headers and the
+small `.json` members are read, not the images. Samples are grouped (`hype.io.tar`'s rule, DataComp's
+resharder's: consecutive members sharing a key form a sample, a repeated suffix starts a new one) and
+validated the way DataComp's resharder does it: a sample without `.json`, with unreadable JSON or without a
+`uid` is skipped (and counted), and the sample is kept as often as its uid occurs in the subset.
 """
 
 from __future__ import annotations
@@ -16,8 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hype.data.samples import BAD_JSON, NO_UID, SkipStats, iter_sample_members
+from hype.data.samples import BAD_JSON, NO_UID, SkipStats
 from hype.data.uids import UidMultiset, parse_uid
+from hype.io import open_input
+from hype.io.tar import index_samples
 
 
 @dataclass
@@ -55,12 +56,12 @@ def index_tar(path: str, subset: UidMultiset) -> ShardIndex:
     st = os.stat(path)
     index = ShardIndex(tar=path, size=st.st_size, mtime_ns=st.st_mtime_ns)
     stats = SkipStats()
-    samples = list(iter_sample_members(path, stats))
+    samples = list(index_samples(path, stats))  # headers only; damage is counted in stats
     index.samples = len(samples)
     uids: list[str] = []
     pairs: list[tuple[int, int]] = []
     kept: list[dict] = []
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         for key, members in samples:
             where = f"{path}:{key}"
             if "json" not in members:

@@ -38,9 +38,9 @@ from hype.data.samples import SkipStats, iter_tar_samples
 from hype.data.shards import ShardError, expand_shards
 from hype.data.uids import UidError, UidMultiset, load_subset
 from hype.executor import MapResult, PoolExecutor, Progress, Stage
-from hype.files import read_json_dict, sha256_file
+from hype.io import file_digest, is_temp_name, open_input, read_json, save_npy, write_json
+from hype.io.tar import write_tar
 from hype.reshard.index import index_tar
-from hype.synth.shards import write_json, write_tar
 
 STATE = ".reshard"
 META = "meta.json"
@@ -61,23 +61,17 @@ def _load_subset(state_dir: str) -> UidMultiset:
 
 def _saved_index(tar: str, index_path: str) -> dict | None:
     """The index saved by an earlier run, if it is of this very tar (path, size, mtime)."""
-    p = Path(index_path)
-    if not p.exists():
-        return None
+    saved = read_json(index_path)  # None when missing or unreadable: index again
     st = os.stat(tar)
-    try:
-        saved = json.loads(p.read_text())
-        if saved["tar"] == tar and saved["size"] == st.st_size and saved["mtime_ns"] == st.st_mtime_ns:
-            return saved
-    except (OSError, ValueError, KeyError):
-        pass  # unreadable or stale: index again
+    if saved and [saved.get(k) for k in ("tar", "size", "mtime_ns")] == [tar, st.st_size, st.st_mtime_ns]:
+        return saved
     return None
 
 
 def _index_job(tar: str, index_path: str, subset: UidMultiset) -> dict:
     """Index one input tar and save the index; returns it as a dict."""
     index = index_tar(tar, subset).to_json()
-    write_json(Path(index_path), index)
+    write_json(index_path, index, ensure_ascii=False)
     return index
 
 
@@ -111,7 +105,7 @@ class _WriteStage(Stage):
         self.out = out
 
     def done(self, task: tuple[int, list]) -> dict | None:
-        return read_json_dict(Path(self.out) / f"{task[0]:08d}_stats.json")
+        return read_json(Path(self.out) / f"{task[0]:08d}_stats.json")
 
     def label(self, task: tuple[int, list]) -> str:
         return str(Path(self.out) / f"{task[0]:08d}.tar")
@@ -135,8 +129,10 @@ def _write_job(out: str, k: int, pieces: list[tuple[str, int, int]]) -> dict:
 
     def members() -> Iterator[tuple[str, bytes]]:
         for index_file, start, end in pieces:
-            index = json.loads(Path(index_file).read_text())
-            with open(index["tar"], "rb") as f:
+            index = read_json(index_file)
+            if index is None:
+                raise SelectError(f"{index_file}: the index of pass 1 is unreadable; rerun hype reshard")
+            with open_input(index["tar"]) as f:
                 for pos, (uid, j, mems) in enumerate(_copies(index)):
                     if pos < start:
                         continue
@@ -166,7 +162,8 @@ def _write_job(out: str, k: int, pieces: list[tuple[str, int, int]]) -> dict:
             f"{tar_path}: read back {len(got)} samples, expected {len(expected)} (or keys/uids differ); "
             "the output disk may be full or failing; delete the file and rerun"
         )
-    write_json(Path(out) / f"{k:08d}_stats.json", {"successes": len(expected), "count": len(expected)})
+    stats_json = {"successes": len(expected), "count": len(expected)}
+    write_json(Path(out) / f"{k:08d}_stats.json", stats_json, ensure_ascii=False)
     return {"count": len(expected)}
 
 
@@ -198,12 +195,12 @@ def reshard(
     if len(arr) == 0:
         raise SelectError(f"--subset {subset_path}: the subset is empty; nothing to reshard")
     out = Path(out)
-    subset_sha = sha256_file(subset_path)
+    subset_sha = file_digest(subset_path)
     inputs = [os.path.abspath(p) for p in shards.paths]
     job = {"subset_sha256": subset_sha, "inputs": inputs, "shard_size": shard_size}
     job_sha = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()
     meta_path = out / META
-    finished = read_json_dict(meta_path)
+    finished = read_json(meta_path)
     if finished is not None and finished.get("job_sha256") == job_sha and not overwrite:
         finished["resumed"] = "already complete"  # the same job finished before: nothing to do
         return finished
@@ -212,9 +209,9 @@ def reshard(
     state = out / STATE
     (state / "index").mkdir(parents=True, exist_ok=True)
     ms = UidMultiset(arr)
-    np.save(state / "subset_hi.npy", ms.hi, allow_pickle=False)
-    np.save(state / "subset_lo.npy", ms.lo, allow_pickle=False)
-    np.save(state / "subset_counts.npy", ms.counts, allow_pickle=False)
+    save_npy(state / "subset_hi.npy", ms.hi)
+    save_npy(state / "subset_lo.npy", ms.lo)
+    save_npy(state / "subset_counts.npy", ms.counts)
     index_files = [str(state / "index" / f"{_tar_id(t)}.json") for t in inputs]
 
     # -- pass 1: index every input tar
@@ -292,7 +289,7 @@ def reshard(
         "hype_version": __version__,
         "job_sha256": job_sha,
     }
-    write_json(meta_path, meta)
+    write_json(meta_path, meta, ensure_ascii=False)
     shutil.rmtree(state, ignore_errors=True)
     return meta
 
@@ -301,7 +298,7 @@ def _prepare_out(out: Path, job: dict, overwrite: bool) -> None:
     """Refuse to mix two different jobs in one folder; remember this job so that a rerun resumes it."""
     job_file = out / STATE / "job.json"
     if out.exists() and any(out.iterdir()):
-        if overwrite or read_json_dict(job_file) != job:
+        if overwrite or read_json(job_file) != job:
             if not overwrite:
                 raise SelectError(
                     f"--out {out} is not empty and holds no unfinished reshard of this subset and pool (with "
@@ -309,7 +306,7 @@ def _prepare_out(out: Path, job: dict, overwrite: bool) -> None:
                 )
             _clear(out)
     (out / STATE).mkdir(parents=True, exist_ok=True)
-    write_json(job_file, job)
+    write_json(job_file, job, ensure_ascii=False)
 
 
 def _clear(out: Path) -> None:
@@ -319,7 +316,7 @@ def _clear(out: Path) -> None:
             shutil.rmtree(p)
         elif p.name == META or (p.name.endswith((".tar", "_stats.json")) and p.name[:8].isdigit()):
             p.unlink()
-        elif p.name.startswith(".") and p.name.endswith(".tmp"):
+        elif is_temp_name(p.name):
             p.unlink()
 
 

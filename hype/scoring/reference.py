@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
@@ -23,6 +22,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from hype.geometry import lorentz
+from hype.io import atomic_path
 from hype.scoring.specificity import DEFAULT_BUDGET_ELEMS, image_specificity, text_specificity
 
 Tensor = torch.Tensor
@@ -50,14 +50,9 @@ class ReferenceSet:
 
     def save(self, path: str | PathLike) -> Path:
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         tensors = {"img": self.img.float().contiguous().cpu(), "txt": self.txt.float().contiguous().cpu()}
-        save_file(tensors, str(tmp), metadata={"hype_reference": json.dumps(self.meta, sort_keys=True)})
-        umask = os.umask(0)  # safetensors creates 0600 files; use the user's default mode
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        tmp.replace(path)
+        with atomic_path(path) as tmp:  # safetensors creates 0600 files; this gives the user's default mode
+            save_file(tensors, str(tmp), metadata={"hype_reference": json.dumps(self.meta, sort_keys=True)})
         return path
 
 

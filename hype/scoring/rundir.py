@@ -21,7 +21,7 @@
 A shard id is `<tar stem>-<8 hex of blake2b(absolute tar path)>`: readable, unique per input path, and
 stable across reruns, so resume state is keyed on the input tar path (SPEC §4.1).
 
-Every file is written to a temporary name in its folder, fsynced and renamed, and a stage's
+Every file is written to a temporary name in its folder, fsynced and renamed (`hype.io`), and a stage's
 `_stats.json` (or `.json`) marker is written after its data. A marker records a fingerprint of
 everything the output depends on (input file identity, upstream output digests, the settings that
 change results); an output counts as done only when its marker's fingerprint matches, so a rerun
@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import io
 import json
 import os
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from os import PathLike
@@ -43,12 +41,13 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+import hype.io as hype_io
+from hype.io import is_temp_name, read_json
 from hype.scoring.schema import scores_dir
 
 SHARD_STAGES = ("embed", "reference", "specificity", "classes", "clusters", "merge")
-_TMP_TAG = ".tmp-"
+RUN_DIGEST = "blake2b-128"  # recorded in markers' fingerprints: changing it would redo every finished output
 # Parquet writer settings are fixed here so that identical tables give identical bytes.
 _PARQUET_OPTS = {"compression": "snappy", "row_group_size": 1 << 20, "write_statistics": True}
 
@@ -89,12 +88,9 @@ def file_identity(path: str | PathLike) -> dict:
     return {"path": str(Path(path).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def file_digest(path: str | PathLike, chunk: int = 1 << 22) -> str:
-    h = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+def file_digest(path: str | PathLike) -> str:
+    """The run directory's digest of a file (model files, class features, its own outputs)."""
+    return hype_io.file_digest(path, RUN_DIGEST)
 
 
 def fingerprint(obj: Any) -> str:
@@ -102,33 +98,20 @@ def fingerprint(obj: Any) -> str:
     return hashlib.blake2b(json.dumps(obj, sort_keys=True, default=str).encode(), digest_size=16).hexdigest()
 
 
-# --- atomic writes --------------------------------------------------------------------------------
+# --- atomic writes (hype.io), in the run directory's JSON and Parquet style -----------------------
 
 
 def atomic_write_bytes(path: str | PathLike, data: bytes) -> Path:
     """Write `data` to a temporary file next to `path`, fsync it and rename it over `path`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}{_TMP_TAG}{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return hype_io.write_bytes(path, data)
 
 
 def atomic_write_json(path: str | PathLike, obj: Any) -> Path:
-    return atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode())
+    return hype_io.write_json(path, obj, default=str)
 
 
 def parquet_bytes(table: pa.Table) -> bytes:
-    buf = io.BytesIO()
-    pq.write_table(table, buf, **_PARQUET_OPTS)
-    return buf.getvalue()
+    return hype_io.parquet_bytes(table, **_PARQUET_OPTS)
 
 
 def write_parquet(path: str | PathLike, table: pa.Table) -> dict:
@@ -139,19 +122,8 @@ def write_parquet(path: str | PathLike, table: pa.Table) -> dict:
         "file": Path(path).name,
         "rows": table.num_rows,
         "bytes": len(data),
-        "digest": hashlib.blake2b(data, digest_size=16).hexdigest(),
+        "digest": hype_io.bytes_digest(data, RUN_DIGEST),
     }
-
-
-def read_json(path: str | PathLike) -> dict | None:
-    """A marker's content, or None when it is missing or unreadable (an interrupted write cannot leave a
-    partial marker, but a user may have truncated one: then the work is simply redone)."""
-    try:
-        with open(path) as f:
-            obj = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return obj if isinstance(obj, dict) else None
 
 
 # --- the layout -----------------------------------------------------------------------------------
@@ -251,7 +223,7 @@ class RunDir:
             except OSError:
                 continue
             for entry in entries:
-                if entry.name.startswith(".") and _TMP_TAG in entry.name:
+                if is_temp_name(entry.name):
                     Path(entry.path).unlink(missing_ok=True)
                     n += 1
         return n

@@ -11,7 +11,6 @@ Every file is written under a temporary name and renamed into place.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -20,6 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hype.data.uids import UID_DTYPE, is_sorted, load_subset, pair_to_uid, pairs_to_arrow, sorted_uids
+from hype.io import atomic_path, save_npy
+from hype.io import write_json as _write_json
 from hype.select.errors import SelectError
 from hype.select.stats import RunningStats
 
@@ -32,10 +33,6 @@ def output_paths(out: str | os.PathLike) -> tuple[Path, Path, Path]:
             f"--out {out}: the subset file must end in .npy (DataComp's format), e.g. subset.npy"
         )
     return npy, npy.with_suffix(".parquet"), npy.with_suffix(".json")
-
-
-def _tmp(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
 class SubsetWriter:
@@ -51,8 +48,9 @@ class SubsetWriter:
         self.schema = pa.schema(
             [("uid", pa.string()), ("score", pa.float64()), *[(m, pa.float32()) for m in metrics]]
         )
-        parquet.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = _tmp(parquet)
+        # Streamed to a temporary name that close() fsyncs and renames into place and abort() removes.
+        self._target = atomic_path(parquet)
+        self._tmp = self._target.__enter__()
         self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
             self._tmp,
             self.schema,
@@ -102,13 +100,14 @@ class SubsetWriter:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-            os.replace(self._tmp, self.parquet)
+            self._target.__exit__(None, None, None)
 
     def abort(self) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        self._tmp.unlink(missing_ok=True)
+            aborted = RuntimeError("aborted")
+            self._target.__exit__(RuntimeError, aborted, None)  # removes the temporary, keeps no file
 
 
 def write_subset(path: Path, arr: np.ndarray) -> np.ndarray:
@@ -119,11 +118,7 @@ def write_subset(path: Path, arr: np.ndarray) -> np.ndarray:
     """
     if arr.dtype != UID_DTYPE or not is_sorted(arr):
         raise AssertionError("write_subset expects a sorted 'u8,u8' array")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp(path)
-    with open(tmp, "wb") as f:
-        np.save(f, arr, allow_pickle=False)
-    os.replace(tmp, path)
+    save_npy(path, arr)
     back = load_subset(path)
     if len(back) != len(arr):
         raise AssertionError(f"{path}: wrote {len(arr)} uids, read back {len(back)}")
@@ -131,10 +126,7 @@ def write_subset(path: Path, arr: np.ndarray) -> np.ndarray:
 
 
 def write_json(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp(path)
-    tmp.write_text(json.dumps(obj, indent=2, allow_nan=False, default=_json_default) + "\n")
-    os.replace(tmp, path)
+    _write_json(path, obj, sort_keys=False, allow_nan=False, default=_json_default)
 
 
 def _json_default(o):

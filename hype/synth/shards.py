@@ -1,98 +1,31 @@
-"""Byte-deterministic, atomic writers: tars, Parquet, JSON, text, and img2dataset shards.
+"""Byte-deterministic writers of the synthetic world: img2dataset shards, and its JSON and Parquet style.
 
-Every file is written to a hidden temporary name next to its target and renamed into place, so a reader
-never sees half a file. Tar members carry fixed metadata (mtime 0, uid/gid 0, no user names) and JSON is
-written with sorted keys, so the same content always gives the same bytes.
+Files are written atomically by `hype.io`; tars by `hype.io.tar.write_tar`, whose members carry fixed
+metadata (mtime 0, uid/gid 0, no user names); JSON is written with sorted keys. So the same content always
+gives the same bytes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-
-def _tmp(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp")
-
-
-def write_bytes(path: Path, data: bytes) -> None:
-    tmp = _tmp(path)
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def write_text(path: Path, text: str) -> None:
-    write_bytes(path, text.encode("utf-8"))
+import hype.io as hype_io
+from hype.io.tar import write_tar
 
 
 def write_json(path: Path, obj: object) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
-
-
-def _ustar_header(name: str, size: int) -> bytes:
-    """A POSIX ustar header with fixed metadata; the same bytes `tarfile` writes for such a member."""
-    raw = name.encode("utf-8")
-    if len(raw) > 100:
-        raise ValueError(f"tar member name too long for ustar: {name!r}")
-    head = b"".join(
-        [
-            raw.ljust(100, b"\0"),
-            b"0000644\0",  # mode
-            b"0000000\0",  # uid
-            b"0000000\0",  # gid
-            b"%011o\0" % size,
-            b"00000000000\0",  # mtime
-            b"        ",  # checksum placeholder
-            b"0",  # regular file
-            b"\0" * 100,  # linkname
-            b"ustar\x0000",
-            b"\0" * 64,  # uname, gname
-            b"\0" * 16,  # devmajor, devminor: empty for regular files, as tarfile writes them
-            b"\0" * 155,  # prefix
-        ]
-    ).ljust(BLOCK, b"\0")
-    chksum = b"%06o\0 " % sum(head)
-    return head[:148] + chksum + head[156:]
-
-
-BLOCK = 512
-RECORD = 20 * BLOCK
-
-
-def write_tar(path: Path, members: Iterable[tuple[str, bytes]]) -> int:
-    """Write `(name, data)` members in the given order; returns the number of members.
-
-    Hand-rolled because `tarfile` spends more time building headers than writing our tiny files.
-    """
-    tmp = _tmp(path)
-    n = 0
-    written = 0
-    with open(tmp, "wb") as f:
-        for name, data in members:
-            pad = -len(data) % BLOCK
-            chunk = _ustar_header(name, len(data)) + data + b"\0" * pad
-            f.write(chunk)
-            written += len(chunk)
-            n += 1
-        end = 2 * BLOCK
-        end += -(written + end) % RECORD
-        f.write(b"\0" * end)
-    os.replace(tmp, path)
-    return n
+    hype_io.write_json(path, obj, ensure_ascii=False)
 
 
 def write_parquet(path: Path, table: pa.Table) -> None:
-    tmp = _tmp(path)
-    pq.write_table(table, tmp, compression="zstd")
-    os.replace(tmp, path)
+    hype_io.write_parquet(path, table, compression="zstd")
 
 
 @dataclass(frozen=True)

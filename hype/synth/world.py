@@ -24,6 +24,8 @@ import pyarrow as pa
 from hype import __version__
 from hype.data.uids import save_subset
 from hype.executor import PoolExecutor, Progress, Stage
+from hype.io import replace_tree, write_text
+from hype.io.tar import write_tar
 from hype.synth.eval_tasks import (
     OBJECT_CLASSES,
     RETRIEVAL_TASK,
@@ -40,15 +42,7 @@ from hype.synth.noise import NOISE_KINDS, NoiseSpecError, parse_noise
 from hype.synth.pool import Sample, plan_clean, plan_pool, render_sample
 from hype.synth.render import EVAL_IMAGE_EXT
 from hype.synth.rng import stream
-from hype.synth.shards import (
-    FileWriter,
-    ShardSample,
-    write_img2dataset_shard,
-    write_json,
-    write_parquet,
-    write_tar,
-    write_text,
-)
+from hype.synth.shards import FileWriter, ShardSample, write_img2dataset_shard, write_json, write_parquet
 
 FORMAT_VERSION = 1
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
@@ -335,7 +329,7 @@ def make_world(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _swap_into_place(tmp, args.out)
+    replace_tree(tmp, args.out)  # `out` only ever holds a complete world
     elapsed = round(time.perf_counter() - t0, 3)
     return {**world, "out": str(args.out), "workers": args.workers, "elapsed_s": elapsed}
 
@@ -454,19 +448,6 @@ def _world_json(
             "reference": "eval/reference/train/{i}.tar (+ eval/reference/classnames.txt)",
         },
     }
-
-
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    """`out` only ever holds a complete world: the previous one until the new one is renamed in."""
-    if out.exists():
-        old = out.parent / f".{out.name}.synth-old"
-        if old.exists():
-            shutil.rmtree(old)
-        out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old)
-    else:
-        tmp.rename(out)
 
 
 def _count(items) -> dict[str, int]:

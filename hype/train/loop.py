@@ -31,6 +31,7 @@ from hype.data.pipeline import CAPTION_TRANSFORM_FAILED, TrainStream, make_loade
 from hype.data.samples import EMPTY_SHARD, SKIP_REASONS, SkipStats
 from hype.data.shards import ShardList, expand_shards
 from hype.data.subset_index import SubsetError, SubsetIndex, check_subset_matches, resolve_subset
+from hype.io import write_text
 from hype.losses import ContrastiveEntailmentLoss
 from hype.models import ConfigError, ContrastiveModel, ModelConfig, create_model, load_model_config
 from hype.train.captions import make_caption_transform
@@ -383,9 +384,7 @@ class Trainer:
         if info.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             # Written only now, after a resume has been validated, so a refused resume leaves it alone.
-            tmp = self.out / ".config.yaml.tmp"
-            tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-            tmp.replace(self.out / "config.yaml")
+            write_text(self.out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         barrier(info)
         metrics_path = self.out / "metrics.jsonl"
         metrics = MetricsLog(metrics_path, self.start_step) if info.is_main else None

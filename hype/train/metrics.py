@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hype.io import write_json, write_text
+
 
 class MetricsLog:
     """Append-only JSON-lines log (rank 0 only)."""
@@ -28,9 +30,7 @@ class MetricsLog:
                     continue  # a line cut short by a kill
                 if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= resume_step:
                     kept.append(line)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        tmp.replace(self.path)
+        write_text(self.path, "".join(line + "\n" for line in kept))
         self._f = open(self.path, "a", buffering=1)
 
     def write(self, row: dict[str, Any]) -> None:
@@ -56,10 +56,7 @@ def _finite(value: Any) -> Any:
 
 
 def write_summary(path: str | os.PathLike, summary: dict[str, Any]) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(_finite(summary), indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    write_json(path, _finite(summary))
 
 
 def _fmt_duration(seconds: float) -> str:

@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import load_model
 
 from hype.checkpoint import read_checkpoint_metadata, save_checkpoint
+from hype.io import atomic_path, atomic_write
 
 STATE_FORMAT = "hype-train-state/1"
 
@@ -88,15 +89,8 @@ def latest_checkpoint(out: str | os.PathLike) -> CheckpointPaths | None:
 
 
 def _atomic_torch_save(obj: Any, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_write(path) as f:
+        torch.save(obj, f)
 
 
 def save_training_checkpoint(
@@ -158,16 +152,11 @@ def prune_checkpoints(out: str | os.PathLike, keep: int) -> list[Path]:
 
 def publish_final(paths: CheckpointPaths, target: Path) -> Path:
     """Expose the final weights at `target` (e.g. OUT/model.safetensors): a hard link when possible."""
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    try:
+    with atomic_path(target) as tmp:
         try:
             os.link(paths.model, tmp)
         except OSError:
             shutil.copyfile(paths.model, tmp)
-        tmp.replace(target)
-    finally:
-        tmp.unlink(missing_ok=True)
     return target
 
 

@@ -1,0 +1,180 @@
+"""Webdataset tars: one member-grouping rule, a streaming reader, a header index, and a writer.
+
+The rule (webdataset's, open_clip's and DataComp's resharder's): a member's key is its path up to the
+first dot of its basename and its suffix the rest, lower-cased (`dir/0001.seg.JSON` -> `dir/0001`,
+`seg.json`: webdataset's `base_plus_ext` split, written out here because webdataset imports torch);
+consecutive members with the same key form one sample, and a key change or a suffix the sample already
+has starts the next. Only regular files count; hidden names, names without a suffix and webdataset's
+`__meta__` entries are not sample members.
+
+Two readers apply it: `read_samples` streams members with their bytes (scoring, training, evaluation);
+`index_samples` walks the headers with seeks and yields where each member's data lies, reading no data
+(resharding, report thumbnails, eval progress totals). Neither raises on a damaged tar: the problem goes to
+`problems` (anything with `add(reason, message)`, e.g. `hype.data.samples.SkipStats`) and the samples
+before the damage are still yielded. The stream reports any damage as `unreadable_shard`; the index, which
+knows member sizes, reports a cut as `truncated_member`. A tar cut at a member boundary, which `tarfile`
+ends quietly, is caught by its missing end-of-archive marker; that is why the member loop is ours and not
+webdataset's `tar_file_iterator` (the same `tarfile` stream and filters, but it hides where reading ended).
+
+`write_tar` writes ustar members with fixed metadata, so equal members give equal bytes: those `tarfile`
+writes (and webdataset's `TarWriter` with mode 0644, mtime 0 and no user or group), faster.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import tarfile
+from collections.abc import Iterable, Iterator
+from os import PathLike
+from typing import Protocol, TypeVar
+
+from hype.io.files import atomic_write, open_input
+
+UNREADABLE_SHARD = "unreadable_shard"  # a tar that cannot be opened or read to its end
+TRUNCATED = "truncated_member"  # (index) member data past the end of the file, or no end-of-archive marker
+
+BLOCK = 512
+RECORD = 20 * BLOCK
+_WDS_META = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta
+V = TypeVar("V")
+
+
+class Problems(Protocol):
+    def add(self, reason: str, message: str) -> None: ...
+
+
+def split_member_name(name: str) -> tuple[str, str] | None:
+    """`dir/000000001.jpg` -> (`dir/000000001`, `jpg`), or None for a name that is not a sample member."""
+    dirname, base = posixpath.split(name)
+    if not base or base.startswith(".") or "." not in base or _WDS_META.match(name):
+        return None
+    stem, ext = base.split(".", 1)
+    return posixpath.join(dirname, stem) if dirname else stem, ext.lower()
+
+
+def group_members(members: Iterable[tuple[str, str, V]]) -> Iterator[tuple[str, dict[str, V]]]:
+    """(key, suffix, value) members in tar order -> (key, {suffix: value}) samples, by the rule above."""
+    key: str | None = None
+    files: dict[str, V] = {}
+    for k, ext, value in members:
+        if files and (k != key or ext in files):
+            yield key, files  # type: ignore[misc]
+            files = {}
+        key = k
+        files[ext] = value
+    if files:
+        yield key, files  # type: ignore[misc]
+
+
+def read_samples(path: str | PathLike, problems: Problems) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """(key, {suffix: bytes}) for each sample of a tar (or compressed tar), streamed in file order."""
+    return group_members(_stream_members(os.fspath(path), problems))
+
+
+def index_samples(
+    path: str | PathLike, problems: Problems
+) -> Iterator[tuple[str, dict[str, tuple[int, int]]]]:
+    """(key, {suffix: (data offset, size)}) for each sample of an uncompressed tar, reading headers only."""
+    return group_members(_header_members(os.fspath(path), problems))
+
+
+def _stream_members(path: str, problems: Problems) -> Iterator[tuple[str, str, bytes]]:
+    try:
+        with open_input(path) as f, tarfile.open(fileobj=f, mode="r|*") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                parts = split_member_name(member.name)
+                if parts is None:
+                    continue
+                yield parts[0], parts[1], tar.extractfile(member).read()  # type: ignore[union-attr]
+                tar.members = []  # as webdataset does: a streamed tar need not remember its members
+            if tar.fileobj.comptype == "tar" and not _ends_with_marker(f, tar.offset):  # type: ignore[attr-defined]
+                problems.add(
+                    UNREADABLE_SHARD, f"{path}: no end-of-archive marker after byte {tar.offset}: cut short?"
+                )
+    except (tarfile.TarError, OSError, EOFError) as e:
+        problems.add(UNREADABLE_SHARD, f"{path}: {type(e).__name__}: {e}")
+
+
+def _header_members(path: str, problems: Problems) -> Iterator[tuple[str, str, tuple[int, int]]]:
+    try:
+        with open_input(path) as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(0)
+            # Seekable mode: tarfile seeks over member data instead of reading it.
+            with tarfile.open(fileobj=f, mode="r:") as tar:
+                for member in tar:
+                    if not member.isfile():
+                        continue
+                    parts = split_member_name(member.name)
+                    if parts is None:
+                        continue
+                    if member.offset_data + member.size > size:
+                        problems.add(TRUNCATED, f"{path}:{member.name}: data runs past the end of the tar")
+                        return
+                    yield parts[0], parts[1], (member.offset_data, member.size)
+                if not _ends_with_marker(f, tar.offset):
+                    problems.add(
+                        TRUNCATED, f"{path}: no end-of-archive marker after byte {tar.offset}: cut short?"
+                    )
+    except (tarfile.TarError, OSError, EOFError) as e:
+        problems.add(UNREADABLE_SHARD, f"{path}: {type(e).__name__}: {e}")
+
+
+def _ends_with_marker(f, offset: int) -> bool:
+    # tarfile stops quietly at a cut-off or damaged header; a complete tar has two zero blocks there.
+    f.seek(offset)
+    tail = f.read(2 * BLOCK)
+    return len(tail) == 2 * BLOCK and not tail.strip(b"\0")
+
+
+# --- writing --------------------------------------------------------------------------------------
+
+
+def ustar_header(name: str, size: int) -> bytes:
+    """A POSIX ustar header with fixed metadata; the same bytes `tarfile` writes for such a member."""
+    raw = name.encode("utf-8")
+    if len(raw) > 100:
+        raise ValueError(f"tar member name too long for ustar: {name!r}")
+    head = b"".join(
+        [
+            raw.ljust(100, b"\0"),
+            b"0000644\0",  # mode
+            b"0000000\0",  # uid
+            b"0000000\0",  # gid
+            b"%011o\0" % size,
+            b"00000000000\0",  # mtime
+            b"        ",  # checksum placeholder
+            b"0",  # regular file
+            b"\0" * 100,  # linkname
+            b"ustar\x0000",
+            b"\0" * 64,  # uname, gname
+            b"\0" * 16,  # devmajor, devminor: empty for regular files, as tarfile writes them
+            b"\0" * 155,  # prefix
+        ]
+    ).ljust(BLOCK, b"\0")
+    chksum = b"%06o\0 " % sum(head)
+    return head[:148] + chksum + head[156:]
+
+
+def write_tar(path: str | PathLike, members: Iterable[tuple[str, bytes]]) -> int:
+    """Write `(name, data)` members in the given order, atomically; returns the number of members.
+
+    Hand-rolled because `tarfile` spends more time building headers than writing our tiny files.
+    """
+    n = 0
+    written = 0
+    with atomic_write(path) as f:
+        for name, data in members:
+            pad = -len(data) % BLOCK
+            chunk = ustar_header(name, len(data)) + data + b"\0" * pad
+            f.write(chunk)
+            written += len(chunk)
+            n += 1
+        end = 2 * BLOCK
+        end += -(written + end) % RECORD
+        f.write(b"\0" * end)
+    return n
