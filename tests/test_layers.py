@@ -1,7 +1,7 @@
 """Layers that only point down: every import in hype/, filters/ and pipelines/, checked against the layering.
 
     core      hype (the package root), hype.geometry, hype.data, hype.models, hype.io, hype.losses,
-              hype.text, hype.config, hype.files, hype.plugins, hype.checkpoint
+              hype.text, hype.config, hype.plugins, hype.executor, hype.checkpoint
     stages    hype.synth, hype.download, hype.train, hype.scoring, hype.select, hype.reshard, hype.eval,
               hype.report, hype.submit, hype.convert
     plug-ins  filters (selection rules), pipelines (executors)
@@ -78,12 +78,6 @@ STAGE_EDGES: dict[tuple[str, str], str] = {
     ("hype.report", "hype.select.stats"): "the report's pool/subset statistics are those of subset.json",
     ("hype.submit", "hype.select.table"): "a submission reads the scores table through selection's reader",
     ("hype.scoring", "hype.select.combine"): "the quality table ranks by the one HYPE sum selection uses",
-}
-
-# TEMPORARY (issue 12): edges that other branches of issue 12 remove. Empty this set once they are merged;
-# the test fails on an entry that no longer occurs, as a reminder.
-PENDING: set[tuple[str, str]] = {
-    ("hype.reshard.run", "hype.synth.shards"),  # the tar writer moves down to hype.io
 }
 
 
@@ -187,9 +181,7 @@ def test_relative_imports_are_resolved(tmp_path):
 
 def test_layers_only_point_down():
     found = edges()
-    bad = sorted(
-        f"{src} -> {dst}: {why}" for src, dst in found - PENDING if (why := violation(src, dst)) is not None
-    )
+    bad = sorted(f"{src} -> {dst}: {why}" for src, dst in found if (why := violation(src, dst)) is not None)
     assert not bad, "imports that break the layering (see tests/test_layers.py):\n" + "\n".join(bad)
 
 
@@ -198,4 +190,3 @@ def test_allowlists_hold_only_live_edges():
     found = edges()
     stage_edges = {(owner(src), dst) for src, dst in found}
     assert not [e for e in STAGE_EDGES if e not in stage_edges], "STAGE_EDGES lists an edge no module uses"
-    assert not PENDING - found, f"remove from PENDING (no longer imported): {sorted(PENDING - found)}"
