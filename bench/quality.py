@@ -1,6 +1,6 @@
 """Quality benchmark: does a HYPE subset train a better CLIP than the baselines, at equal samples seen?
 
-On the synthetic world (SPEC §5):
+On the synthetic world (DESIGN §5):
 1. a world (`hype synth --size 4000 --clean-size 4000`), unless --world is given;
 2. tiny MERU and tiny CLIP scorers trained on its clean set (`hype train`), `hype score` on the pool;
 3. the detection AUROC of every HYPE term for every noise kind (`hype.scoring.quality`);

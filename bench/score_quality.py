@@ -1,4 +1,4 @@
-"""Quality: how well each HYPE term detects each kind of noise of the synthetic world (SPEC §5).
+"""Quality: how well each HYPE term detects each kind of noise of the synthetic world (DESIGN §5).
 
 1. a synthetic world (`hype synth --size 4000 --clean-size 8000`), unless --world is given;
 2. tiny MERU (`tiny-hyperbolic`) and tiny CLIP (`tiny-clip`) trained with `hype train` on its clean set,

@@ -1,7 +1,7 @@
 """`image_cluster`: keep rows with c_IN > 0, DataComp's image-based (ImageNet-cluster) filter.
 
 `hype score` sets c_IN = 10 when a sample's image falls in an ImageNet-like cluster and its caption passes
-DataComp's caption rule (SPEC §2.4), so this mask is DataComp's image-based baseline.
+DataComp's caption rule (DESIGN §2.4), so this mask is DataComp's image-based baseline.
 """
 
 from __future__ import annotations

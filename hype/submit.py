@@ -115,7 +115,7 @@ def check_in_scores(
 
 
 def check_results(path: str | PathLike) -> list[dict]:
-    """The lines of an eval_results.jsonl, validated (DataComp's format, SPEC §3 "Results")."""
+    """The lines of an eval_results.jsonl, validated (DataComp's format, DESIGN §3 "Results")."""
     path = Path(path)
     if not path.is_file():
         raise SelectError(f"--eval-results {path}: no such file; run hype eval (or DataComp's evaluate.py)")

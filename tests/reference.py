@@ -1,4 +1,4 @@
-"""Independent references of the SPEC formulas for the tests: float64 numpy, and mpmath for fp32 regimes.
+"""Independent references of the DESIGN §2 formulas for the tests: float64 numpy, and mpmath for fp32 regimes.
 
 Exterior angles go through the law of cosines on distances (MERU App. C), a different route than the
 closed forms under test.

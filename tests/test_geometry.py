@@ -1,6 +1,6 @@
 """Geometry against an independent float64 reference and its defining properties.
 
-The reference is plain numpy on the SPEC formulas; the exterior angles are checked through the law of
+The reference is plain numpy on the DESIGN §2 formulas; the exterior angles are checked through the law of
 cosines on distances (MERU App. C), a different route than the closed forms under test.
 """
 

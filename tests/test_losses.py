@@ -22,7 +22,7 @@ def _geometry(name: str):
 
 
 class ToyModel(torch.nn.Module):
-    """Two linear 'towers' with the learnable log-scalars of SPEC §2.1."""
+    """Two linear 'towers' with the learnable log-scalars of DESIGN §2.1."""
 
     def __init__(self, geometry, d_in: int = 12, n: int = 16):
         super().__init__()

@@ -14,7 +14,7 @@ from hype.train import effective_model_config, list_train_configs, load_train_co
 from hype.train.config import LossConfig
 from hype.train.optim import build_optimizer, entailment_K_at, lr_at, param_groups
 
-# SPEC §2.5 / datacomp scale_configs.py: samples seen, model, batch, lr, warm-up, β2.
+# DESIGN §2.5 / datacomp scale_configs.py: samples seen, model, batch, lr, warm-up, β2.
 DATACOMP = {
     "debug": (128_000, "clip-vit-b32", 1024, 1e-4, 500, 0.98),
     "small": (12_800_000, "clip-vit-b32", 4096, 5e-4, 500, 0.98),

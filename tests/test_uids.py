@@ -1,4 +1,4 @@
-"""uid codec and DataComp subset files (SPEC §3)."""
+"""uid codec and DataComp subset files (DESIGN §3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Converters of released checkpoints into hype's one checkpoint format (safetensors + config). SPEC §3.
+"""Converters of released checkpoints into hype's one checkpoint format (safetensors + config). DESIGN §3.
 
 - `convert_meru`: MERU ViT-S/B/L-16 (facebookresearch/meru) -> `meru-vit-{s,b,l}16`.
 - `convert_hype_release`: HYPE's ViT-L/14 hyperbolic CLIP (naver-ai/hype) -> `hype-meru-vit-l14`.

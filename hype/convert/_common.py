@@ -1,4 +1,4 @@
-"""What both converters share: safe loading, key/shape checking, scalar read-out, writing. SPEC §3.
+"""What both converters share: safe loading, key/shape checking, scalar read-out, writing. DESIGN §3.
 
 A converter describes the released layout as a list of `Rule`s (one source key -> one target key of a
 `ContrastiveModel`, with a simple layout change), plus keys that are only validated (buffers such as

@@ -1,4 +1,4 @@
-"""HYPE's released hyperbolic CLIP (naver-ai/hype `ckpt.pt`) -> hype's `hype-meru-vit-l14`. SPEC §3.
+"""HYPE's released hyperbolic CLIP (naver-ai/hype `ckpt.pt`) -> hype's `hype-meru-vit-l14`. DESIGN §3.
 
 The release is a flat state dict of naver-ai/hype `model.CLIP` (loaded there with
 `model.load_state_dict(torch.load(path))`): an OpenCLIP-style ViT-L/14 under `visual.*` (conv1 without

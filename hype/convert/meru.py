@@ -1,4 +1,4 @@
-"""MERU's released checkpoints (facebookresearch/meru: meru_vit_{s,b,l}.pth) -> hype. SPEC §2.1, §3.
+"""MERU's released checkpoints (facebookresearch/meru: meru_vit_{s,b,l}.pth) -> hype. DESIGN §2.1, §3.
 
 MERU stores `{"model": state_dict}` (its `CheckpointManager`) of `meru.models.MERU`:
 - `visual.*`: a timm VisionTransformer (class-token pooling, no head, nn.LayerNorm eps 1e-5, no

@@ -4,7 +4,7 @@ A tar written by img2dataset (or DataComp's resharder) stores each sample as con
 `<key>.jpg|png|webp`, `<key>.txt` (caption) and `<key>.json` (metadata with the `uid`). `iter_tar_samples`
 groups members by key (`hype.io.tar`'s rule) without extracting anything to disk; `decode_image` turns the
 bytes into an RGB image. Nothing here raises on bad data: every problem becomes a reason counted in
-`SkipStats` (SPEC §4.5), so callers can report what was left out and why.
+`SkipStats` (DESIGN §4.5), so callers can report what was left out and why.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Readers for evaluation sets on local disk. SPEC §3 "Evaluation sets".
+"""Readers for evaluation sets on local disk. DESIGN §3 "Evaluation sets".
 
 Webdataset tasks (DataComp / CLIP_benchmark layout), one folder per task:
 

@@ -1,4 +1,4 @@
-"""`eval_results.jsonl`: DataComp's results file, one line per finished task. SPEC §3 "Results".
+"""`eval_results.jsonl`: DataComp's results file, one line per finished task. DESIGN §3 "Results".
 
 Each line is `{"key": <task key>, "dataset": <display name>, "metrics": {..., "main_metric": ...}}`.
 Lines are appended one at a time and fsynced, so a crash loses at most the task in progress; a

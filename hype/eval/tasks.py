@@ -1,4 +1,4 @@
-"""The task registry: evaluation suites read from `configs/eval/<suite>.yaml`. SPEC §3 "Task list".
+"""The task registry: evaluation suites read from `configs/eval/<suite>.yaml`. DESIGN §3 "Task list".
 
 A suite is one YAML file listing its tasks (key, display name, type, main metric, group, ...) and how its
 aggregates are formed; `datacomp.yaml` mirrors DataComp's `tasklist.yml` and `synthetic.yaml` the

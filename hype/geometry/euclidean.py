@@ -1,4 +1,4 @@
-"""Euclidean space (EuCLIP): distances and the Euclidean entailment cone. SPEC §2.2.
+"""Euclidean space (EuCLIP): distances and the Euclidean entailment cone. DESIGN §2.2.
 
 Entailment (Ganea et al., as modified by EuCLIP): aper(x) = asin(min(1, K/|x|)),
 ext(x, y) = acos((y - x)·x / (|y - x| |x|)), E = ext - aper. EuCLIP uses K = 0.3.

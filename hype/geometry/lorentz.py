@@ -1,4 +1,4 @@
-"""Lorentz model of hyperbolic space with curvature -c (MERU, HYPE). SPEC §2.1.
+"""Lorentz model of hyperbolic space with curvature -c (MERU, HYPE). DESIGN §2.1.
 
 Points are stored by their space components x ∈ R^n; the time component x_t = sqrt(1/c + |x|^2) is
 derived. Every function has a row-wise form (x[i] with y[i], broadcasting over leading dims) and a

@@ -1,4 +1,4 @@
-"""The oblique manifold Ob(num_spheres, sphere_dim): a product of unit spheres. SPEC §2.2.
+"""The oblique manifold Ob(num_spheres, sphere_dim): a product of unit spheres. DESIGN §2.2.
 
 An embedding of width n = num_spheres * sphere_dim is viewed as num_spheres sub-vectors of sphere_dim,
 each L2-normalized. Normalized embeddings stay flattened, so the summed inner product

@@ -1,4 +1,4 @@
-"""The embedding geometries of the papers, each as one small class. SPEC §2.2.
+"""The embedding geometries of the papers, each as one small class. DESIGN §2.2.
 
 A `Geometry` turns an encoder's projected features into embeddings (`embed`) and scores pairs of
 embeddings with the logit used before the logit scale (`pairwise` for all pairs, `rowwise` for aligned

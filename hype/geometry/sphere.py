@@ -1,4 +1,4 @@
-"""The unit sphere: CLIP's cosine and the elliptic (great-circle) distance of EuCLIP. SPEC §2.2."""
+"""The unit sphere: CLIP's cosine and the elliptic (great-circle) distance of EuCLIP. DESIGN §2.2."""
 
 from __future__ import annotations
 

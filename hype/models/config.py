@@ -1,4 +1,4 @@
-"""Model configuration: YAML -> validated, frozen dataclasses. SPEC §2.2 (geometries), §2.5 (recipes).
+"""Model configuration: YAML -> validated, frozen dataclasses. DESIGN §2.2 (geometries), §2.5 (recipes).
 
 A config file has these sections (see `configs/models/*.yaml`):
 

@@ -1,4 +1,4 @@
-"""`ContrastiveModel`: two open_clip towers, a geometry and the learnable scalars. SPEC §2.1–2.2.
+"""`ContrastiveModel`: two open_clip towers, a geometry and the learnable scalars. DESIGN §2.1–2.2.
 
 The model produces embeddings on the geometry's manifold and the pre-scale logits between them; the
 losses live in `hype.losses`. Scalars follow MERU: stored as logs in fp32 and clamped in place (the
@@ -112,7 +112,7 @@ class ContrastiveModel(nn.Module):
 
     def _embed(self, features: Tensor, alpha: Tensor | None) -> Tensor:
         # Under mixed precision the towers return fp16/bf16; the lift onto the manifold (|x|², sinh)
-        # must run in fp32 (SPEC §2.1), so cast up and keep autocast off for the whole step.
+        # must run in fp32 (DESIGN §2.1), so cast up and keep autocast off for the whole step.
         if features.dtype not in (torch.float32, torch.float64):
             features = features.float()
         with torch.autocast(device_type=features.device.type, enabled=False):

@@ -1,4 +1,4 @@
-"""Image and text towers, built with open_clip's own builders and then adapted. SPEC §2.2.
+"""Image and text towers, built with open_clip's own builders and then adapted. DESIGN §2.2.
 
 Adaptations, each done by swapping a submodule or parameter of the open_clip tower (no transformer
 block is re-implemented here):

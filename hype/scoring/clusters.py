@@ -1,4 +1,4 @@
-"""c_IN: DataComp's image-based clustering filter as a per-sample flag. SPEC §2.4.
+"""c_IN: DataComp's image-based clustering filter as a per-sample flag. DESIGN §2.4.
 
 k-means (faiss, L2, 20 iterations, seed 0) of the pool's CLIP image embeddings into K centroids; every
 image of a labelled reference set (ImageNet-1k train in DataComp) is assigned to its nearest centroid by

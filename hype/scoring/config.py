@@ -77,7 +77,7 @@ class SpecificityConfig:
 
 @dataclass(frozen=True)
 class ClustersConfig:
-    """c_IN (DataComp's image-based clustering, SPEC §2.4)."""
+    """c_IN (DataComp's image-based clustering, DESIGN §2.4)."""
 
     class_features: str | None = None  # (N, d) CLIP image features: .npy or .safetensors
     class_images: str | None = None  # webdataset tars of labelled images, embedded with --clip

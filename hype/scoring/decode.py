@@ -1,4 +1,4 @@
-"""Parallel, prefetched per-sample decoding for the embed stages (SPEC §4.4: in the embedding worker).
+"""Parallel, prefetched per-sample decoding for the embed stages (DESIGN §4.4: in the embedding worker).
 
 A reader thread streams the tar (`hype.data.samples.iter_tar_samples`) and hands chunks of raw samples
 to a pool of decode workers, keeping a bounded window in flight; results come back in tar order. Per

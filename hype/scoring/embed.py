@@ -1,13 +1,13 @@
 """Embed stage: one input tar -> `RUN_DIR/embed/<shard id>.parquet` (format: `hype.scoring.embed_format`).
 
-Inside one worker (SPEC §4.4: decode and embed in the same worker): the tar is streamed member by member
+Inside one worker (DESIGN §4.4: decode and embed in the same worker): the tar is streamed member by member
 (`hype.data.samples.iter_tar_samples`, robust to truncated tars), decode workers (`hype.scoring.decode`:
 processes by default) parse, decode, resize and crop samples ahead of the model (a bounded window of
 `prefetch_batches` batches), and the worker's main thread tokenizes and normalizes each batch and runs
 MERU (image, text) and CLIP (image, text) on it. Only the shard's small stats dict leaves the worker; the
 Parquet is written here, atomically, marker last.
 
-Bad data is skipped and counted per shard with the reason and example messages (SPEC §4.5): missing
+Bad data is skipped and counted per shard with the reason and example messages (DESIGN §4.5): missing
 image / caption / json, invalid json, missing or malformed uid, undecodable or oversized image,
 non-finite embeddings, uids absent from the metadata, and unreadable (e.g. truncated) tars, whose
 samples before the damage are kept. Empty captions are scored (they are what ε_t is for) and counted.
@@ -255,7 +255,7 @@ class EmbedStage(_EmbedBase):
                 ci = self._clip.encode_image(self._images(batch, "clip"))
                 ct = self._clip.encode_text(self._tokens(batch, "clip", tokens))
         with torch.autocast(device_type=dev, enabled=False):
-            # −d_L itself (also for a hyperbolic-squared MERU), in fp32 (SPEC §2.1).
+            # −d_L itself (also for a hyperbolic-squared MERU), in fp32 (DESIGN §2.1).
             mi, mt = mi.float(), mt.float()
             neg_d_l = get_geometry("hyperbolic").rowwise(mi, mt, curv=self._curv)
             if self._clip is not None:

@@ -1,4 +1,4 @@
-"""How well each score separates clean samples from each kind of noise (synthetic world, SPEC §5).
+"""How well each score separates clean samples from each kind of noise (synthetic world, DESIGN §5).
 
 For a noise kind k and a metric m: AUROC = P(m(clean sample) > m(sample of kind k)), ties counting
 one half: 1.0 means the metric ranks every clean sample above every noisy one, 0.5 is chance, below 0.5

@@ -1,4 +1,4 @@
-"""Reference sets S_i (images) and S_t (texts) for HYPE specificity. SPEC §2.3.
+"""Reference sets S_i (images) and S_t (texts) for HYPE specificity. DESIGN §2.3.
 
 Selection (HYPE §3.3): sort the pool by cos θ, take the top N pairs; score every pool image by its mean
 entailment loss against those N texts and every pool text against those N images; the M highest-scoring

@@ -19,7 +19,7 @@
       merge/<id>_stats.json                     completion markers of the score parts
 
 A shard id is `<tar stem>-<8 hex of blake2b(absolute tar path)>`: readable, unique per input path, and
-stable across reruns, so resume state is keyed on the input tar path (SPEC §4.1).
+stable across reruns, so resume state is keyed on the input tar path (DESIGN §4.1).
 
 Every file is written to a temporary name in its folder, fsynced and renamed (`hype.io`), and a stage's
 `_stats.json` (or `.json`) marker is written after its data. A marker records a fingerprint of
@@ -58,7 +58,7 @@ class RunDirError(RuntimeError):
 
 @dataclass(frozen=True)
 class ShardTask:
-    """One input shard: the unit of work, retry, resume and metrics (SPEC §4.1)."""
+    """One input shard: the unit of work, retry, resume and metrics (DESIGN §4.1)."""
 
     index: int  # position in the pool's shard list (shard order)
     path: str  # the tar as given (stored in the scores table's `shard` column)

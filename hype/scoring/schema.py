@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-# The five HYPE terms (SPEC §1), in the order of paper Eq. 1.
+# The five HYPE terms (DESIGN §1), in the order of paper Eq. 1.
 METRICS = ("eps_i", "eps_t", "neg_d_l", "cos_theta", "c_in")
 
 SCHEMA = pa.schema(

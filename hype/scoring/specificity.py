@@ -1,4 +1,4 @@
-"""HYPE specificity ε_i and ε_t against reference sets, streamed in chunks. SPEC §2.3.
+"""HYPE specificity ε_i and ε_t against reference sets, streamed in chunks. DESIGN §2.3.
 
     ε_t(x) = mean_{y ∈ S_i} E(x -> y)      a pool text x as the apex, reference images as points
     ε_i(y) = mean_{x ∈ S_t} E(x -> y)      reference texts as apexes, a pool image y as the point

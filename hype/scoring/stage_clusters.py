@@ -1,4 +1,4 @@
-"""Clusters stage: c_IN, DataComp's image-based clustering filter as a per-sample term. SPEC §2.4.
+"""Clusters stage: c_IN, DataComp's image-based clustering filter as a per-sample term. DESIGN §2.4.
 
 1. `load_class_features` (driver): the reference-class image features, from `--class-features` (an
    (N, d) float array in .npy, read with allow_pickle=False, or .safetensors) or from the `classes`

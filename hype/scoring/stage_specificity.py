@@ -1,4 +1,4 @@
-"""Specificity stage (per shard): ε_i and ε_t of every sample against the reference sets. SPEC §2.3.
+"""Specificity stage (per shard): ε_i and ε_t of every sample against the reference sets. DESIGN §2.3.
 
 ε_t(x) = mean over S_i of E(x -> y) with the pool text as the cone apex; ε_i(y) = mean over S_t of
 E(x -> y) with the pool image as the point. Raw energy E by default (HYPE's released code), the hinged

@@ -61,7 +61,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW with linear warm-up and cosine decay to 0 (SPEC §2.5)."""
+    """AdamW with linear warm-up and cosine decay to 0 (DESIGN §2.5)."""
 
     lr: float = 5e-4
     beta1: float = 0.9

@@ -1,4 +1,4 @@
-"""Optimizer, learning-rate schedule and the entailment K schedule (SPEC §2.5).
+"""Optimizer, learning-rate schedule and the entailment K schedule (DESIGN §2.5).
 
 Weight decay applies only to matrices (linear and attention weights, convolution kernels, token and
 position tables). Gains and biases of LayerNorms, biases, 1-D embeddings (class tokens) and the learnable

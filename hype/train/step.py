@@ -12,7 +12,7 @@ detached in all but the last recomputation, so the summed gradient equals the fu
 exactly: each slice's embedding path is counted once, and the direct scalar path once.
 
 The towers run under autocast (bf16/fp16); the model lifts their output to fp32 before the geometry, and
-the loss runs with autocast off, in fp32 (SPEC §2.5).
+the loss runs with autocast off, in fp32 (DESIGN §2.5).
 """
 
 from __future__ import annotations
