@@ -24,10 +24,9 @@ from os import PathLike
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from hype import __version__
-from hype.config import preset_dir
+from hype.config import preset_dir, read_yaml
 from hype.data.errors import SelectError
 from hype.data.uids import UID_DTYPE, UidMultiset, is_sorted
 from hype.io import atomic_path, file_digest, read_json, write_json
@@ -42,14 +41,14 @@ def scale_config(scale: str) -> dict:
         raise SelectError(f"--scale {scale!r}: DataComp scales are {', '.join(SCALES)}")
     path = preset_dir("train") / f"datacomp-{scale}.yaml"
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = read_yaml(path)
         cfg = {
             "pool_size": int(raw["samples_seen"]),
             "model": str(raw["model"]),
             "batch_size": int(raw["batch_size"]),
             "learning_rate": float(raw["optim"]["lr"]),
         }
-    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as e:
+    except (OSError, KeyError, TypeError, ValueError) as e:  # ValueError includes ConfigError
         raise SelectError(f"{path}: cannot read the settings of scale {scale} ({e})") from None
     return cfg
 

@@ -81,12 +81,10 @@ def train(
     from hype.train.config import list_train_configs, load_train_config, train_config_dir
 
     if list_presets:
-        import yaml
+        from hype.config import read_yaml
 
         for name in list_train_configs():
-            desc = (yaml.safe_load((train_config_dir() / f"{name}.yaml").read_text()) or {}).get(
-                "description", ""
-            )
+            desc = read_yaml(train_config_dir() / f"{name}.yaml").get("description", "")
             click.echo(f"{name:<28} {desc}")
         return
     if config is None:

@@ -14,7 +14,7 @@ from hype.models.config import (
     VisionConfig,
 )
 from hype.models.contrastive import ContrastiveModel
-from hype.models.factory import config_dir, create_model, list_model_configs, load_model_config
+from hype.models.factory import create_model, list_model_configs, load_model_config
 from hype.models.towers import (
     MultiTokenTextTower,
     MultiTokenVisionTower,
@@ -37,7 +37,6 @@ __all__ = [
     "VisionConfig",
     "build_image_tower",
     "build_text_tower",
-    "config_dir",
     "create_model",
     "list_model_configs",
     "load_model_config",

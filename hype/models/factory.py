@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from hype.config import config_dir, list_presets
+from hype.config import list_presets, resolve_preset
 from hype.models.config import ModelConfig
 from hype.models.contrastive import ContrastiveModel
 
@@ -32,18 +32,8 @@ def load_model_config(config: ConfigLike) -> ModelConfig:
         return ModelConfig.from_dict(config)
     if not isinstance(config, (str, Path)):
         raise TypeError(f"expected a ModelConfig, dict, path or config name, got {type(config).__name__}")
-    path = Path(config)
-    if path.suffix in (".yaml", ".yml") or path.is_file():
-        if not path.is_file():
-            raise FileNotFoundError(f"model config file not found: {path}")
-        return ModelConfig.from_yaml(path)
-    named = config_dir() / "models" / f"{config}.yaml"
-    if not named.is_file():
-        available = ", ".join(list_model_configs()) or "(none)"
-        raise ValueError(
-            f"unknown model config {str(config)!r} (looked in {named.parent}); available: {available}"
-        )
-    return ModelConfig.from_yaml(named)
+    # A preset name or a YAML path, found like every other preset (unknown names list the available ones).
+    return ModelConfig.from_yaml(resolve_preset("models", config, "model"))
 
 
 def create_model(config: ConfigLike, device: str | torch.device | None = None) -> ContrastiveModel:
