@@ -83,13 +83,8 @@ def index_samples(
 def _stream_members(path: str, problems: Problems) -> Iterator[tuple[str, str, bytes]]:
     try:
         with open_input(path) as f, tarfile.open(fileobj=f, mode="r|*") as tar:
-            for member in tar:
-                if not member.isfile():
-                    continue
-                parts = split_member_name(member.name)
-                if parts is None:
-                    continue
-                yield parts[0], parts[1], tar.extractfile(member).read()  # type: ignore[union-attr]
+            for member, key, ext in _sample_files(tar):
+                yield key, ext, tar.extractfile(member).read()  # type: ignore[union-attr]
                 tar.members = []  # as webdataset does: a streamed tar need not remember its members
             if tar.fileobj.comptype == "tar" and not _ends_with_marker(f, tar.offset):  # type: ignore[attr-defined]
                 problems.add(
@@ -106,22 +101,24 @@ def _header_members(path: str, problems: Problems) -> Iterator[tuple[str, str, t
             f.seek(0)
             # Seekable mode: tarfile seeks over member data instead of reading it.
             with tarfile.open(fileobj=f, mode="r:") as tar:
-                for member in tar:
-                    if not member.isfile():
-                        continue
-                    parts = split_member_name(member.name)
-                    if parts is None:
-                        continue
+                for member, key, ext in _sample_files(tar):
                     if member.offset_data + member.size > size:
                         problems.add(TRUNCATED, f"{path}:{member.name}: data runs past the end of the tar")
                         return
-                    yield parts[0], parts[1], (member.offset_data, member.size)
+                    yield key, ext, (member.offset_data, member.size)
                 if not _ends_with_marker(f, tar.offset):
                     problems.add(
                         TRUNCATED, f"{path}: no end-of-archive marker after byte {tar.offset}: cut short?"
                     )
     except (tarfile.TarError, OSError, EOFError) as e:
         problems.add(UNREADABLE_SHARD, f"{path}: {type(e).__name__}: {e}")
+
+
+def _sample_files(tar: tarfile.TarFile) -> Iterator[tuple[tarfile.TarInfo, str, str]]:
+    """(member, key, suffix) of the regular files that belong to samples (not hidden, with a suffix)."""
+    for member in tar:
+        if member.isfile() and (parts := split_member_name(member.name)) is not None:
+            yield member, *parts
 
 
 def _ends_with_marker(f, offset: int) -> bool:
