@@ -144,5 +144,8 @@ def acos_resolved(cos: Tensor) -> Tensor:
     from 0 and π in fp32) would cost accuracy where fp32 resolves the angle, so the value comes from the
     unclamped argument. Away from ±1 both are the same bits.
     """
+    if not (cos.requires_grad and torch.is_grad_enabled()):
+        # No gradient to protect (scoring, eval): one acos pass, no margin, no extra full-size tensors.
+        return torch.acos(torch.clamp(cos, -1.0, 1.0))
     inside = torch.acos(unit_clamp(cos))
     return inside + (torch.acos(torch.clamp(cos, -1.0, 1.0)) - inside).detach()
