@@ -24,7 +24,7 @@ from hype.download.network import REFUSED, NetworkPolicy, address_kind, guarded_
 from hype.synth import make_world
 from hype.synth.serve import QuietHandler, serve_directory
 
-SLOW_S = 2.5  # the slow path answers after this; downloads use a 1 s timeout
+SLOW_S = 5.0  # the slow path answers after this; downloads use a 2 s timeout (a loaded 404 stays below)
 FAST = ["--processes", "1", "--threads", "8", "--no-progress"]
 
 
@@ -120,7 +120,7 @@ def first_run(world, server, tmp_path_factory):
     a, b = _metadata(world, tmp / "meta", base_url)
     out = tmp / "out"
     args = ["download", "--metadata", str(tmp / "meta"), "--out", str(out), "--allow-private-network"]
-    args += [*FAST, "--timeout", "1", "--retries", "1", "--samples-per-shard", "20", "--json"]
+    args += [*FAST, "--timeout", "2", "--retries", "1", "--samples-per-shard", "20", "--json"]
     handler.requests.clear()
     res = CliRunner().invoke(main, args, catch_exceptions=False)
     assert res.exit_code == 0, res.output
