@@ -248,6 +248,34 @@ def test_datacomp_metadata_supplies_cos_theta_and_clip_features(tmp_path_factory
     assert s["c_in"]["enabled"] and s["c_in"]["k"] == 4
 
 
+def test_parquet_only_metadata_with_clip_scores_like_no_metadata(tmp_path_factory, tmp_path):
+    """DataComp's default metadata download (parquet only, no .npz; the synthetic world's is such):
+    --clip computes the CLIP features and cos θ, so every output equals the run without metadata."""
+    base = baseline(tmp_path_factory)
+    w = world(tmp_path_factory)
+    meru, clip = models(tmp_path_factory)
+    meta = w / "pool" / "metadata"
+    assert not list(meta.glob("*.npz"))
+    run = tmp_path / "run"
+    result = run_cli([*score_args(w, meru, clip, run), "--metadata", str(meta)])
+    assert result.exit_code == 0, result.output
+    assert digests(run / "embed") == digests(base / "embed")
+    assert digests(run / "scores") == digests(base / "scores")
+    s = _summary(run)
+    assert s["metadata"] == {
+        "dir": str(meta),
+        "files": 1,
+        "rows": POOL_SIZE,
+        "features": "--clip",
+        "cos_theta": "--clip",
+    }
+    assert "CLIP features from --clip" in result.output
+
+    pool = str(w / "pool" / "shards")
+    r = run_cli(["--pool", pool, "--meru", str(meru), "--metadata", str(meta), "--out", str(tmp_path / "r2")])
+    assert r.exit_code != 0 and ".npz" in r.output and "--download_npz" in r.output and "--clip" in r.output
+
+
 def test_bad_inputs_are_clear_errors(tmp_path_factory, tmp_path):
     w = world(tmp_path_factory)
     meru, clip = models(tmp_path_factory)

@@ -214,7 +214,7 @@ def test_config_overrides_and_errors():
 
 
 def test_metadata_index_finds_uids_across_files(tmp_path):
-    from hype.scoring.metadata import MetadataError, MetadataLookup, build_index
+    from hype.scoring.metadata import MetadataLookup, build_index, feature_source, metadata_files
 
     rng = np.random.default_rng(0)
     uids = [f"{int(x):032x}" for x in rng.integers(0, 2**62, size=50)]
@@ -237,9 +237,33 @@ def test_metadata_index_finds_uids_across_files(tmp_path):
     np.testing.assert_array_equal(scores[found], [8, 40, 7, 0])
     np.testing.assert_array_equal(got, feats[[8, 40, 7, 0]])
     assert look.feature_dim() == 6
-    (tmp_path / "a.npz").unlink()
-    with pytest.raises(MetadataError, match="a.npz"):
-        build_index(tmp_path, index, "clip_l14_similarity_score")
+    assert feature_source(metadata_files(tmp_path), have_clip=False) == ("npz", [])
+
+
+def test_parquet_only_metadata_needs_clip_and_still_lists_the_pool(tmp_path):
+    """DataComp's default download has no .npz: the uids still come from the parquet, the features from
+    --clip; without --clip the error says what to download or pass."""
+    from hype.scoring.metadata import (
+        MetadataError,
+        MetadataLookup,
+        build_index,
+        feature_source,
+        metadata_files,
+    )
+
+    uids = [f"{i:032x}" for i in range(1, 11)]
+    pq.write_table(pa.table({"uid": uids[:6], "text": ["t"] * 6}), tmp_path / "b.parquet")
+    pq.write_table(pa.table({"uid": uids[6:], "text": ["t"] * 4}), tmp_path / "a.parquet")
+    np.savez(tmp_path / "b.npz", l14_img=np.zeros((6, 4), np.float32))  # a.npz missing
+    files = metadata_files(tmp_path)
+    with pytest.raises(MetadataError, match=r"a\.npz.*1 of 2 .*--download_npz.*--clip"):
+        feature_source(files, have_clip=False)
+    assert feature_source(files, have_clip=True) == ("clip", [tmp_path / "a.npz"])
+    index = tmp_path / "run" / "index.npy"
+    info = build_index(tmp_path, index, None)  # no score column needed: the parquet has none
+    assert info["rows"] == 10 and info["score_column"] is None
+    found, scores, feats = MetadataLookup(tmp_path, index, None).lookup([uids[7], "f" * 32, uids[0]])
+    assert found.tolist() == [True, False, True] and np.isnan(scores).all() and feats is None
 
 
 def test_share_cores_with_decoders_sets_passive_openmp_unless_the_user_chose(monkeypatch):

@@ -27,7 +27,9 @@ class _Warnings(logging.Handler):
     metavar="CKPT",
     help="MERU scorer (hype .safetensors checkpoint; `hype convert` for released ones).",
 )
-@click.option("--clip", metavar="CKPT", help="CLIP scorer for cos θ and c_IN (optional with --metadata).")
+@click.option(
+    "--clip", metavar="CKPT", help="CLIP scorer for cos θ and c_IN (optional with --metadata and its .npz)."
+)
 @click.option("--out", metavar="RUN_DIR", help="Run directory (created; a rerun resumes it).")
 @click.option(
     "--executor", type=click.Choice(["local", "ray"]), help="Where per-shard work runs [default: local]."
@@ -58,8 +60,8 @@ class _Warnings(logging.Handler):
 @click.option(
     "--metadata",
     metavar="DIR",
-    help="DataComp metadata folder (<hash>.parquet + .npz): cos θ and CLIP "
-    "features come from it; MERU still embeds the images.",
+    help="DataComp metadata folder: <hash>.parquet lists the pool's uids; with the .npz, cos θ and CLIP "
+    "features come from it, without them --clip computes both. MERU still embeds the images.",
 )
 @click.option("--device", metavar="cpu|cuda", help="Device of the models [default: auto].")
 @click.option("--batch-size", type=int, help="Samples per forward pass [default: 256].")

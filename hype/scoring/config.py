@@ -97,12 +97,13 @@ class ClustersConfig:
 
 @dataclass(frozen=True)
 class MetadataConfig:
-    """DataComp pool metadata (`<hash>.parquet` + row-aligned `<hash>.npz`) as the source of cos θ and
-    the CLIP image features for c_IN; MERU still embeds the images of the shards."""
+    """DataComp pool metadata: `<hash>.parquet` lists the pool's uids; with the row-aligned `<hash>.npz`
+    it is also the source of cos θ and the CLIP image features for c_IN (without the .npz, --clip computes
+    them; see `hype.scoring.metadata`). MERU always embeds the images of the shards."""
 
     dir: str | None = None  # --metadata
-    score_column: str = "clip_l14_similarity_score"
-    features_key: str = "l14_img"
+    score_column: str = "clip_l14_similarity_score"  # cos θ, when the .npz are there
+    features_key: str = "l14_img"  # CLIP image features in the .npz
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ class ScoreConfig:
     description: str = ""
     pool: str | None = None  # DIR_OR_PATTERN of the pool's webdataset shards (--pool)
     meru: str | None = None  # hype checkpoint of the MERU scorer (--meru)
-    clip: str | None = None  # hype checkpoint of the CLIP scorer (--clip); optional with metadata
+    clip: str | None = None  # hype checkpoint of the CLIP scorer (--clip); optional with .npz metadata
     out: str | None = None  # run directory (--out)
     device: str = "auto"  # auto (cuda when available) | cpu | cuda | cuda:N
     precision: str = "auto"  # towers under autocast: auto = bf16 on cuda, fp32 on cpu
@@ -185,7 +186,8 @@ class ScoreConfig:
         if self.clip is None and self.metadata.dir is None:
             raise ConfigError(
                 "clip",
-                "cos θ needs a CLIP scorer: pass --clip CKPT, or --metadata DIR with DataComp metadata",
+                "cos θ needs a CLIP scorer: pass --clip CKPT, or --metadata DIR with DataComp metadata "
+                "(.parquet + .npz)",
             )
         if self.clusters.class_images is not None and self.clip is None:
             raise ConfigError(

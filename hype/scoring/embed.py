@@ -163,7 +163,11 @@ class EmbedStage(_EmbedBase):
     ):
         super().__init__(run, **kw)
         self.meru_ref, self.clip_ref = meru, clip
-        self.metadata = metadata  # {"dir", "features_key", "index_digest"} in metadata mode
+        self.metadata = metadata  # {"dir", "features_key" (None: parquet only), "index"} with --metadata
+
+    def clip_from_metadata(self) -> bool:
+        """CLIP features and cos θ from the metadata's .npz and scores instead of the CLIP tower."""
+        return bool(self.metadata and self.metadata.get("features_key"))
 
     def fingerprint(self, task: ShardTask) -> str:
         return fingerprint(
@@ -172,7 +176,7 @@ class EmbedStage(_EmbedBase):
                 "v": VERSION,
                 "input": file_identity(task.source),
                 "meru": self.meru_ref.digest,
-                "clip": None if self.metadata else self.clip_ref.digest,
+                "clip": None if self.clip_from_metadata() else self.clip_ref.digest,
                 "metadata": self.metadata,
                 "jpeg_draft": self.jpeg_draft,
             }
@@ -182,7 +186,7 @@ class EmbedStage(_EmbedBase):
         super().setup()
         self.device = resolve_device(self.device)
         self._meru = load_scorer(self.meru_ref, "meru", self.device)
-        self._clip = None if self.metadata else load_scorer(self.clip_ref, "clip", self.device)
+        self._clip = None if self.clip_from_metadata() else load_scorer(self.clip_ref, "clip", self.device)
         models = {"meru": self._meru} | ({"clip": self._clip} if self._clip is not None else {})
         self._curv = float(self._meru.curv.detach())
         self._meru_dim = self._meru.config.embed_dim
@@ -245,7 +249,8 @@ class EmbedStage(_EmbedBase):
             batch = [it for it, ok in zip(batch, found, strict=True) if ok]
             if not batch:
                 return
-            cos, clip_img = torch.from_numpy(scores[found]), torch.from_numpy(feats)
+            if self._clip is None:
+                cos, clip_img = torch.from_numpy(scores[found]), torch.from_numpy(feats)
         dev = torch.device(self.device).type
         tokens: dict = {}
         with _autocast(self.device, self.precision):

@@ -1,9 +1,20 @@
-"""DataComp pool metadata as the source of cos θ and CLIP image features (`hype score --metadata DIR`).
+"""DataComp pool metadata as the pool's uid list and, with its `.npz`, the source of cos θ and the CLIP
+image features (`hype score --metadata DIR`).
 
-DataComp ships, next to the shards, a flat folder of `<hash>.parquet` (columns include `uid` and
-`clip_l14_similarity_score`) with row-aligned `<hash>.npz` (arrays `l14_img`, `l14_txt`, `b32_img`, ...,
-L2-normalized). Samples are not in the same order as the shards, so the driver builds one sorted index
-of every metadata row once per run directory:
+DataComp ships, next to the shards, a flat folder of `<hash>.parquet` (columns include `uid`, `text` and
+`clip_l14_similarity_score`) and, only with `download_upstream.py --download_npz`, a row-aligned
+`<hash>.npz` (arrays `l14_img`, `l14_txt`, `b32_img`, ..., L2-normalized). Where the metadata's values
+come from (`feature_source`):
+
+    every .parquet has its .npz   CLIP image features from the .npz (`features_key`), cos θ from the
+                                  parquet's `score_column`: both OpenAI's L/14, so they agree; --clip, if
+                                  given, only embeds --class-images
+    some or all .npz missing      --clip computes the CLIP image features and cos θ for the whole pool
+                                  (one model for both); without --clip this is an error
+
+Either way the metadata defines the pool: samples whose uid it does not list are skipped
+(`not_in_metadata`). Samples are not in the same order as the shards, so the driver builds one sorted
+index of every metadata row once per run directory:
 
     RUN_DIR/metadata/index.npy   structured array (hi, lo, file, row, score), sorted by uid (hi, lo)
     RUN_DIR/metadata/index.json  completion marker: the metadata files (name, size, mtime) it covers
@@ -41,17 +52,28 @@ def metadata_files(folder: str | Path) -> list[Path]:
     files = sorted(p for p in folder.iterdir() if p.suffix == ".parquet")
     if not files:
         raise MetadataError(f"{folder}: no <hash>.parquet metadata files in this folder")
-    for p in files:
-        if not p.with_suffix(".npz").is_file():
-            raise MetadataError(
-                f"{p}: no row-aligned {p.with_suffix('.npz').name} next to it; DataComp metadata comes as "
-                ".parquet + .npz pairs (download both)"
-            )
     return files
 
 
-def build_index(folder: str | Path, index_path: Path, score_column: str) -> dict:
-    """Write the sorted uid index of a metadata folder (atomically, marker last); reuse a current one."""
+def feature_source(files: list[Path], have_clip: bool) -> tuple[str, list[Path]]:
+    """("npz", []) when every parquet has its row-aligned .npz; else ("clip", the missing .npz files),
+    which needs the CLIP scorer (`have_clip`)."""
+    missing = [p.with_suffix(".npz") for p in files if not p.with_suffix(".npz").is_file()]
+    if not missing:
+        return "npz", []
+    if not have_clip:
+        raise MetadataError(
+            f"{missing[0]}: no row-aligned .npz next to {missing[0].with_suffix('.parquet').name} "
+            f"({len(missing)} of {len(files)} metadata files have none), so the metadata holds no CLIP "
+            "features; download the .npz files too (DataComp: download_upstream.py --download_npz) or "
+            "pass --clip CKPT to compute the CLIP features and cos θ"
+        )
+    return "clip", missing
+
+
+def build_index(folder: str | Path, index_path: Path, score_column: str | None) -> dict:
+    """Write the sorted uid index of a metadata folder (atomically, marker last); reuse a current one.
+    `score_column` None: uids only (the scores are NaN)."""
     files = metadata_files(folder)
     fp = fingerprint({"files": [file_identity(p) for p in files], "score_column": score_column})
     marker = index_path.with_suffix(".json")
@@ -61,11 +83,12 @@ def build_index(folder: str | Path, index_path: Path, score_column: str) -> dict
     started = time.perf_counter()
     parts = []
     for i, path in enumerate(files):
+        columns = ["uid"] if score_column is None else ["uid", score_column]
         try:
-            table = pq.read_table(path, columns=["uid", score_column])
+            table = pq.read_table(path, columns=columns)
         except Exception as e:  # noqa: BLE001 - pyarrow raises several types for bad files/columns
             raise MetadataError(
-                f"{path}: cannot read columns uid, {score_column} ({e}); set metadata.score_column to "
+                f"{path}: cannot read columns {', '.join(columns)} ({e}); set metadata.score_column to "
                 "the CLIP score column of this metadata"
             ) from None
         uids = [u.lower() for u in table.column("uid").to_pylist()]
@@ -78,7 +101,11 @@ def build_index(folder: str | Path, index_path: Path, score_column: str) -> dict
         part = np.empty(len(uids), INDEX_DTYPE)
         part["hi"], part["lo"], part["file"] = hi, lo, i
         part["row"] = np.arange(len(uids), dtype=np.uint32)
-        part["score"] = table.column(score_column).to_numpy(zero_copy_only=False).astype(np.float32)
+        part["score"] = (
+            np.nan
+            if score_column is None
+            else table.column(score_column).to_numpy(zero_copy_only=False).astype(np.float32)
+        )
         parts.append(part)
     index = np.concatenate(parts)
     # Stable by (hi, lo): a uid listed twice resolves to its first (file, row).
@@ -99,9 +126,10 @@ def build_index(folder: str | Path, index_path: Path, score_column: str) -> dict
 
 
 class MetadataLookup:
-    """Per-worker uid lookups in the index and feature reads from the `.npz` files."""
+    """Per-worker uid lookups in the index and feature reads from the `.npz` files (`features_key` None:
+    lookups only)."""
 
-    def __init__(self, folder: str | Path, index_path: Path, features_key: str, cache_files: int = 4):
+    def __init__(self, folder: str | Path, index_path: Path, features_key: str | None, cache_files: int = 4):
         self.folder = Path(folder)
         info = read_json(index_path.with_suffix(".json")) or {}
         self.files = [self.folder / name for name in info.get("files", [])]
@@ -131,7 +159,8 @@ class MetadataLookup:
         return int(shape[1])
 
     def lookup(self, uids: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """(found mask, scores, features of the found rows (n_found, d) float32)."""
+        """(found mask, scores, features of the found rows (n_found, d) float32, or None without
+        `features_key`)."""
         hi, lo = uids_to_pairs(uids)
         idx_hi, idx_lo = self.index["hi"], self.index["lo"]
         left = np.searchsorted(idx_hi, hi, side="left")
@@ -147,7 +176,7 @@ class MetadataLookup:
         rec = self.index[pos[found]]
         scores = np.full(len(uids), np.nan, dtype=np.float32)
         scores[found] = rec["score"]
-        if not found.any():
+        if not found.any() or self.features_key is None:
             return found, scores, None
         feats = None
         order = np.argsort(rec["file"], kind="stable")

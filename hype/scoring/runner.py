@@ -80,6 +80,7 @@ class _Run:
         self.failures: list[dict] = []
         self.started = time.perf_counter()
         self.plan: dict = {"pool": cfg.pool, "shards": 0}
+        self.metadata: dict | None = None  # what --metadata supplies (`_metadata`)
 
     # --- helpers --------------------------------------------------------------------------------
 
@@ -163,6 +164,7 @@ class _Run:
             failures=self.failures,
             seconds=time.perf_counter() - self.started,
             executor=self.executor.name,
+            metadata=self.metadata,
             **extra,
         )
         atomic_write_json(self.run.summary, s)
@@ -302,20 +304,37 @@ def _start(state: _Run) -> list[ShardTask]:
 
 
 def _metadata(state: _Run) -> dict | None:
-    """The uid index of --metadata (its CLIP features and scores stand in for the CLIP tower)."""
+    """The uid index of --metadata; with its .npz, its CLIP features and scores stand in for --clip."""
     cfg, run = state.cfg, state.run
     if cfg.metadata.dir is None:
         return None
-    from hype.scoring.metadata import MetadataError, build_index
+    from hype.scoring.metadata import MetadataError, build_index, feature_source, metadata_files
 
+    mc = cfg.metadata
     try:
-        info = state.timed(
-            "metadata",
-            lambda: build_index(cfg.metadata.dir, run.metadata_index, cfg.metadata.score_column),
-        )
+        files = metadata_files(mc.dir)
+        source, missing = feature_source(files, have_clip=cfg.clip is not None)
+        if missing and len(missing) < len(files):
+            state.warn(
+                f"{len(missing)} of {len(files)} metadata files have no .npz (e.g. {missing[0]}): CLIP "
+                "features and cos θ are computed with --clip for the whole pool"
+            )
+        score_column = mc.score_column if source == "npz" else None
+        info = state.timed("metadata", lambda: build_index(mc.dir, run.metadata_index, score_column))
     except MetadataError as e:
         raise ScoreError(str(e)) from None
-    return {"dir": cfg.metadata.dir, "features_key": cfg.metadata.features_key, "index": info["fingerprint"]}
+    state.metadata = {
+        "dir": mc.dir,
+        "files": len(files),
+        "rows": info["rows"],
+        "features": f".npz {mc.features_key}" if source == "npz" else "--clip",
+        "cos_theta": score_column or "--clip",
+    }
+    return {
+        "dir": mc.dir,
+        "features_key": mc.features_key if source == "npz" else None,
+        "index": info["fingerprint"],
+    }
 
 
 def _embed(state: _Run, tasks: list[ShardTask]) -> tuple[_Embedded, list[dict]]:

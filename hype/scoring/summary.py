@@ -31,6 +31,7 @@ def build_summary(
     reference: dict | None = None,
     clusters: dict | None = None,
     specificity: dict | None = None,
+    metadata: dict | None = None,
     error: str | None = None,
 ) -> dict:
     skips = SkipStats()
@@ -52,6 +53,8 @@ def build_summary(
         "pool": plan.get("pool"),
         "executor": executor,
         "models": {"meru": cfg.meru, "clip": cfg.clip, "metadata": cfg.metadata.dir},
+        # --metadata: its files and rows, and where the CLIP features and cos θ came from
+        "metadata": metadata,
         "shards": {
             "total": plan.get("shards", 0),
             "empty": list(plan.get("empty_shards", [])),
@@ -108,6 +111,12 @@ def format_summary(s: dict) -> str:
         + (f" ({s['samples_per_s']:,.1f} samples/s)" if s.get("samples_per_s") else "")
     )
     lines.append(f"  scores      {s['scores_dir']}/part-*.parquet")
+    meta = s.get("metadata")
+    if meta:
+        lines.append(
+            f"  metadata    {meta['rows']:,} uids in {meta['files']} files; CLIP features from "
+            f"{meta['features']}, cos θ from {meta['cos_theta']}"
+        )
     if smp["skipped"]:
         reasons = ", ".join(f"{r} {n:,}" for r, n in smp["skipped_by_reason"].items())
         lines.append(f"  skipped     {smp['skipped']:,} ({reasons})")
