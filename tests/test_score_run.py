@@ -66,6 +66,30 @@ def test_local_run_writes_the_scores_table(tmp_path_factory):
     assert s["stages"]["embed"]["samples_per_s"] > 0
 
 
+def test_kmeans_trains_on_the_caption_filtered_rows_as_datacomp_does(tmp_path_factory):
+    """DataComp's image_based_clustering.py trains k-means on the rows that pass its caption filter."""
+    from hype.data.uids import uids_to_pairs
+    from hype.scoring.clusters import kmeans_centroids
+    from hype.text.language import datacomp_caption_ok
+
+    run = baseline(tmp_path_factory)
+    his, ids, feats = [], [], []
+    for index, part in enumerate(sorted((run / "embed").glob("*.parquet"))):  # ids sort in shard order
+        t = pq.read_table(part, columns=["uid", "text", "clip_img"])
+        rows = np.flatnonzero(datacomp_caption_ok(t.column("text").to_pylist()))
+        his.append(uids_to_pairs(t.column("uid").to_pylist())[0][rows])
+        ids.append((index << 32) + rows)
+        feats.append(embed_format.fixed_list_to_numpy(t.column("clip_img"))[rows])
+    his, ids, feats = np.concatenate(his), np.concatenate(ids), np.concatenate(feats)
+    n = len(his)
+    assert 0 < n < POOL_SIZE  # the synthetic captions include non-English and one-word ones
+    c = _summary(run)["c_in"]
+    assert c["train_points"] == n and c["kmeans"] == f"trained on {n} caption-filtered rows of {POOL_SIZE}"
+    # The training sample is every passing row, in uid-hash order; faiss k-means is deterministic.
+    expected = kmeans_centroids(feats[np.lexsort((ids, his))], c["k"])
+    np.testing.assert_array_equal(np.load(run / "clusters" / "centroids.npy"), expected)
+
+
 def test_scores_match_the_models_run_by_hand(tmp_path_factory):
     """−d_L and cos θ from open_clip's own preprocessing and the models; ε from the stored embeddings."""
     from hype.checkpoint import load_checkpoint

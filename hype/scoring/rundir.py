@@ -12,6 +12,7 @@
       reference.safetensors (+ reference.json)  S_i and S_t (tangent vectors), selected or copied
       specificity/<id>.parquet, <id>_stats.json ε_i, ε_t
       classes/<id>.parquet, <id>_stats.json     CLIP features of --class-images
+      captions/<id>.parquet, <id>_stats.json    DataComp's caption filter (c_IN, k-means training rows)
       clusters/centroids.npy, targets.npy (+ model.json)   k-means centroids and c_IN targets
       clusters/<id>.parquet, <id>_stats.json    nearest centroid, caption filter, c_IN
       metadata/index.npy (+ index.json)         uid -> (metadata file, row, cos θ) with --metadata
@@ -46,7 +47,7 @@ import hype.io as hype_io
 from hype.io import is_temp_name, read_json
 from hype.scoring.schema import scores_dir
 
-SHARD_STAGES = ("embed", "reference", "specificity", "classes", "clusters", "merge")
+SHARD_STAGES = ("embed", "reference", "specificity", "classes", "captions", "clusters", "merge")
 RUN_DIGEST = "blake2b-128"  # recorded in markers' fingerprints: changing it would redo every finished output
 # Parquet writer settings are fixed here so that identical tables give identical bytes.
 _PARQUET_OPTS = {"compression": "snappy", "row_group_size": 1 << 20, "write_statistics": True}

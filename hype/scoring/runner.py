@@ -4,6 +4,7 @@
     dedup        driver      duplicate uids (keep the first)       -> dedup/duplicates.parquet
     reference    driver + per shard + driver (HYPE §3.3)        -> reference.safetensors
     specificity  per shard   ε_i, ε_t                              -> specificity/<id>.parquet
+    captions     per shard   DataComp's caption filter (c_IN)      -> captions/<id>.parquet
     clusters     [per class shard] + driver k-means + per shard  -> clusters/<id>.parquet (c_IN)
     merge        per shard   THE scores table                      -> scores/part-<index>.parquet
 
@@ -496,7 +497,8 @@ def _select_reference(state: _Run, pool: _Embedded) -> dict:
 
 
 def _clusters(state: _Run, pool: _Embedded) -> dict | None:
-    """c_IN: class features, k-means of the pool's CLIP image features, then each sample's cluster."""
+    """c_IN: class features, the caption filter, k-means of the pool's CLIP image features, then each
+    sample's cluster."""
     cc = state.cfg.clusters
     if cc.class_features is None and cc.class_images is None:
         state.warn(
@@ -505,7 +507,8 @@ def _clusters(state: _Run, pool: _Embedded) -> dict | None:
         )
         return None
     feats, class_digest = _class_features(state, pool)
-    model = _train_clusters(state, pool, feats, class_digest)
+    captions = _captions(state, pool) if cc.caption_filter else None
+    model = _train_clusters(state, pool, feats, class_digest, captions)
     from hype.scoring.stage_clusters import AssignStage
 
     assign = AssignStage(state.run, model_digest=model["digest"], caption_filter=cc.caption_filter, **pool.kw)
@@ -516,6 +519,15 @@ def _clusters(state: _Run, pool: _Embedded) -> dict | None:
         "caption_ok": sum(int(s["counts"]["caption_ok"]) for s in assign_stats),
         "class_source": cc.class_features or cc.class_images,
     }
+
+
+def _captions(state: _Run, pool: _Embedded) -> str:
+    """DataComp's caption filter of every shard; the digest of its outputs."""
+    from hype.scoring.stage_clusters import CaptionStage
+
+    stats = state.map(CaptionStage(state.run, **pool.kw), pool.tasks)
+    state.check_failures("captions", state.plan)
+    return fingerprint([s["output"]["digest"] for s in stats])
 
 
 def _class_features(state: _Run, pool: _Embedded) -> tuple[Any, str]:
@@ -550,10 +562,11 @@ def _class_features(state: _Run, pool: _Embedded) -> tuple[Any, str]:
         raise ScoreError(str(e)) from None
 
 
-def _train_clusters(state: _Run, pool: _Embedded, feats, class_digest: str) -> dict:
-    """faiss k-means of the pool's CLIP image features (resumable: keyed on everything it depends on)."""
+def _train_clusters(state: _Run, pool: _Embedded, feats, class_digest: str, captions: str | None) -> dict:
+    """faiss k-means of the pool's CLIP image features, on the caption-filtered rows when `captions`
+    (resumable: keyed on everything it depends on)."""
     from hype.scoring.clusters import default_num_clusters
-    from hype.scoring.stage_clusters import train_clusters
+    from hype.scoring.stage_clusters import ClustersError, train_clusters
 
     cc = state.cfg.clusters
     k = cc.num_clusters or default_num_clusters(pool.unique)
@@ -565,6 +578,7 @@ def _train_clusters(state: _Run, pool: _Embedded, feats, class_digest: str) -> d
             "pool": pool.fingerprint,
             "dups": pool.dups["digest"],
             "classes": class_digest,
+            "captions": captions,
             "k": k,
             "niter": cc.niter,
             "seed": cc.seed,
@@ -572,19 +586,23 @@ def _train_clusters(state: _Run, pool: _Embedded, feats, class_digest: str) -> d
             "gpu": cc.gpu,
         }
     )
-    return state.timed(
-        "clusters",
-        lambda: train_clusters(
-            state.run,
-            pool.tasks,
-            pool.drops,
-            feats,
-            k=k,
-            niter=cc.niter,
-            seed=cc.seed,
-            max_points=max_points,
-            gpu=cc.gpu,
-            fp=fp,
-            warn=state.warn,
-        ),
-    )
+    try:
+        return state.timed(
+            "clusters",
+            lambda: train_clusters(
+                state.run,
+                pool.tasks,
+                pool.drops,
+                feats,
+                caption_filter=captions is not None,
+                k=k,
+                niter=cc.niter,
+                seed=cc.seed,
+                max_points=max_points,
+                gpu=cc.gpu,
+                fp=fp,
+                warn=state.warn,
+            ),
+        )
+    except ClustersError as e:
+        raise ScoreError(str(e)) from None

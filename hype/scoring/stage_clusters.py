@@ -3,13 +3,16 @@
 1. `load_class_features` (driver): the reference-class image features, from `--class-features` (an
    (N, d) float array in .npy, read with allow_pickle=False, or .safetensors) or from the `classes`
    stage outputs (`--class-images` embedded with the CLIP model).
-2. `train_clusters` (driver): faiss k-means (L2, `niter` iterations, `seed`) of the pool's CLIP image
-   features into K centroids, trained on a deterministic sample of at most `points_per_centroid`·K
-   rows streamed from the embed outputs (the rows with the smallest uid hashes: independent of shard
-   order and of the executor); the centroids some class image is nearest to (inner product) are the
+2. `CaptionStage` (per shard): DataComp's caption filter of the image-based baseline (English, > 1
+   fastText token, > 5 characters: `hype.text.language.datacomp_caption_ok`) -> `caption_ok` in
+   `RUN_DIR/captions/<id>.parquet`, row-aligned with the embed output. Off: `clusters.caption_filter=false`.
+3. `train_clusters` (driver): faiss k-means (L2, `niter` iterations, `seed`) of the pool's CLIP image
+   features into K centroids, trained, as DataComp trains, on the rows that pass the caption filter
+   (all rows when it is off): a deterministic sample of at most `points_per_centroid`·K of them
+   streamed from the embed outputs (the rows with the smallest uid hashes: independent of shard order
+   and of the executor); the centroids some class image is nearest to (inner product) are the
    targets -> `RUN_DIR/clusters/centroids.npy`, `targets.npy`, marker `model.json`.
-3. `AssignStage` (per shard): each sample's nearest centroid (inner product, as DataComp assigns),
-   DataComp's caption filter (English, > 1 word, > 5 characters; switchable), and
+4. `AssignStage` (per shard): each sample's nearest centroid (inner product, as DataComp assigns) and
    c_IN = 10 when the centroid is a target and the caption passes -> `RUN_DIR/clusters/<id>.parquet`.
 """
 
@@ -40,9 +43,16 @@ from hype.scoring.rundir import (
 from hype.scoring.stagebase import ShardStage
 from hype.scoring.topk import RunningTopK, order_id
 
+# Enters the captions' fingerprint: change it when the caption rule changes, so runs recompute it.
+CAPTION_RULE = "datacomp-image-based: en, fasttext tokens > 1, chars > 5"
+
 
 class ClassFeatureError(ValueError):
     """Reference-class features that cannot be used; names the file and the fix."""
+
+
+class ClustersError(ValueError):
+    """c_IN's clusters cannot be made from these inputs; the message says why and what to do."""
 
 
 def read_class_features_file(path: str | Path, dim: int) -> np.ndarray:
@@ -102,6 +112,7 @@ def train_clusters(
     drops: dict[int, np.ndarray],
     class_features: np.ndarray,
     *,
+    caption_filter: bool,
     k: int,
     niter: int,
     seed: int,
@@ -110,47 +121,66 @@ def train_clusters(
     fp: str,
     warn: Callable[[str], None],
 ) -> dict:
-    """k-means on a deterministic sample of the pool's CLIP features, then the target centroids."""
+    """k-means on a deterministic sample of the pool's (caption-filtered) CLIP features, then the target
+    centroids."""
     done = completed(run.clusters_marker, fp)
     if done is not None and run.centroids.is_file() and run.targets.is_file():
         return done
     started = time.perf_counter()
     sample = RunningTopK(max_points, largest=False)
-    pool = 0
+    pool = eligible = 0
     for task in tasks:
         t = pq.read_table(run.shard_output("embed", task), columns=["uid", "clip_img"])
-        rows = np.nonzero(keep_mask(t.num_rows, drops.get(task.index)))[0]
-        pool += len(rows)
+        keep = keep_mask(t.num_rows, drops.get(task.index))
+        pool += int(keep.sum())
+        if caption_filter:
+            keep &= read_caption_ok(run, task, t.num_rows)
+        rows = np.nonzero(keep)[0]
+        eligible += len(rows)
         if not len(rows):
             continue
         hi, _ = uids_to_pairs(t.column("uid").take(pa.array(rows)).to_pylist())
         feats = embed_format.fixed_list_to_numpy(t.column("clip_img"))[rows]
         sample.add(hi, order_id(task.index, rows), feats)
-    if pool == 0:
-        raise ValueError("no sample was embedded: nothing to cluster")
+    if eligible == 0:
+        raise ClustersError(
+            f"none of the {pool} samples passes DataComp's caption filter: nothing to train k-means on; "
+            "set clusters.caption_filter=false or pass released centroids with --centroids"
+            if caption_filter and pool
+            else "no sample was embedded: nothing to cluster"
+        )
     if k > len(sample):
         warn(f"{len(sample)} training points for k-means: number of clusters reduced from {k}")
         k = len(sample)
     centroids = kmeans_centroids(sample.payload, k, niter=niter, seed=seed, gpu=gpu)
-    targets = target_centroids(class_features, centroids).astype(np.int64)
-    for path, arr in ((run.centroids, centroids), (run.targets, targets)):
-        buf = io.BytesIO()
-        np.save(buf, arr, allow_pickle=False)
-        atomic_write_bytes(path, buf.getvalue())
-    info = {
-        "fingerprint": fp,
-        "digest": _digest_arrays(centroids, targets),
-        "k": int(k),
+    info = _save_model(run, centroids, class_features, fp)
+    info |= {
         "train_points": len(sample),
+        "train_rows": "caption-filtered" if caption_filter else "all",
+        "train_eligible": eligible,
         "pool": pool,
-        "class_images": int(class_features.shape[0]),
-        "targets": int(len(targets)),
         "niter": niter,
         "seed": seed,
         "seconds": round(time.perf_counter() - started, 4),
     }
     atomic_write_json(run.clusters_marker, info)
     return info
+
+
+def _save_model(run: RunDir, centroids: np.ndarray, class_features: np.ndarray, fp: str) -> dict:
+    """The target centroids of the class features; centroids.npy and targets.npy written (not the marker)."""
+    targets = target_centroids(class_features, centroids).astype(np.int64)
+    for path, arr in ((run.centroids, centroids), (run.targets, targets)):
+        buf = io.BytesIO()
+        np.save(buf, arr, allow_pickle=False)
+        atomic_write_bytes(path, buf.getvalue())
+    return {
+        "fingerprint": fp,
+        "digest": _digest_arrays(centroids, targets),
+        "k": int(centroids.shape[0]),
+        "class_images": int(class_features.shape[0]),
+        "targets": int(len(targets)),
+    }
 
 
 def _digest_arrays(*arrays: np.ndarray) -> str:
@@ -160,8 +190,42 @@ def _digest_arrays(*arrays: np.ndarray) -> str:
     return h.hexdigest()
 
 
+class CaptionStage(ShardStage):
+    """Per shard: DataComp's caption filter of the image-based baseline, row-aligned with the embed output."""
+
+    name = "captions"
+
+    def fingerprint(self, task: ShardTask) -> str:
+        return fingerprint(
+            {"stage": self.name, "embed": self.upstream_digest("embed", task), "rule": CAPTION_RULE}
+        )
+
+    def run(self, task: ShardTask) -> dict:
+        from hype.text.language import datacomp_caption_ok
+
+        started = time.perf_counter()
+        fp = self.fingerprint(task)
+        self._debug_hook(task)
+        texts = (
+            pq.read_table(self.run_dir.shard_output("embed", task), columns=["text"]).column(0).to_pylist()
+        )
+        ok = datacomp_caption_ok(texts) if texts else np.zeros(0, bool)
+        table = pa.table({"caption_ok": pa.array(ok, pa.bool_())})
+        return self._finish(
+            task, fp, table, started, counts={"samples": table.num_rows, "caption_ok": int(ok.sum())}
+        )
+
+
+def read_caption_ok(run: RunDir, task: ShardTask, rows: int) -> np.ndarray:
+    """The shard's `captions` output as a bool mask, checked against the embed output's row count."""
+    ok = pq.read_table(run.shard_output("captions", task), columns=["caption_ok"]).column(0)
+    if len(ok) != rows:
+        raise RuntimeError(f"{task.shard_id}: stage outputs are not row-aligned; rerun to recompute them")
+    return ok.to_numpy(zero_copy_only=False).astype(bool)
+
+
 class AssignStage(ShardStage):
-    """Per shard: nearest centroid, caption filter and c_IN."""
+    """Per shard: nearest centroid, and c_IN where the caption passes (the `captions` output)."""
 
     name = "clusters"
 
@@ -176,7 +240,7 @@ class AssignStage(ShardStage):
                 "stage": self.name,
                 "embed": self.upstream_digest("embed", task),
                 "model": self.model_digest,
-                "caption_filter": self.caption_filter,
+                "captions": self.upstream_digest("captions", task) if self.caption_filter else None,
             }
         )
 
@@ -189,16 +253,13 @@ class AssignStage(ShardStage):
         started = time.perf_counter()
         fp = self.fingerprint(task)
         self._debug_hook(task)
-        t = pq.read_table(self.run_dir.shard_output("embed", task), columns=["text", "clip_img"])
+        t = pq.read_table(self.run_dir.shard_output("embed", task), columns=["clip_img"])
         feats = embed_format.fixed_list_to_numpy(t.column("clip_img"))
-        texts = t.column("text").to_pylist()
         cluster = nearest_centroid(feats, self._centroids) if len(feats) else np.zeros(0, np.int64)
         if self.caption_filter:
-            from hype.text.language import datacomp_caption_ok
-
-            ok = datacomp_caption_ok(texts) if texts else np.zeros(0, bool)
+            ok = read_caption_ok(self.run_dir, task, t.num_rows)
         else:
-            ok = np.ones(len(texts), dtype=bool)
+            ok = np.ones(t.num_rows, dtype=bool)
         flag = c_in(cluster, self._targets, ok)
         table = pa.table(
             {

@@ -92,12 +92,26 @@ def build_summary(
             "class_images": clusters.get("class_images"),
             "class_source": clusters.get("class_source"),
             "train_points": clusters.get("train_points"),
+            "kmeans": kmeans_note(clusters),
             "caption_filter": clusters.get("caption_filter"),
             "samples_c_in": sum(int(s["counts"].get("c_in", 0)) for s in merge_stats or []),
         }
     else:
         out["c_in"]["note"] = "no --class-features/--class-images: c_in = 0 for every sample"
     return out
+
+
+def kmeans_note(clusters: dict) -> str:
+    """Which rows c_IN's k-means trained on, in words ("trained on N caption-filtered rows of M")."""
+    n, eligible, pool = clusters.get("train_points"), clusters.get("train_eligible"), clusters.get("pool")
+    if n is None or eligible is None or pool is None:
+        return "trained (rows not recorded)"
+    which = "caption-filtered rows" if clusters.get("train_rows") == "caption-filtered" else "rows"
+    if n == eligible:
+        note = f"trained on {n:,} {which} of {pool:,}"
+    else:
+        note = f"trained on {n:,} of the {eligible:,} {which} of {pool:,} (at most points_per_centroid·K)"
+    return note + ("" if which == "caption-filtered rows" else " (caption filter off)")
 
 
 def format_summary(s: dict) -> str:
@@ -150,6 +164,7 @@ def format_summary(s: dict) -> str:
             f"images; {c['samples_c_in']:,} samples with c_IN=10"
             + ("" if c["caption_filter"] else " (caption filter off)")
         )
+        lines.append(f"              k-means {c['kmeans']}")
     else:
         lines.append("  c_IN        off (no --class-features/--class-images): 0 for every sample")
     parts = []
