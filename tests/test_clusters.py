@@ -67,3 +67,49 @@ def test_default_k_and_bad_input():
         kmeans_centroids(np.zeros((3, 4), np.float32), 5)
     with pytest.raises(ValueError, match="NaN"):
         nearest_centroid(np.full((2, 4), np.nan), np.zeros((1, 4)))
+
+
+def test_centroids_files_in_every_released_form_and_clear_errors(tmp_path):
+    """--centroids: a .npy, DataComp's released .pt (torch.save of a numpy array) or a flat faiss index,
+    recognised by content; anything else names the file and the forms it takes."""
+    import faiss
+    import torch
+
+    from hype.scoring.stage_clusters import ClustersError, read_centroids_file
+
+    cents = np.random.default_rng(3).normal(size=(5, 8)).astype(np.float32)
+    np.save(tmp_path / "c.npy", cents)
+    torch.save(cents, tmp_path / "c.pt", pickle_protocol=4)
+    for cls in (faiss.IndexFlatL2, faiss.IndexFlatIP):
+        index = cls(8)
+        index.add(cents)
+        faiss.write_index(index, str(tmp_path / f"{cls.__name__}.index"))
+    for name in ("c.npy", "c.pt", "IndexFlatL2.index", "IndexFlatIP.index"):
+        got = read_centroids_file(tmp_path / name, 8)
+        assert got.dtype == np.float32 and np.array_equal(got, cents), name
+
+    with pytest.raises(ClustersError, match=r"c\.npy: centroids have width 8 .* have 16"):
+        read_centroids_file(tmp_path / "c.npy", 16)
+    quantizer = faiss.IndexFlatL2(8)  # kept alive: the IVF index only references it
+    ivf = faiss.IndexIVFFlat(quantizer, 8, 2)
+    ivf.train(np.random.default_rng(4).normal(size=(100, 8)).astype(np.float32))
+    ivf.add(cents)
+    faiss.write_index(ivf, str(tmp_path / "ivf.index"))
+    with pytest.raises(ClustersError, match=r"ivf\.index: .*IndexIVFFlat: only flat indexes"):
+        read_centroids_file(tmp_path / "ivf.index", 8)
+    np.save(tmp_path / "obj.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    (tmp_path / "junk.bin").write_bytes(b"not centroids at all")
+    torch.save({"centroids": torch.from_numpy(cents)}, tmp_path / "tensors.pt")
+    for name in ("obj.npy", "junk.bin", "tensors.pt"):
+        with pytest.raises(
+            ClustersError, match=rf"{name}: cannot read centroids .*<scale>_centroids_l14\.pt"
+        ):
+            read_centroids_file(tmp_path / name, 8)
+    np.save(tmp_path / "ints.npy", np.ones((5, 8), np.int64))
+    with pytest.raises(ClustersError, match="float array"):
+        read_centroids_file(tmp_path / "ints.npy", 8)
+    np.save(tmp_path / "nan.npy", np.full((5, 8), np.nan, np.float32))
+    with pytest.raises(ClustersError, match="NaN"):
+        read_centroids_file(tmp_path / "nan.npy", 8)
+    with pytest.raises(ClustersError, match="not found"):
+        read_centroids_file(tmp_path / "absent.npy", 8)

@@ -405,3 +405,39 @@ def test_a_compressed_tar_streams_without_a_false_truncation(tmp_path):
     problems = Problems()
     assert [k for k, _ in read_samples(gz, problems)] == [k for k, _ in read_samples(path, Problems())]
     assert problems.seen == []
+
+
+def test_pickled_numpy_arrays_are_read_without_running_pickled_code(tmp_path):
+    """DataComp's released centroids are `torch.save(numpy_array, path, pickle_protocol=4)`; torch's own
+    weights-only loader refuses them, a plain torch.load would run any code the pickle names."""
+    import pickle
+
+    import torch
+
+    a = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32)
+    for protocol in (2, 4):
+        torch.save(a, tmp_path / f"p{protocol}.pt", pickle_protocol=protocol)
+        got = hio.read_pickled_array(tmp_path / f"p{protocol}.pt")
+        assert got.dtype == a.dtype and np.array_equal(got, a)
+    with pytest.raises(pickle.UnpicklingError), pytest.warns(UserWarning, match="pickle protocol 4"):
+        torch.load(tmp_path / "p4.pt", weights_only=True)
+
+    sentinel = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {sentinel}",))
+
+    torch.save(Payload(), tmp_path / "evil.pt")
+    with pytest.raises(hio.PickledArrayError, match=r"evil\.pt: .*refers to posix\.system"):
+        hio.read_pickled_array(tmp_path / "evil.pt")
+    assert not sentinel.exists()
+    torch.save(torch.zeros(3), tmp_path / "tensor.pt")
+    with pytest.raises(hio.PickledArrayError, match=r"tensor\.pt: .*torch\._utils"):
+        hio.read_pickled_array(tmp_path / "tensor.pt")
+    torch.save([1, 2], tmp_path / "list.pt")
+    with pytest.raises(hio.PickledArrayError, match="holds a list, not a numpy array"):
+        hio.read_pickled_array(tmp_path / "list.pt")
+    np.save(tmp_path / "plain.npy", a)
+    with pytest.raises(hio.PickledArrayError, match="not a PyTorch"):
+        hio.read_pickled_array(tmp_path / "plain.npy")

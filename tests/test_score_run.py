@@ -213,18 +213,14 @@ def test_user_reference_file_replaces_the_selection(tmp_path_factory, tmp_path):
     assert result.exit_code != 0 and "does not match" in result.output
 
 
-def test_datacomp_metadata_supplies_cos_theta_and_clip_features(tmp_path_factory, tmp_path):
-    """--metadata without --clip: cos θ and the c_IN features come from <hash>.parquet + <hash>.npz."""
+def _npz_metadata(w, meta, missing: set) -> tuple[dict, dict]:
+    """DataComp metadata for the world's pool: <hash>.parquet + row-aligned <hash>.npz, random cos θ and
+    L2-normalized float16 l14_img features, in another order than the shards; (cos θ, features) by uid."""
     import pyarrow as pa
 
-    w = world(tmp_path_factory)
-    meru, _ = models(tmp_path_factory)
-    truth = pq.read_table(w / "truth.parquet").to_pandas()
     rng = np.random.default_rng(0)
-    uids = list(truth.uid)
-    missing = set(uids[10:15])  # not in the metadata: skipped with a reason
-    listed = [u for u in uids if u not in missing][::-1]  # another order than the shards
-    meta = tmp_path / "metadata"
+    uids = list(pq.read_table(w / "truth.parquet", columns=["uid"]).column("uid").to_pylist())
+    listed = [u for u in uids if u not in missing][::-1]
     meta.mkdir()
     expected_cos, expected_feat = {}, {}
     for name, chunk in (("a1b2", listed[:60]), ("c3d4", listed[60:])):
@@ -238,27 +234,39 @@ def test_datacomp_metadata_supplies_cos_theta_and_clip_features(tmp_path_factory
         np.savez(meta / f"{name}.npz", l14_img=feats.astype(np.float16), b32_img=feats[:, :8])
         expected_cos.update(zip(chunk, cos, strict=True))
         expected_feat.update(zip(chunk, feats.astype(np.float16).astype(np.float32), strict=True))
-    np.save(tmp_path / "classes.npy", rng.normal(size=(20, 32)).astype(np.float32))
-    run = tmp_path / "run"
-    args = [
+    return expected_cos, expected_feat
+
+
+def _metadata_args(w, meru, meta, run, *extra: str) -> list[str]:
+    return [
         "--pool",
         str(w / "pool" / "shards"),
         "--meru",
         str(meru),
         "--metadata",
         str(meta),
-        "--class-features",
-        str(tmp_path / "classes.npy"),
         "--out",
         str(run),
-        "--num-clusters",
-        "4",
         "batch_size=32",
         "progress=false",
         "reference.n_top=100",
         "reference.m=80",
+        *extra,
     ]
-    result = run_cli(args)
+
+
+def test_datacomp_metadata_supplies_cos_theta_and_clip_features(tmp_path_factory, tmp_path):
+    """--metadata without --clip: cos θ and the c_IN features come from <hash>.parquet + <hash>.npz."""
+    w = world(tmp_path_factory)
+    meru, _ = models(tmp_path_factory)
+    uids = list(pq.read_table(w / "truth.parquet", columns=["uid"]).column("uid").to_pylist())
+    missing = set(uids[10:15])  # not in the metadata: skipped with a reason
+    meta = tmp_path / "metadata"
+    expected_cos, expected_feat = _npz_metadata(w, meta, missing)
+    np.save(tmp_path / "classes.npy", np.random.default_rng(1).normal(size=(20, 32)).astype(np.float32))
+    run = tmp_path / "run"
+    classes = ("--class-features", str(tmp_path / "classes.npy"), "--num-clusters", "4")
+    result = run_cli(_metadata_args(w, meru, meta, run, *classes))
     assert result.exit_code == 0, result.output
     df = _scores(run).to_pandas()
     assert len(df) == POOL_SIZE - len(missing) and not (set(df.uid) & missing)
@@ -270,6 +278,68 @@ def test_datacomp_metadata_supplies_cos_theta_and_clip_features(tmp_path_factory
     s = _summary(run)
     assert s["samples"]["skipped_by_reason"] == {"not_in_metadata": len(missing)}
     assert s["c_in"]["enabled"] and s["c_in"]["k"] == 4
+
+
+def test_released_centroids_give_datacomp_image_based_baseline_exactly(tmp_path_factory, tmp_path):
+    """--centroids replaces k-means; c_IN then equals DataComp's image-based filter (its
+    baselines/apply_filter.py, computed here) on the same .npz features, centroids and class features."""
+    import faiss
+
+    from hype.text.language import datacomp_caption_ok
+
+    w = world(tmp_path_factory)
+    meru, _ = models(tmp_path_factory)
+    meta = tmp_path / "metadata"
+    _, feature_of = _npz_metadata(w, meta, missing=set())
+    rng = np.random.default_rng(5)
+    cents = rng.normal(size=(8, 32)).astype(np.float32)
+    classes = (cents[[1, 4]].repeat(10, 0) + 0.1 * rng.normal(size=(20, 32))).astype(np.float32)
+    np.save(tmp_path / "classes.npy", classes)
+    released = tmp_path / "small_centroids_l14.pt"
+    torch.save(cents, released, pickle_protocol=4)  # as DataComp's image_based_clustering.py saves them
+
+    def datacomp_image_based(df, centroids: np.ndarray) -> np.ndarray:
+        # Targets: the pool centroids ImageNet images are nearest to (argmax of the inner product); a
+        # sample is kept when its caption passes and its own nearest centroid is a target.
+        c = torch.from_numpy(centroids)
+        targets = torch.unique(
+            torch.argmax(torch.einsum("ik, jk -> ij", torch.from_numpy(classes), c), dim=1)
+        )
+        feats = torch.from_numpy(np.stack([feature_of[u] for u in df.uid]))
+        labels = torch.argmax(torch.einsum("ik, jk -> ij", feats, c), dim=1)
+        keep = datacomp_caption_ok(list(df.text)) & np.isin(labels.numpy(), targets.numpy())
+        return np.where(keep, 10.0, 0.0).astype(np.float32)
+
+    run = tmp_path / "run"
+
+    def score(centroids_file):
+        extra = ("--class-features", str(tmp_path / "classes.npy"), "--centroids", str(centroids_file))
+        result = run_cli(_metadata_args(w, meru, meta, run, *extra))
+        assert result.exit_code == 0, result.output
+        return _scores(run).to_pandas(), _summary(run)
+
+    df, s = score(released)
+    expected = datacomp_image_based(df, cents)
+    assert 0 < (expected > 0).sum() < len(df) == POOL_SIZE
+    np.testing.assert_array_equal(df.c_in.to_numpy(), expected)
+    assert s["c_in"]["k"] == 8 and s["c_in"]["targets"] == 2 and s["c_in"]["centroids"] == str(released)
+    assert s["c_in"]["kmeans"] == f"not run: 8 centroids from {released}"
+
+    # The same centroids as a .npy and as a flat faiss index give the same c_IN.
+    np.save(tmp_path / "centroids.npy", cents)
+    index = faiss.IndexFlatL2(32)
+    index.add(cents)
+    faiss.write_index(index, str(tmp_path / "centroids.faiss"))
+    for name in ("centroids.faiss", "centroids.npy"):
+        np.testing.assert_array_equal(score(tmp_path / name)[0].c_in.to_numpy(), expected)
+
+    # Another file under the same name: the rerun notices (its digest keys the clusters) and recomputes.
+    other = rng.normal(size=(8, 32)).astype(np.float32)
+    np.save(tmp_path / "centroids.npy", other)
+    df, s = score(tmp_path / "centroids.npy")
+    assert s["stages"]["embed"]["shards_run"] == 0 and s["stages"]["clusters"]["shards_run"] == 3
+    np.testing.assert_array_equal(df.c_in.to_numpy(), datacomp_image_based(df, other))
+    assert not np.array_equal(df.c_in.to_numpy(), expected)
 
 
 def test_parquet_only_metadata_with_clip_scores_like_no_metadata(tmp_path_factory, tmp_path):

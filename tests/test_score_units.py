@@ -209,6 +209,10 @@ def test_config_overrides_and_errors():
         load_score_config("default", ["clusters.class_features=a.npy", "clusters.class_images=b"])
     with pytest.raises(ConfigError, match="--clip"):
         load_score_config("default", ["pool=p", "meru=m", "out=o"]).check_inputs()
+    with pytest.raises(ConfigError, match="--centroids needs the reference-class features"):
+        load_score_config(
+            "default", ["pool=p", "meru=m", "clip=c", "out=o", "clusters.centroids=c.pt"]
+        ).check_inputs()
     with pytest.raises(ConfigError, match="local or mounted path"):
         load_score_config("default", ["pool=p", "meru=m", "clip=c", "out=s3://bucket/run"]).check_inputs()
 

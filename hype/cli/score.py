@@ -58,6 +58,12 @@ class _Warnings(logging.Handler):
     help="Webdataset tars of reference-class images (.jpg + .cls), embedded with --clip, for c_IN.",
 )
 @click.option(
+    "--centroids",
+    metavar="FILE",
+    help="k-means centroids for c_IN instead of training them: DataComp's released "
+    "<scale>_centroids_l14.pt, a (K, d) .npy or a flat faiss index.",
+)
+@click.option(
     "--metadata",
     metavar="DIR",
     help="DataComp metadata folder: <hash>.parquet lists the pool's uids; with the .npz, cos θ and CLIP "
@@ -92,6 +98,7 @@ def score(
     reference_file,
     class_features,
     class_images,
+    centroids,
     metadata,
     device,
     batch_size,
@@ -135,6 +142,7 @@ def score(
         ("reference.file", reference_file),
         ("clusters.class_features", class_features),
         ("clusters.class_images", class_images),
+        ("clusters.centroids", centroids),
         ("metadata.dir", metadata),
         ("device", device),
         ("batch_size", batch_size),

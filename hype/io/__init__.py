@@ -22,6 +22,7 @@ from hype.io.files import (
     write_parquet,
     write_text,
 )
+from hype.io.pickled import PickledArrayError, read_pickled_array
 
 __all__ = [
     "atomic_path",
@@ -31,8 +32,10 @@ __all__ = [
     "is_temp_name",
     "json_text",
     "open_input",
+    "PickledArrayError",
     "parquet_bytes",
     "read_json",
+    "read_pickled_array",
     "replace_tree",
     "save_npy",
     "sync",

@@ -54,6 +54,26 @@ def target_centroids(reference_features: np.ndarray, centroids: np.ndarray) -> n
     return np.unique(nearest_centroid(reference_features, centroids))
 
 
+def faiss_index_vectors(path: str) -> np.ndarray:
+    """The vectors stored in a flat faiss index file (`faiss.write_index` of IndexFlat/L2/IP, e.g. a
+    `faiss.Kmeans(...).index`). Raises ValueError for other index types or files."""
+    import faiss
+
+    try:
+        index = faiss.read_index(str(path))
+    except RuntimeError as e:
+        # faiss prefixes its reason with the C++ function and source line: keep the reason
+        raise ValueError(
+            f"not a faiss index: {str(e).strip().splitlines()[-1].rsplit(': ', 1)[-1]}"
+        ) from None
+    if not isinstance(index, faiss.IndexFlat):
+        raise ValueError(
+            f"a faiss {type(index).__name__}: only flat indexes (IndexFlat, IndexFlatL2, IndexFlatIP) hold "
+            "the centroids exactly; write the centroids into a faiss.IndexFlatL2 or save them with np.save"
+        )
+    return np.asarray(index.reconstruct_n(0, index.ntotal))
+
+
 def c_in(assignments: np.ndarray, targets: np.ndarray, caption_ok: np.ndarray | None = None) -> np.ndarray:
     """10.0 where the sample's centroid is a target (and its caption passes), else 0.0."""
     hit = np.isin(assignments, targets)

@@ -81,7 +81,8 @@ class ClustersConfig:
 
     class_features: str | None = None  # (N, d) CLIP image features: .npy or .safetensors
     class_images: str | None = None  # webdataset tars of labelled images, embedded with --clip
-    num_clusters: int | None = None  # K; null: default_num_clusters(pool size)
+    centroids: str | None = None  # --centroids: given centroids instead of k-means (.npy, .pt, faiss)
+    num_clusters: int | None = None  # K; null: default_num_clusters(pool size); unused with centroids
     niter: int = 20
     seed: int = 0
     points_per_centroid: int = 256  # k-means trains on at most this many points per centroid
@@ -188,6 +189,13 @@ class ScoreConfig:
                 "clip",
                 "cos θ needs a CLIP scorer: pass --clip CKPT, or --metadata DIR with DataComp metadata "
                 "(.parquet + .npz)",
+            )
+        cc = self.clusters
+        if cc.centroids is not None and cc.class_features is None and cc.class_images is None:
+            raise ConfigError(
+                "clusters.centroids",
+                "--centroids needs the reference-class features that pick the target clusters: pass "
+                "--class-features FILE (DataComp: ImageNet-1k train, ViT-L/14) or --class-images",
             )
         if self.clusters.class_images is not None and self.clip is None:
             raise ConfigError(

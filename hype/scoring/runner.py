@@ -261,7 +261,11 @@ def _with_absolute_paths(cfg: ScoreConfig) -> ScoreConfig:
         clip=_abs(cfg.clip),
         out=_abs(cfg.out),
         reference=dataclasses.replace(cfg.reference, file=_abs(cfg.reference.file)),
-        clusters=dataclasses.replace(cfg.clusters, class_features=_abs(cfg.clusters.class_features)),
+        clusters=dataclasses.replace(
+            cfg.clusters,
+            class_features=_abs(cfg.clusters.class_features),
+            centroids=_abs(cfg.clusters.centroids),
+        ),
         metadata=dataclasses.replace(cfg.metadata, dir=_abs(cfg.metadata.dir)),
         debug=dataclasses.replace(cfg.debug, pid_dir=_abs(cfg.debug.pid_dir)),
     )
@@ -270,6 +274,7 @@ def _with_absolute_paths(cfg: ScoreConfig) -> ScoreConfig:
 def _score(state: _Run) -> dict:
     cfg = state.cfg
     tasks = _start(state)
+    _check_centroids(state)
     pool, embed_stats = _embed(state, tasks)
     ref_info = _reference(state, pool)
     _specificity(state, pool, ref_info["digest"])
@@ -508,7 +513,10 @@ def _clusters(state: _Run, pool: _Embedded) -> dict | None:
         return None
     feats, class_digest = _class_features(state, pool)
     captions = _captions(state, pool) if cc.caption_filter else None
-    model = _train_clusters(state, pool, feats, class_digest, captions)
+    if cc.centroids is not None:
+        model = _given_centroids(state, pool, feats, class_digest)
+    else:
+        model = _train_clusters(state, pool, feats, class_digest, captions)
     from hype.scoring.stage_clusters import AssignStage
 
     assign = AssignStage(state.run, model_digest=model["digest"], caption_filter=cc.caption_filter, **pool.kw)
@@ -560,6 +568,35 @@ def _class_features(state: _Run, pool: _Embedded) -> tuple[Any, str]:
         return feats, fingerprint([s["output"]["digest"] for s in class_stats])
     except ClassFeatureError as e:
         raise ScoreError(str(e)) from None
+
+
+def _check_centroids(state: _Run) -> None:
+    """Read --centroids before the long stages, so that a wrong file fails in seconds, not hours."""
+    path = state.cfg.clusters.centroids
+    if path is None:
+        return
+    from hype.scoring.stage_clusters import ClustersError, read_centroids_file
+
+    try:
+        read_centroids_file(path, None)
+    except ClustersError as e:
+        raise ScoreError(f"--centroids: {e}") from None
+
+
+def _given_centroids(state: _Run, pool: _Embedded, feats, class_digest: str) -> dict:
+    """--centroids instead of k-means; keyed on the file's digest, so a changed file is noticed."""
+    from hype.scoring.stage_clusters import ClustersError, use_centroids
+
+    cc = state.cfg.clusters
+    if cc.num_clusters is not None:
+        state.warn(f"--num-clusters {cc.num_clusters} ignored: --centroids gives the clusters")
+    try:
+        fp = fingerprint({"centroids": file_digest(cc.centroids), "classes": class_digest})
+        return state.timed(
+            "clusters", lambda: use_centroids(state.run, cc.centroids, pool.dims["clip"], feats, fp)
+        )
+    except (ClustersError, OSError) as e:
+        raise ScoreError(f"--centroids: {e}") from None
 
 
 def _train_clusters(state: _Run, pool: _Embedded, feats, class_digest: str, captions: str | None) -> dict:

@@ -11,7 +11,9 @@
    (all rows when it is off): a deterministic sample of at most `points_per_centroid`·K of them
    streamed from the embed outputs (the rows with the smallest uid hashes: independent of shard order
    and of the executor); the centroids some class image is nearest to (inner product) are the
-   targets -> `RUN_DIR/clusters/centroids.npy`, `targets.npy`, marker `model.json`.
+   targets -> `RUN_DIR/clusters/centroids.npy`, `targets.npy`, marker `model.json`. With `--centroids`
+   (`use_centroids`) the given centroids replace the training: a .npy, DataComp's released .pt, or a
+   flat faiss index (`read_centroids_file`); the file's digest keys the marker.
 4. `AssignStage` (per shard): each sample's nearest centroid (inner product, as DataComp assigns) and
    c_IN = 10 when the centroid is a target and the caption passes -> `RUN_DIR/clusters/<id>.parquet`.
 """
@@ -30,7 +32,13 @@ import pyarrow.parquet as pq
 
 from hype.data.uids import uids_to_pairs
 from hype.scoring import embed_format
-from hype.scoring.clusters import c_in, kmeans_centroids, nearest_centroid, target_centroids
+from hype.scoring.clusters import (
+    c_in,
+    faiss_index_vectors,
+    kmeans_centroids,
+    nearest_centroid,
+    target_centroids,
+)
 from hype.scoring.dedup import keep_mask
 from hype.scoring.rundir import (
     RunDir,
@@ -86,13 +94,52 @@ def read_class_features_file(path: str | Path, dim: int) -> np.ndarray:
     if not isinstance(arr, np.ndarray) or arr.ndim != 2 or arr.dtype.kind != "f" or arr.shape[0] == 0:
         shape = getattr(arr, "shape", None)
         raise ClassFeatureError(f"{path}: expected a non-empty (N, d) float array, got shape {shape}")
-    if arr.shape[1] != dim:
+    if dim is not None and arr.shape[1] != dim:
         raise ClassFeatureError(
             f"{path}: features have width {arr.shape[1]} but the CLIP features of the pool have {dim}; they "
             "must come from the same CLIP model"
         )
     if not np.isfinite(arr).all():
         raise ClassFeatureError(f"{path}: features contain NaN or inf")
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def read_centroids_file(path: str | Path, dim: int | None) -> np.ndarray:
+    """(K, dim) float32 centroids from `--centroids`: a .npy (no pickles), DataComp's released
+    `<scale>_centroids_l14.pt` (a numpy array saved with torch.save, read without running pickled code)
+    or a flat faiss index; recognised by content, not by name. `dim` None: any width."""
+    from hype.io import PickledArrayError, read_pickled_array
+
+    path = Path(path)
+    if not path.is_file():
+        raise ClustersError(f"{path}: centroids file not found")
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    try:
+        if magic == b"\x93NUMPY":
+            arr = np.load(path, allow_pickle=False)
+        elif magic[:4] == b"PK\x03\x04":
+            arr = read_pickled_array(path)
+        else:
+            arr = faiss_index_vectors(str(path))
+    except (PickledArrayError, ValueError, OSError) as e:
+        detail = str(e).removeprefix(f"{path}: ")
+        raise ClustersError(
+            f"{path}: cannot read centroids ({detail}); --centroids takes a (K, d) float .npy, DataComp's "
+            "released <scale>_centroids_l14.pt, or a flat faiss index"
+        ) from None
+    if not isinstance(arr, np.ndarray) or arr.ndim != 2 or arr.dtype.kind != "f" or arr.shape[0] == 0:
+        shape, dtype = getattr(arr, "shape", None), getattr(arr, "dtype", None)
+        raise ClustersError(
+            f"{path}: expected a non-empty (K, d) float array of centroids, got {shape}, {dtype}"
+        )
+    if dim is not None and arr.shape[1] != dim:
+        raise ClustersError(
+            f"{path}: centroids have width {arr.shape[1]} but the CLIP features of the pool have {dim}; they "
+            "must come from the same CLIP model (DataComp's centroids: OpenAI ViT-L/14, 768)"
+        )
+    if not np.isfinite(arr).all():
+        raise ClustersError(f"{path}: centroids contain NaN or inf")
     return np.ascontiguousarray(arr, dtype=np.float32)
 
 
@@ -163,6 +210,19 @@ def train_clusters(
         "seed": seed,
         "seconds": round(time.perf_counter() - started, 4),
     }
+    atomic_write_json(run.clusters_marker, info)
+    return info
+
+
+def use_centroids(run: RunDir, path: str, dim: int, class_features: np.ndarray, fp: str) -> dict:
+    """Given centroids (`--centroids`) instead of k-means: read, checked, and their target centroids."""
+    done = completed(run.clusters_marker, fp)
+    if done is not None and run.centroids.is_file() and run.targets.is_file():
+        return done
+    started = time.perf_counter()
+    centroids = read_centroids_file(path, dim)
+    info = _save_model(run, centroids, class_features, fp)
+    info |= {"centroids": str(path), "seconds": round(time.perf_counter() - started, 4)}
     atomic_write_json(run.clusters_marker, info)
     return info
 

@@ -93,6 +93,7 @@ def build_summary(
             "class_source": clusters.get("class_source"),
             "train_points": clusters.get("train_points"),
             "kmeans": kmeans_note(clusters),
+            "centroids": clusters.get("centroids"),
             "caption_filter": clusters.get("caption_filter"),
             "samples_c_in": sum(int(s["counts"].get("c_in", 0)) for s in merge_stats or []),
         }
@@ -103,6 +104,8 @@ def build_summary(
 
 def kmeans_note(clusters: dict) -> str:
     """Which rows c_IN's k-means trained on, in words ("trained on N caption-filtered rows of M")."""
+    if clusters.get("centroids"):
+        return f"not run: {clusters['k']:,} centroids from {clusters['centroids']}"
     n, eligible, pool = clusters.get("train_points"), clusters.get("train_eligible"), clusters.get("pool")
     if n is None or eligible is None or pool is None:
         return "trained (rows not recorded)"
@@ -128,7 +131,8 @@ def format_summary(s: dict) -> str:
     meta = s.get("metadata")
     if meta:
         lines.append(
-            f"  metadata    {meta['rows']:,} uids in {meta['files']} files; CLIP features from "
+            f"  metadata    {meta['rows']:,} uids in {meta['files']} parquet file"
+            f"{'' if meta['files'] == 1 else 's'}; CLIP features from "
             f"{meta['features']}, cos θ from {meta['cos_theta']}"
         )
     if smp["skipped"]:
