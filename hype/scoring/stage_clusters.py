@@ -94,7 +94,7 @@ def read_class_features_file(path: str | Path, dim: int) -> np.ndarray:
     if not isinstance(arr, np.ndarray) or arr.ndim != 2 or arr.dtype.kind != "f" or arr.shape[0] == 0:
         shape = getattr(arr, "shape", None)
         raise ClassFeatureError(f"{path}: expected a non-empty (N, d) float array, got shape {shape}")
-    if dim is not None and arr.shape[1] != dim:
+    if arr.shape[1] != dim:
         raise ClassFeatureError(
             f"{path}: features have width {arr.shape[1]} but the CLIP features of the pool have {dim}; they "
             "must come from the same CLIP model"
