@@ -3,15 +3,16 @@
 Layout (the paths DataComp's `evaluate.py --submit` uploads to the Hugging Face repository, so the folder
 can be pushed as is):
 
-    OUT/<scale>_scale/samples/<subset>.npy     the subset file, copied byte for byte
+    OUT/<scale>_scale/samples/<subset file>    the subset file under its own name, copied byte for byte
     OUT/<scale>_scale/results.jsonl            the evaluation results, copied after validation
     OUT/<scale>_scale/submission.json          method, scale, training settings, per-task main metrics,
                                                and the selection settings from subset.json
 
-Checks, each failing with an error that names the problem: the subset is a plain `.npy` of dtype
-`u8,u8` (never unpickled), sorted, non-empty, with no more unique uids than the scale's pool; with
-`--scores`, every uid is in the pool's scores table; every results line is a JSON object with a `key`, a
-`dataset` and `metrics` holding a numeric or null `main_metric`, and no task appears twice.
+Checks, each failing with an error that names the problem: the subset is an array of dtype `u8,u8` in
+either layout DataComp's README allows, `.npy` or raw memmap (never unpickled), sorted, non-empty, with
+no more unique uids than the scale's pool; with `--scores`, every uid is in the pool's scores table; every
+results line is a JSON object with a `key`, a `dataset` and `metrics` holding a numeric or null
+`main_metric`, and no task appears twice.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import numpy as np
 from hype import __version__
 from hype.config import preset_dir, read_yaml
 from hype.data.errors import SelectError
-from hype.data.uids import UID_DTYPE, UidMultiset, is_sorted
+from hype.data.uids import UidMultiset, load_uid_file
 from hype.io import atomic_path, file_digest, read_json, write_json
 
 SCALES = ("debug", "small", "medium", "large", "xlarge")
@@ -54,31 +55,9 @@ def scale_config(scale: str) -> dict:
 
 
 def check_subset(path: str | PathLike, pool_size: int) -> tuple[np.ndarray, dict]:
-    """Load and validate a subset file the way DataComp reads it; returns the array and facts about it."""
-    path = Path(path)
-    if not path.is_file():
-        raise SelectError(f"--subset {path}: no such file")
-    if path.suffix != ".npy":
-        raise SelectError(f"--subset {path}: DataComp subset files are .npy files")
-    try:
-        arr = np.load(path, allow_pickle=False)
-    except ValueError as e:
-        raise SelectError(
-            f"--subset {path}: not a plain .npy array ({e}); DataComp needs dtype 'u8,u8'"
-        ) from None
-    if arr.dtype != UID_DTYPE:
-        raise SelectError(
-            f"--subset {path}: dtype {arr.dtype} is not DataComp's 'u8,u8' (two uint64 halves of the uid); "
-            "write it with hype select or hype.data.uids.save_subset"
-        )
-    if arr.ndim != 1 or len(arr) == 0:
-        raise SelectError(f"--subset {path}: expected a non-empty 1-D array, got shape {arr.shape}")
-    if not is_sorted(arr):
-        raise SelectError(
-            f"--subset {path}: uids are not sorted; DataComp's resharder binary-searches them. Rewrite it "
-            "with "
-            "hype.data.uids.save_subset"
-        )
+    """Load and validate a subset file the way DataComp reads it (`.npy` or raw memmap, see
+    `hype.data.uids.load_subset`); returns the array and facts about it."""
+    arr = load_uid_file(path, "--subset")
     unique = len(UidMultiset(arr))
     if unique > pool_size:
         raise SelectError(

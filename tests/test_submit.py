@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from test_select_helpers import write_scores
+from test_select_helpers import save_memmap_subset, write_scores
 
 import filters  # noqa: F401  (registers the bundled rules for select_subset without the CLI)
 from hype.cli import main
@@ -101,12 +101,28 @@ def test_submission_folder(prepared, tmp_path):
     assert meta["method_name"] == "mine" and meta["pool_check"] is None
 
 
+def test_a_raw_memmap_subset_is_submitted_as_is(prepared, tmp_path):
+    """DataComp's README allows raw memmap subset files; its evaluate.py uploads the file under its name."""
+    p = prepared
+    uids = pd.read_parquet(p["root"] / "hype20.parquet")["uid"].tolist()
+    raw = save_memmap_subset(tmp_path / "hype20.u8u8", uids)
+    meta = make_submission("small", raw, p["results"], tmp_path / "sub", scores=p["run"], progress=False)
+    folder = tmp_path / "sub" / "small_scale"
+    assert (folder / "samples" / "hype20.u8u8").read_bytes() == raw.read_bytes()
+    assert meta["subset"]["file"] == "samples/hype20.u8u8" and meta["subset"]["rows"] == 80
+    assert meta["pool_check"]["all_uids_in_pool"] is True and meta["dataset_size"] == 80
+
+
 def bad_subset(tmp_path, kind: str):
     path = tmp_path / f"{kind}.npy"
     if kind == "int64":
         np.save(path, np.arange(5, dtype=np.int64))
     elif kind == "pickle":
         np.save(path, np.array([{"uid": 1}], dtype=object), allow_pickle=True)
+    elif kind == "text":
+        path.write_text("f" * 32 + "\n")
+    elif kind == "odd_size":
+        path.write_bytes(bytes(20))
     elif kind == "unsorted":
         arr = np.zeros(3, dtype="u8,u8")
         arr["f1"] = [3, 1, 2]
@@ -125,8 +141,10 @@ def bad_subset(tmp_path, kind: str):
 @pytest.mark.parametrize(
     ("kind", "scale", "message"),
     [
-        ("int64", "small", "dtype int64 is not DataComp's 'u8,u8'"),
-        ("pickle", "small", "not a plain .npy array"),
+        ("int64", "small", "found a NumPy file holding a 1-D int64 array"),
+        ("pickle", "small", "found a NumPy file holding a 1-D object array"),
+        ("text", "small", "found a text file"),
+        ("odd_size", "small", "found a 20-byte file that is not an .npy file"),
         ("unsorted", "small", "not sorted"),
         ("empty", "small", "non-empty"),
         ("too_big", "debug", "128,001 unique uids, more than the 128,000"),
@@ -167,7 +185,7 @@ def test_bad_results_are_refused(prepared, tmp_path, lines, message):
 def test_unknown_scale_and_missing_files(prepared, tmp_path):
     with pytest.raises(SelectError, match="DataComp scales are"):
         make_submission("huge", prepared["subset"], prepared["results"], tmp_path / "o", progress=False)
-    with pytest.raises(SelectError, match="no such file"):
+    with pytest.raises(SelectError, match="subset file not found"):
         make_submission("small", tmp_path / "nope.npy", prepared["results"], tmp_path / "o", progress=False)
     with pytest.raises(SelectError, match="no such file; run hype eval"):
         make_submission("small", prepared["subset"], tmp_path / "nope.jsonl", tmp_path / "o", progress=False)

@@ -18,7 +18,7 @@ import click
     "--subset",
     required=True,
     type=click.Path(dir_okay=False),
-    help="Subset file (.npy) the model was trained on.",
+    help="Subset file the model was trained on (.npy, or DataComp's raw memmap layout).",
 )
 @click.option(
     "--eval-results",
@@ -48,7 +48,7 @@ def submit(
     progress: bool,
     as_json: bool,
 ) -> None:
-    """Write OUT/<scale>_scale/{samples/<subset>.npy, results.jsonl, submission.json} (the paths DataComp's
+    """Write OUT/<scale>_scale/{samples/<subset file>, results.jsonl, submission.json} (the paths DataComp's
     evaluate.py --submit uploads) after checking the subset (dtype u8,u8, sorted, within the scale's pool,
     and with --scores: every uid in the pool) and every results line."""
     from hype.select.errors import SelectError
