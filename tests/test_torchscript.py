@@ -20,6 +20,7 @@ import torch
 from open_clip.model import CLIP, CLIPTextCfg, CLIPVisionCfg, build_model_from_openai_state_dict
 from open_clip.model import convert_weights_to_lp as convert_weights
 
+from hype.convert import ConversionError, load_source
 from hype.io.torchscript import TorchScriptError, is_torchscript_archive, read_torchscript_state_dict
 
 OPENAI_SCALARS = ("input_resolution", "context_length", "vocab_size")
@@ -132,6 +133,11 @@ def test_open_clip_builds_its_model_from_the_state_dict(archives):
     assert torch.equal(loaded["ln_final.weight"], sd["ln_final.weight"])
 
 
+def test_load_source_returns_the_state_dict_of_an_archive(archives):
+    path = archives["fp32"]
+    _assert_same(load_source(path), _jit_state_dict(path))
+
+
 # --- scripted modules -------------------------------------------------------------------------------
 
 
@@ -224,6 +230,8 @@ def test_a_forbidden_global_is_refused_without_running_it(archives, tmp_path, ki
     refused = r"evil\.pt: data\.pkl refers to `(__builtin__\.exec|posix\.system)`"  # protocol 2 names
     with pytest.raises(TorchScriptError, match=refused):
         read_torchscript_state_dict(evil)
+    with pytest.raises(ConversionError, match="without executing pickled code"):
+        load_source(evil)
     assert not marker.exists()
     if kind == "exec":  # the payload is live: a plain unpickler runs it
         pickle.loads(pickle.dumps(payload, protocol=2))
