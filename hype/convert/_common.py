@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from hype.checkpoint import save_checkpoint
+from hype.io.torchscript import TorchScriptError, is_torchscript_archive, read_torchscript_state_dict
 from hype.models import ContrastiveModel, ModelConfig, create_model
 
 Tensor = torch.Tensor
@@ -41,11 +42,18 @@ def load_source(path: str | Path) -> Any:
     """The object stored in a released `.pt/.pth` (or `.safetensors`) file, without unpickling code.
 
     PyTorch files are opened only with `weights_only=True`, which restores tensors and plain
-    containers and refuses any other pickled object instead of executing it.
+    containers and refuses any other pickled object instead of executing it. A TorchScript archive
+    (OpenAI's CLIP releases), which `weights_only=True` refuses, gives its state dict, read by
+    `hype.io.torchscript` without running its code.
     """
     path = Path(path)
     if not path.is_file():
         raise ConversionError(f"{path}: checkpoint not found")
+    if is_torchscript_archive(path):
+        try:
+            return read_torchscript_state_dict(path)
+        except TorchScriptError as e:
+            raise ConversionError(str(e)) from None
     if _is_safetensors(path):
         from safetensors.torch import load_file
 
