@@ -47,6 +47,9 @@ SCALAR_KEYS = {
 }
 # Entries OpenAI's archives carry besides the weights (open_clip drops them too).
 OPENAI_EXTRAS = ("input_resolution", "context_length", "vocab_size")
+# open_clip's causal text mask is a non-persistent buffer, absent from state dicts but kept by TorchScript
+# archives of open_clip models; both towers rebuild it, so it is dropped.
+_REBUILT = ("attn_mask", "text.attn_mask")
 
 # Tower options hype builds, and options that only matter for training or for features hype refuses
 # anyway. Every other key must hold open_clip's default value.
@@ -273,7 +276,7 @@ def state_dict_from_open_clip(sd: Mapping[str, Tensor]) -> dict[str, Tensor]:
     out: dict[str, Tensor] = {}
     reverse = {v: k for k, v in SCALAR_KEYS.items()}
     for key, value in sd.items():
-        if key in OPENAI_EXTRAS:
+        if key in OPENAI_EXTRAS or key in _REBUILT:
             continue
         if key in reverse:
             out[reverse[key]] = value.reshape(())  # some releases store logit_scale as shape (1,)
