@@ -8,6 +8,7 @@ one (`open_clip.add_model_config`), so architecture names resolve as open_clip's
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from pathlib import Path
@@ -390,3 +391,37 @@ def test_convert_and_export_commands(reference, tmp_path):
     assert "an open_clip built-in" in result.output and "--use_model" in result.output
     result = runner.invoke(main, ["export", str(out), str(tmp_path / "exp")])
     assert result.exit_code != 0 and "--overwrite" in result.output
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_openai_release_archive_loads_without_arch(tmp_path, dtype):
+    """OpenAI's releases: traced TorchScript archives (fp16), read without torch.jit.load or pickled code;
+    the architecture comes from the shapes (heads = width / 64, QuickGELU), as open_clip infers it."""
+    from test_torchscript import openai_archive
+
+    cfg = {
+        "embed_dim": 32,
+        "quick_gelu": True,
+        "vision_cfg": {"image_size": 32, "layers": 2, "width": 64, "patch_size": 16, "head_width": 64},
+        "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 64, "heads": 1, "layers": 2},
+    }
+    torch.manual_seed(3)
+    oc = open_clip.model.CLIP(**cfg).eval()
+    if dtype == torch.float16:  # the reference computes in fp32 from the same fp16-rounded weights
+        with torch.no_grad():
+            for p in oc.parameters():
+                p.copy_(p.half().float())
+    path = openai_archive(copy.deepcopy(oc), tmp_path / "ViT-T-16.pt", dtype)
+    imported = read_open_clip(path)
+    assert imported.layout == "openai" and imported.arch_origin.startswith("OpenAI release")
+    images = torch.stack([open_clip.image_transform(32, is_train=False)(im) for im in _images()])
+    tokens = open_clip.get_tokenizer("ViT-B-32")(TEXTS)[:, :16]
+    tokens[:, -1] = torch.where(tokens[:, -1] != 0, 49407, 0)  # keep the EOT after truncation
+    model = imported.model
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model.encode_image(images), oc.encode_image(images, normalize=True), atol=1e-6, rtol=0
+        )
+        torch.testing.assert_close(
+            model.encode_text(tokens), oc.encode_text(tokens, normalize=True), atol=1e-6, rtol=0
+        )

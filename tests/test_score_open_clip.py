@@ -60,3 +60,37 @@ def test_score_takes_open_clip_models_as_the_clip_scorer(tmp_path_factory, tmp_p
         assert (got.cos_theta.to_numpy() == want.cos_theta.to_numpy()).all(), name
         summary = json.loads((out / "summary.json").read_text())
         assert summary["status"] == "complete", name
+
+
+def test_score_takes_an_openai_release_archive(tmp_path_factory, tmp_path):
+    """OpenAI's layout implies heads = width / 64, so the scorer here is a CLIP of that shape; the run with
+    its TorchScript archive equals the run with the same weights as a hype checkpoint."""
+    import open_clip
+    from test_torchscript import openai_archive
+
+    from hype.checkpoint import save_checkpoint
+    from hype.models import create_model, load_model_config
+    from hype.models.open_clip_format import open_clip_config
+
+    w = world(tmp_path_factory)
+    meru, _ = models(tmp_path_factory)
+    cfg = load_model_config("tiny-clip").to_dict()
+    cfg["quick_gelu"] = True
+    cfg["vision"]["head_width"] = 64
+    cfg["text"]["heads"] = cfg["text"]["width"] // 64
+    torch.manual_seed(5)
+    model = create_model(cfg).eval()
+    save_checkpoint(tmp_path / "clip.safetensors", model)
+    oc = open_clip.model.CLIP(**open_clip_config(model.config)["model_cfg"]).eval()
+    oc.load_state_dict(state_dict_to_open_clip(model))
+    archive = openai_archive(oc, tmp_path / "ViT-T-8.pt")
+    shard = w / "pool" / "shards" / "00000002.tar"
+    columns = {}
+    for name, clip in (("hype", tmp_path / "clip.safetensors"), ("openai", archive)):
+        args = score_args(w, meru, clip, tmp_path / name)
+        args[args.index("--pool") + 1] = str(shard)
+        result = run_cli(args)
+        assert result.exit_code == 0, (name, result.output)
+        columns[name] = pq.read_table(tmp_path / name / "scores" / "part-00000000.parquet").to_pandas()
+    assert list(columns["hype"].uid) == list(columns["openai"].uid)
+    assert (columns["hype"].cos_theta.to_numpy() == columns["openai"].cos_theta.to_numpy()).all()

@@ -58,9 +58,15 @@ def _openai_style_clip(dtype: torch.dtype) -> CLIP:
         text_cfg=CLIPTextCfg(context_length=8, vocab_size=50, width=64, heads=1, layers=2),
         quick_gelu=True,
     ).eval()
+    return openai_style(model, dtype)
+
+
+def openai_style(model: CLIP, dtype: torch.dtype = torch.float32) -> CLIP:
+    """An open_clip `CLIP` turned into what OpenAI's released model looked like before tracing."""
+    image_size, ctx, vocab = model.visual.image_size[0], model.context_length, model.vocab_size
     # OpenAI's model carries these as tensors in its state dict (open_clip pops them when loading).
     del model.context_length, model.vocab_size
-    for name, value in zip(OPENAI_SCALARS, (32, 8, 50), strict=True):
+    for name, value in zip(OPENAI_SCALARS, (image_size, ctx, vocab), strict=True):
         model.register_buffer(name, torch.tensor(value))
     # OpenAI's blocks hold the causal mask as a plain attribute: the trace turns it into a graph constant.
     model.attn_mask = model._buffers.pop("attn_mask")
@@ -70,13 +76,19 @@ def _openai_style_clip(dtype: torch.dtype) -> CLIP:
 
 
 def _trace(model: CLIP) -> torch.jit.ScriptModule:
-    images = torch.ones(2, 3, 32, 32, dtype=model.visual.conv1.weight.dtype)
-    text = torch.zeros(2, 8, dtype=torch.long)
+    size, ctx = model.visual.image_size[0], int(model.context_length)
+    images = torch.ones(2, 3, size, size, dtype=model.visual.conv1.weight.dtype)
+    text = torch.zeros(2, ctx, dtype=torch.long)
     methods = {"forward": (images, text), "encode_text": (text,), "encode_image": (images,)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         # check_trace off: re-tracing several methods names the classes differently, not a real mismatch.
         return torch.jit.trace_module(model, methods, check_trace=False)
+
+
+def openai_archive(model: CLIP, path: Path, dtype: torch.dtype = torch.float32) -> Path:
+    """`model` saved as OpenAI saved its releases (a traced TorchScript archive); `model` is modified."""
+    return _save(_trace(openai_style(model, dtype)), path)
 
 
 @pytest.fixture(scope="module")
