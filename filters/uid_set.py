@@ -20,7 +20,7 @@ class Intersect(Rule):
     name: ClassVar[str] = "intersect"
     kind: ClassVar[str] = "mask"
     summary: ClassVar[str] = "keep rows whose uid is in a DataComp subset file (path=FILE.npy)"
-    PARAMS: ClassVar = {"path": (str, "", "DataComp subset file (.npy, u8,u8)")}
+    PARAMS: ClassVar = {"path": (str, "", "DataComp subset file (u8,u8: .npy or raw memmap)")}
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -28,7 +28,7 @@ class Intersect(Rule):
             raise SelectError(
                 "filter 'intersect' needs a file: --intersect FILE.npy or intersect:path=FILE.npy"
             )
-        self.uids = UidMultiset(load_uid_file(self.params["path"], f"--intersect {self.params['path']}"))
+        self.uids = UidMultiset(load_uid_file(self.params["path"], "--intersect"))
 
     def columns(self) -> list[str]:
         return ["uid"]

@@ -105,3 +105,32 @@ def _read_header(path: Path) -> dict:
     if size < expected:
         raise CheckpointError(f"{path}: truncated: {size} bytes on disk, {expected} expected; re-copy it")
     return header
+
+
+def load_model_file(
+    path: str | PathLike,
+    *,
+    arch: str | None = None,
+    geometry: str | None = None,
+    device: str | torch.device = "cpu",
+) -> torch.nn.Module:
+    """A model from a hype checkpoint or from any open_clip file or folder the user already has (OpenAI's
+    releases, Hugging Face folders, open_clip_train checkpoints, the EuCLIP fork's runs). DESIGN §6."""
+    from hype.models.open_clip_files import is_open_clip_source, read_open_clip
+
+    p = Path(path)
+    if is_open_clip_source(p):
+        return read_open_clip(p, arch=arch, geometry=geometry).model.to(device)
+    if arch is not None or geometry is not None:
+        raise CheckpointError(f"{p}: a hype checkpoint carries its own config; drop --arch/--geometry")
+    return load_checkpoint(p, device=device)
+
+
+def model_file_config(path: str | PathLike) -> dict:
+    """The model config (as a dict) of what `load_model_file(path)` returns. A hype checkpoint's is read
+    from its header; an open_clip source's needs its tensors (an OpenAI release says nothing else)."""
+    from hype.models.open_clip_files import is_open_clip_source, read_open_clip
+
+    if is_open_clip_source(path):
+        return read_open_clip(path).model.config.to_dict()
+    return read_checkpoint_metadata(path)["model_config"]

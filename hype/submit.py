@@ -3,15 +3,22 @@
 Layout (the paths DataComp's `evaluate.py --submit` uploads to the Hugging Face repository, so the folder
 can be pushed as is):
 
-    OUT/<scale>_scale/samples/<subset>.npy     the subset file, copied byte for byte
+    OUT/<scale>_scale/samples/<subset file>    the subset file under its own name, copied byte for byte
     OUT/<scale>_scale/results.jsonl            the evaluation results, copied after validation
-    OUT/<scale>_scale/submission.json          method, scale, training settings, per-task main metrics,
-                                               and the selection settings from subset.json
+    OUT/<scale>_scale/submission.json          method, scale, DataComp's training settings (model named as
+                                               DataComp names it: ViT-B-32, ...), per-task main metrics,
+                                               the aggregates, and the selection settings from subset.json
 
-Checks, each failing with an error that names the problem: the subset is a plain `.npy` of dtype
-`u8,u8` (never unpickled), sorted, non-empty, with no more unique uids than the scale's pool; with
-`--scores`, every uid is in the pool's scores table; every results line is a JSON object with a `key`, a
-`dataset` and `metrics` holding a numeric or null `main_metric`, and no task appears twice.
+Checks, each failing with an error that names the file and the fix: the subset is an array of dtype
+`u8,u8` in either layout DataComp's README allows, `.npy` or raw memmap (never unpickled), sorted,
+non-empty, with no more unique uids than the scale's pool; with `--scores`, every uid is in the pool's
+scores table. The results are checked as DataComp's own code reads them (DESIGN §3 "Results"): every line
+is UTF-8 JSON (evaluate.py parses each line, blank ones too) with a `key`, a `dataset` and `metrics`
+holding `main_metric`; no task twice; no NaN or Infinity; every key is one of DataComp's tasks
+(`configs/eval/datacomp.yaml`, a copy of its tasklist.yml) with DataComp's display name, which evaluate.py
+and aggregate_scores.py look results up by; each of the 38 scored tasks is present with main_metric equal
+to the task's main metric (ImageNet 1k's acc1 is what the submission reports); the two unscored ones have
+a null main_metric (aggregate_scores.py asserts exactly 38 scored lines).
 """
 
 from __future__ import annotations
@@ -28,15 +35,22 @@ import numpy as np
 from hype import __version__
 from hype.config import preset_dir, read_yaml
 from hype.data.errors import SelectError
-from hype.data.uids import UID_DTYPE, UidMultiset, is_sorted
+from hype.data.uids import UidMultiset, load_uid_file
+from hype.eval.report import aggregate
+from hype.eval.tasks import Suite, TaskSpec, load_suite
 from hype.io import atomic_path, file_digest, read_json, write_json
 
 SCALES = ("debug", "small", "medium", "large", "xlarge")
+# DataComp records the architecture by open_clip's name (scale_configs.py: ViT-B-32 for debug, small and
+# medium, ViT-B-16 for large, ViT-L-14 for xlarge); these are hype's configs of the same architectures
+# (tests/test_models.py checks them against open_clip).
+DATACOMP_MODEL_NAMES = {"clip-vit-b32": "ViT-B-32", "clip-vit-b16": "ViT-B-16", "clip-vit-l14": "ViT-L-14"}
 
 
 def scale_config(scale: str) -> dict:
     """DataComp's fixed settings of a scale, from `configs/train/datacomp-<scale>.yaml` (the one place the
-    repository records them; DataComp fixes samples seen = the pool size of the scale)."""
+    repository records them; DataComp fixes samples seen = the pool size of the scale). `model` is the
+    architecture as DataComp names it, `model_config` hype's config of it."""
     if scale not in SCALES:
         raise SelectError(f"--scale {scale!r}: DataComp scales are {', '.join(SCALES)}")
     path = preset_dir("train") / f"datacomp-{scale}.yaml"
@@ -44,41 +58,25 @@ def scale_config(scale: str) -> dict:
         raw = read_yaml(path)
         cfg = {
             "pool_size": int(raw["samples_seen"]),
-            "model": str(raw["model"]),
+            "model_config": str(raw["model"]),
             "batch_size": int(raw["batch_size"]),
             "learning_rate": float(raw["optim"]["lr"]),
         }
     except (OSError, KeyError, TypeError, ValueError) as e:  # ValueError includes ConfigError
         raise SelectError(f"{path}: cannot read the settings of scale {scale} ({e})") from None
+    if cfg["model_config"] not in DATACOMP_MODEL_NAMES:
+        raise SelectError(
+            f"{path}: model {cfg['model_config']!r} is not an architecture DataComp trains; its scales use "
+            f"{', '.join(DATACOMP_MODEL_NAMES)} (DataComp's {', '.join(DATACOMP_MODEL_NAMES.values())})"
+        )
+    cfg["model"] = DATACOMP_MODEL_NAMES[cfg["model_config"]]
     return cfg
 
 
 def check_subset(path: str | PathLike, pool_size: int) -> tuple[np.ndarray, dict]:
-    """Load and validate a subset file the way DataComp reads it; returns the array and facts about it."""
-    path = Path(path)
-    if not path.is_file():
-        raise SelectError(f"--subset {path}: no such file")
-    if path.suffix != ".npy":
-        raise SelectError(f"--subset {path}: DataComp subset files are .npy files")
-    try:
-        arr = np.load(path, allow_pickle=False)
-    except ValueError as e:
-        raise SelectError(
-            f"--subset {path}: not a plain .npy array ({e}); DataComp needs dtype 'u8,u8'"
-        ) from None
-    if arr.dtype != UID_DTYPE:
-        raise SelectError(
-            f"--subset {path}: dtype {arr.dtype} is not DataComp's 'u8,u8' (two uint64 halves of the uid); "
-            "write it with hype select or hype.data.uids.save_subset"
-        )
-    if arr.ndim != 1 or len(arr) == 0:
-        raise SelectError(f"--subset {path}: expected a non-empty 1-D array, got shape {arr.shape}")
-    if not is_sorted(arr):
-        raise SelectError(
-            f"--subset {path}: uids are not sorted; DataComp's resharder binary-searches them. Rewrite it "
-            "with "
-            "hype.data.uids.save_subset"
-        )
+    """Load and validate a subset file the way DataComp reads it (`.npy` or raw memmap, see
+    `hype.data.uids.load_subset`); returns the array and facts about it."""
+    arr = load_uid_file(path, "--subset")
     unique = len(UidMultiset(arr))
     if unique > pool_size:
         raise SelectError(
@@ -114,48 +112,155 @@ def check_in_scores(
 
 
 def check_results(path: str | PathLike) -> list[dict]:
-    """The lines of an eval_results.jsonl, validated (DataComp's format, DESIGN §3 "Results")."""
+    """The lines of an eval_results.jsonl, validated as DataComp reads them (module docstring)."""
     path = Path(path)
     if not path.is_file():
         raise SelectError(f"--eval-results {path}: no such file; run hype eval (or DataComp's evaluate.py)")
-    lines: list[dict] = []
+    numbered = _read_lines(path)
+    if not numbered:
+        raise SelectError(f"{path}: no results in the file; evaluate the model first")
+    _check_tasks(path, numbered, load_suite("datacomp"))
+    return [line for _, line in numbered]
+
+
+def _read_lines(path: Path) -> list[tuple[int, dict]]:
+    """(line number, line) for each result line, each checked for DataComp's format on its own."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="strict")
+    except UnicodeDecodeError as e:
+        raise SelectError(
+            f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); write it with hype eval"
+        ) from None
+    lines: list[tuple[int, dict]] = []
     seen: dict[str, int] = {}
-    text = path.read_text(encoding="utf-8", errors="strict")
     for number, raw in enumerate(text.splitlines(), 1):
+        where = f"{path}: line {number}"
         if not raw.strip():
-            continue
+            # evaluate.py json-loads every line of a cached results file: a blank one stops it.
+            raise SelectError(f"{where} is empty; DataComp's evaluate.py parses every line, remove it")
         try:
             line = json.loads(raw)
         except json.JSONDecodeError as e:
-            raise SelectError(
-                f"{path}: line {number} is not valid JSON ({e.msg}); fix or remove it"
-            ) from None
-        where = f"{path}: line {number}"
-        if not isinstance(line, dict):
-            raise SelectError(f"{where} is not a JSON object")
-        for field, typ in (("key", str), ("dataset", str), ("metrics", dict)):
-            if not isinstance(line.get(field), typ):
-                raise SelectError(
-                    f"{where}: missing or bad {field!r} (expected {typ.__name__}); lines look like "
-                    '{"key": ..., "dataset": ..., "metrics": {..., "main_metric": ...}}'
-                )
-        if "main_metric" not in line["metrics"]:
-            raise SelectError(f"{where}: metrics has no 'main_metric' (use null for unscored tasks)")
-        mm = line["metrics"]["main_metric"]
-        if mm is not None and (
-            isinstance(mm, bool) or not isinstance(mm, (int, float)) or not math.isfinite(mm)
-        ):
-            raise SelectError(f"{where}: main_metric {mm!r} is not a finite number or null")
+            raise SelectError(f"{where} is not valid JSON ({e.msg}); fix or remove it") from None
+        _check_line(where, line)
         if line["key"] in seen:
             raise SelectError(
                 f"{where}: task {line['key']!r} already appears on line {seen[line['key']]}; keep one line "
                 "per task"
             )
         seen[line["key"]] = number
-        lines.append(line)
-    if not lines:
-        raise SelectError(f"{path}: no results in the file; evaluate the model first")
+        lines.append((number, line))
     return lines
+
+
+def _check_line(where: str, line: object) -> None:
+    if not isinstance(line, dict):
+        raise SelectError(f"{where} is not a JSON object")
+    for field, typ in (("key", str), ("dataset", str), ("metrics", dict)):
+        if not isinstance(line.get(field), typ):
+            raise SelectError(
+                f"{where}: missing or bad {field!r} (expected {typ.__name__}); lines look like "
+                '{"key": ..., "dataset": ..., "metrics": {..., "main_metric": ...}}'
+            )
+    if "main_metric" not in line["metrics"]:
+        raise SelectError(f"{where}: metrics has no 'main_metric' (use null for unscored tasks)")
+    mm = line["metrics"]["main_metric"]
+    if mm is not None and not _is_number(mm):
+        raise SelectError(f"{where}: main_metric {mm!r} is not a finite number or null")
+    for name, value in line["metrics"].items():
+        if _has_non_finite(value):
+            # Python's json writes NaN / Infinity; they are not JSON, and hype eval writes null instead.
+            raise SelectError(
+                f"{where}: metrics[{name!r}] is NaN or infinite, which is not JSON; write null for a metric "
+                "that cannot be computed"
+            )
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _has_non_finite(value: object) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_has_non_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_non_finite(v) for v in value)
+    return False
+
+
+def _check_tasks(path: Path, numbered: list[tuple[int, dict]], suite: Suite) -> None:
+    """Every line is a DataComp task under DataComp's name and main metric; every scored task is there."""
+    tasks = {t.key: t for t in suite.tasks}
+    synthetic = {t.key for t in load_suite("synthetic").tasks}
+    if not any(line["key"] in tasks for _, line in numbered):
+        keys = [line["key"] for _, line in numbered]
+        raise SelectError(_not_datacomp(path, keys, synthetic, len(suite.scored)))
+    for number, line in numbered:
+        where = f"{path}: line {number}"
+        task = tasks.get(line["key"])
+        if task is None:
+            kind = "a synthetic-world task" if line["key"] in synthetic else "not a task"
+            raise SelectError(
+                f"{where}: {line['key']!r} is {kind} of DataComp's {len(tasks)}-task benchmark; "
+                "aggregate_scores.py counts every scored line, so remove it"
+            )
+        if line["dataset"] != task.name:
+            raise SelectError(
+                f"{where}: task {task.key!r} is named {line['dataset']!r}; DataComp names it {task.name!r} "
+                'and evaluate.py and aggregate_scores.py look results up by that name: fix its "dataset"'
+            )
+        _check_main_metric(where, task, line["metrics"])
+    present = {line["key"] for _, line in numbered}
+    missing = [t for t in suite.scored if t.key not in present]
+    if missing:
+        lead = "".join(
+            f"no {t.name!r} line (key {t.key}), whose {t.main_metric} DataComp's submission reports; "
+            for t in missing
+            if t.group == "imagenet"
+        )
+        raise SelectError(
+            f"{path}: {lead}missing {len(missing)} of DataComp's {len(suite.scored)} scored tasks: "
+            f"{', '.join(f'{t.name} ({t.key})' for t in missing)}. aggregate_scores.py needs all of them: "
+            f"run hype eval --tasks all --out {path} (it keeps the finished tasks)"
+        )
+
+
+def _check_main_metric(where: str, task: TaskSpec, metrics: dict) -> None:
+    value = metrics["main_metric"]
+    if not task.scored:
+        if value is not None:
+            raise SelectError(
+                f"{where}: {task.name} has no main metric in DataComp, but main_metric is {value!r}; "
+                "aggregate_scores.py would count it as a scored task: set it to null"
+            )
+        return
+    if value is None:
+        raise SelectError(
+            f"{where}: {task.name} has no score (main_metric null) and aggregate_scores.py needs every "
+            "scored task: delete the line and evaluate it again with hype eval"
+        )
+    named = metrics.get(task.main_metric)
+    if not _is_number(named) or not math.isclose(value, named, rel_tol=1e-9, abs_tol=0.0):
+        raise SelectError(
+            f"{where}: main_metric {value!r} is not metrics[{task.main_metric!r}] ({named!r}), the main "
+            f"metric DataComp reads for {task.name}; delete the line and evaluate it again with hype eval"
+        )
+
+
+def _not_datacomp(path: Path, keys: list[str], synthetic: set[str], scored: int) -> str:
+    shown = ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
+    if all(k in synthetic for k in keys):
+        return (
+            f"{path}: these are synthetic-world results; DataComp needs the {scored}-task benchmark (the "
+            f"file holds only hype synth's tasks: {shown}). Evaluate the model trained at a DataComp scale "
+            "with hype eval --tasks all --data-dir <DataComp's evaluation sets>"
+        )
+    return (
+        f"{path}: no line of the file is a DataComp task (keys {shown}); DataComp needs its {scored}-task "
+        "benchmark: evaluate with hype eval --tasks all"
+    )
 
 
 def make_submission(
@@ -170,11 +275,14 @@ def make_submission(
     workers: int = 2,
     progress: bool = True,
 ) -> dict:
+    """Check the subset and the results (module docstring) and write OUT/<scale>_scale; returns the
+    contents of submission.json plus `folder`. Nothing is written when a check fails."""
     cfg = scale_config(scale)
     subset = Path(subset)
     arr, facts = check_subset(subset, cfg["pool_size"])
     pool_check = check_in_scores(arr, scores, workers, progress) if scores is not None else None
     results = check_results(eval_results)
+    suite = load_suite("datacomp")
     folder = Path(out) / f"{scale}_scale"
     if folder.exists() and any(folder.iterdir()):
         if not overwrite:
@@ -183,12 +291,13 @@ def make_submission(
             )
         shutil.rmtree(folder)
     selection = read_json(subset.with_suffix(".json"))
-    scored = [r["metrics"]["main_metric"] for r in results if r["metrics"]["main_metric"] is not None]
+    aggregates = {row["name"]: row["value"] for row in aggregate(suite, {r["key"]: r for r in results})}
     meta = {
         "method_name": method_name or _default_name(selection),
         "track": "filtering",
         "scale": scale,
         "model": cfg["model"],
+        "model_config": cfg["model_config"],
         "batch_size": cfg["batch_size"],
         "learning_rate": cfg["learning_rate"],
         "train_num_samples": cfg["pool_size"],
@@ -197,8 +306,9 @@ def make_submission(
         "pool_check": pool_check,
         "results": {
             "tasks": len(results),
-            "scored_tasks": len(scored),
-            "average": sum(scored) / len(scored) if scored else None,
+            "scored_tasks": len(suite.scored),
+            "average": aggregates[suite.average_name],
+            "aggregates": aggregates,  # as aggregate_scores.py computes them
             "main_metrics": {r["dataset"]: r["metrics"]["main_metric"] for r in results},
         },
         "selection": _selection_settings(selection),

@@ -77,6 +77,11 @@ STAGE_EDGES: dict[tuple[str, str], str] = {
     ("hype.report", "hype.select.table"): "the report reads the scores table through selection's reader",
     ("hype.report", "hype.select.stats"): "the report's pool/subset statistics are those of subset.json",
     ("hype.submit", "hype.select.table"): "a submission reads the scores table through selection's reader",
+    (
+        "hype.submit",
+        "hype.eval.tasks",
+    ): "a submission's results are checked against eval's DataComp task list",
+    ("hype.submit", "hype.eval.report"): "a submission records the aggregates hype eval reports",
     ("hype.scoring", "hype.select.combine"): "the quality table ranks by the one HYPE sum selection uses",
 }
 

@@ -13,8 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import webdataset as wds
+from braceexpand import braceexpand
 from click.testing import CliRunner
-from test_select_helpers import make_world
+from test_select_helpers import make_world, save_memmap_subset
 
 from hype.cli import main
 from hype.data.uids import save_subset
@@ -95,6 +96,51 @@ def test_output_matches_datacomp_resharder(pool, tmp_path):
     # webdataset (what open_clip / DataComp training use) reads it.
     ds = wds.WebDataset(sorted(str(p) for p in out.glob("*.tar")), shardshuffle=False)
     assert sum(1 for _ in ds) == n
+
+
+def test_a_raw_memmap_subset_gives_the_same_shards(pool, tmp_path):
+    """DataComp's other subset layout (raw 'u8,u8' records, no .npy header) reshards to the same bytes."""
+    raw = save_memmap_subset(tmp_path / "subset.memmap", pool["list"])
+    a = reshard(pool["shards"], pool["subset"], tmp_path / "npy", shard_size=100, workers=1, progress=False)
+    b = reshard(pool["shards"], raw, tmp_path / "raw", shard_size=100, workers=1, progress=False)
+    assert a["output_shards"] == b["output_shards"] == 2 and b["subset_rows"] == len(pool["list"])
+    names = sorted(p.name for p in (tmp_path / "npy").glob("0*"))
+    assert names == sorted(p.name for p in (tmp_path / "raw").glob("0*")) and len(names) == 4
+    assert all((tmp_path / "npy" / n).read_bytes() == (tmp_path / "raw" / n).read_bytes() for n in names)
+
+
+def datacomp_train_data(data_dir: Path) -> list[str]:
+    """What DataComp's train.py (`get_input_shards`, mlfoundations/datacomp train.py) trains on for a
+    subfolder of --data_dir holding a meta.json: the brace pattern built from its two keys, expanded."""
+    patterns = []
+    for sub in data_dir.iterdir():
+        if sub.is_dir() and (sub / "meta.json").exists():
+            metadata = json.loads((sub / "meta.json").read_text())
+            shard_count = metadata["output_shard_count"]
+            shard_format = metadata["output_shard_format"]
+            first = shard_format.format(0).replace(".tar", "")
+            last = shard_format.format(shard_count - 1).replace(".tar", "")
+            patterns.append(str(sub / f"{{{first}..{last}}}.tar"))
+    return [p for pattern in patterns for p in braceexpand(pattern)]
+
+
+def test_meta_json_gives_datacomp_train_the_shards_on_disk(pool, tmp_path):
+    out = tmp_path / "data" / "hype"
+    meta = reshard(pool["shards"], pool["subset"], out, shard_size=64, workers=1, progress=False)
+    tars = sorted(str(p) for p in out.glob("*.tar"))
+    assert len(tars) == 3 and datacomp_train_data(tmp_path / "data") == tars
+    # The values DataComp's resharder writes: its shard count, its default --output-shard-format.
+    assert meta["output_shard_count"] == 3 and meta["output_shard_format"] == "{:08d}.tar"
+    # A folder finished by an older hype gets the keys when the same job is run again.
+    saved = json.loads((out / "meta.json").read_text())
+    old = {k: v for k, v in saved.items() if not k.startswith("output_shard_")}
+    (out / "meta.json").write_text(json.dumps(old))
+    again = reshard(pool["shards"], pool["subset"], out, shard_size=64, workers=1, progress=False)
+    assert again["resumed"] == "already complete"
+    assert (
+        json.loads((out / "meta.json").read_text()) == saved
+        and datacomp_train_data(tmp_path / "data") == tars
+    )
 
 
 def test_resume_after_an_interruption_is_byte_identical(pool, tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from test_select_helpers import make_world, reference_top, truth_scores, write_scores
+from test_select_helpers import make_world, reference_top, save_memmap_subset, truth_scores, write_scores
 
 import filters  # noqa: F401  (registers the bundled rules for select_subset without the CLI)
 from hype.cli import main
@@ -254,12 +254,15 @@ def test_rank_normalization_uses_pool_mid_ranks(tmp_path):
     )
 
 
-def test_intersect_and_union_with_external_subsets(world, tmp_path):
+@pytest.mark.parametrize("layout", ["npy", "memmap"])
+def test_intersect_and_union_with_external_subsets(world, tmp_path, layout):
     from hype.data.uids import save_subset
 
+    # Either layout DataComp's README allows: np.save, or raw memmap records (no .npy header).
+    save = save_subset if layout == "npy" else save_memmap_subset
     df = world["df"]
     dfn = list(df["uid"].iloc[::3]) + ["f" * 32, "e" * 32]  # a third of the pool plus two unknown uids
-    save_subset(tmp_path / "dfn.npy", dfn)
+    save(tmp_path / "dfn.npy", dfn)
     s = select_subset(
         SelectRequest(
             scores=world["run"],
@@ -274,7 +277,7 @@ def test_intersect_and_union_with_external_subsets(world, tmp_path):
     assert s["eligible_rows"] == len(inside)
 
     extra = ["0" * 32, "0" * 32, reference_top(df, ALL, 1)[0]]  # a repeated unscored uid and a selected one
-    save_subset(tmp_path / "extra.npy", extra)
+    save(tmp_path / "extra.npy", extra)
     s = select_subset(
         SelectRequest(
             scores=world["run"],

@@ -1,4 +1,5 @@
-"""Helpers shared by the selection / reshard / report / submit tests: a synthetic world and a scores table.
+"""Helpers shared by the selection / reshard / report / submit tests: a synthetic world, a scores table and
+DataComp's raw memmap subset files.
 
 `hype score` is built elsewhere; these tests write schema-conformant scores tables themselves, with metric
 values derived from the world's ground truth (each noise kind lowers the metric that should catch it) plus
@@ -76,6 +77,19 @@ def reference_top(df: pd.DataFrame, weights: dict[str, float], k: int) -> list[s
         ["score", "uid"], ascending=[False, True], kind="mergesort"
     )
     return sorted(ranked["uid"].iloc[:k])
+
+
+def save_memmap_subset(path: Path, uids: list[str]) -> Path:
+    """A subset file in DataComp's other layout, written as its README describes: the uids encoded and sorted
+    as in its README's example, then stored with `np.memmap` (raw 16-byte records, no .npy header), which
+    its resharder's `load_subset` reads when the file lacks the .npy magic string."""
+    records = np.array([(int(u[:16], 16), int(u[16:32], 16)) for u in uids], np.dtype("u8,u8"))
+    records.sort()
+    out = np.memmap(path, dtype=records.dtype, mode="w+", shape=records.shape)
+    out[:] = records
+    out.flush()
+    del out
+    return Path(path)
 
 
 def test_helper_tables_follow_the_schema(tmp_path):

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from PIL import Image
+from test_select_helpers import save_memmap_subset
 
 from hype.data.pipeline import DataError, TrainStream
 from hype.data.samples import (
@@ -26,7 +27,7 @@ from hype.data.samples import (
     iter_tar_samples,
 )
 from hype.data.shards import ShardError, expand_shards
-from hype.data.subset_index import SubsetError, SubsetIndex, check_subset_matches
+from hype.data.subset_index import SubsetError, SubsetIndex, check_subset_matches, resolve_subset
 from hype.data.uids import save_subset, uids_to_array
 from hype.io.tar import split_member_name
 from hype.train.captions import TemplateCaption
@@ -202,10 +203,12 @@ def test_subset_check_uses_parquets(tmp_path):
 # --- the training stream ---------------------------------------------------------------------------
 
 
-def test_subset_restricts_and_repeats_samples(tmp_path):
+@pytest.mark.parametrize("layout", ["npy", "memmap"])
+def test_subset_restricts_and_repeats_samples(tmp_path, layout):
     shard = write_shard(tmp_path / "00000000.tar", [good(i) for i in range(6)])
-    path = save_subset(tmp_path / "subset.npy", [_uid(1), _uid(4), _uid(4)])
-    ts = stream([shard], subset=SubsetIndex.load(path), resampled=False, batch_size=3)
+    save = save_subset if layout == "npy" else save_memmap_subset  # DataComp's two subset layouts
+    path = save(tmp_path / "subset.npy", [_uid(1), _uid(4), _uid(4)])
+    ts = stream([shard], subset=resolve_subset(path), resampled=False, batch_size=3)  # as `train --subset`
     seen = Counter(int(t) for b in take(ts, 10) for t in b["tokens"][:, 0])
     assert set(seen) == {1, 4}
     assert seen[4] == 2 * seen[1] == 20  # in order (no shuffle buffer): every pass yields 1, 4, 4

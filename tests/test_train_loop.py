@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from test_select_helpers import save_memmap_subset
 from train_helpers import MICRO, TINY_GEOMETRIES
 
 from hype.checkpoint import load_checkpoint
@@ -199,6 +200,9 @@ def _info(name: str, size: int):
         (["--data", "{nowhere}/missing/*.tar"], "missing/\\*.tar: the pattern matches no .tar file"),
         (["--data", "{world}/clean/shards/{{00000000..00000009}}.tar"], "7 of the 10 shards it names"),
         (["--data", "{world}/clean/shards", "--subset", "{other}"], "matches none of the 96 samples"),
+        # DataComp's raw memmap layout is read (and then matches nothing); a text file is named as such.
+        (["--data", "{world}/clean/shards", "--subset", "{raw}"], "matches none of the 96 samples"),
+        (["--data", "{world}/clean/shards", "--subset", "{text}"], "--subset: {text}: found a text file"),
         (["--data", "{world}/clean/shards", "optim.lr=-3"], "optim.lr: must be > 0"),
         (["--data", "{world}/clean/shards", "optim.nope=1"], "unknown key; valid keys in optim: lr"),
         (
@@ -210,6 +214,11 @@ def _info(name: str, size: int):
 )
 def test_bad_input_gives_clear_errors(world, tmp_path, args, message):
     other = save_subset(tmp_path / "other.npy", ["0" * 31 + "1"])
-    args = [a.format(world=world, nowhere=tmp_path, other=other) for a in args]
+    raw = save_memmap_subset(tmp_path / "other.memmap", ["0" * 31 + "1"])
+    text = tmp_path / "uids.txt"
+    text.write_text("0" * 31 + "1\n")
+    paths = {"world": world, "nowhere": tmp_path, "other": other, "raw": raw, "text": text}
+    args = [a.format(**paths) for a in args]
+    message = message.format(**paths)
     code, output = run_cli(["--config", "tiny-clip", "--out", str(tmp_path / "o"), "--no-progress", *args])
     assert code != 0 and message.replace("\\", "") in output.replace("\n", " "), output

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
+from test_select_helpers import save_memmap_subset
 
+from hype.data.errors import SelectError
 from hype.data.uids import (
     UidError,
     array_to_uids,
     from_structured,
     is_sorted,
     load_subset,
+    load_uid_file,
     pair_to_uid,
     parse_uid,
     save_subset,
@@ -85,18 +90,93 @@ def test_malformed_uids_are_rejected_naming_the_value(bad):
         uids_to_array([UIDS[0], bad])
 
 
-def test_bad_subset_files_give_clear_errors(tmp_path):
+def test_raw_memmap_subsets_read_like_npy(tmp_path):
+    """DataComp's README allows the memory-mapped layout too; its resharder reads any file without the .npy
+    magic string as raw 'u8,u8' records. Both ways of writing one give the .npy's array."""
+    npy = load_subset(save_subset(tmp_path / "s.npy", UIDS + UIDS[:1]))
+    raw = save_memmap_subset(tmp_path / "s.memmap", UIDS + UIDS[:1])
+    assert raw.read_bytes()[:6] != b"\x93NUMPY"
+    np.testing.assert_array_equal(load_subset(raw), npy)
+    npy.tofile(tmp_path / "tofile.npy")  # a raw file may well be named .npy (DataComp copies it as one)
+    np.testing.assert_array_equal(load_subset(tmp_path / "tofile.npy"), npy)
+    (tmp_path / "empty").write_bytes(b"")
+    assert len(load_subset(tmp_path / "empty")) == 0  # zero records: commands refuse it as empty
+    with pytest.raises(SelectError, match="--subset: .*empty holds no uids"):
+        load_uid_file(tmp_path / "empty", "--subset")
+
+
+def _write_bad(path, kind: str) -> None:
+    good = np.array([divmod(int(u, 16), 2**64) for u in sorted(UIDS)], dtype="u8,u8")
+    if kind == "odd_size":
+        path.write_bytes(b"\x01" * 1_000_003)
+    elif kind == "text":
+        path.write_text("".join(u + "\n" for u in UIDS[:2] * 8))  # 16 lines of 33 bytes: a multiple of 16
+    elif kind == "one_uid_text":
+        path.write_text(UIDS[3])  # 32 bytes: would be two records
+    elif kind == "pickle":
+        path.write_bytes(pickle.dumps({"uids": UIDS}, protocol=4))  # 166 bytes
+    elif kind == "pickle_16":  # a size that fits the memmap layout: named because it is not sorted either
+        pad = -len(pickle.dumps({"uids": UIDS, "pad": ""}, protocol=4)) % 16
+        path.write_bytes(pickle.dumps({"uids": UIDS, "pad": "x" * pad}, protocol=4))
+    elif kind == "npz":
+        with open(path, "wb") as f:  # np.savez would append .npz to a name
+            np.savez(f, uids=good)
+    elif kind == "object":
+        np.save(path, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    elif kind == "int64":
+        np.save(path, np.arange(3))
+    elif kind == "2d":
+        np.save(path, good.reshape(2, 2))
+    elif kind == "unsorted_npy":
+        np.save(path, good[::-1])
+    elif kind == "unsorted_raw":
+        good[::-1].tofile(path)
+    elif kind == "truncated":
+        np.save(path, good)
+        path.write_bytes(path.read_bytes()[:-8])
+
+
+@pytest.mark.parametrize(
+    ("kind", "found"),
+    [
+        (
+            "odd_size",
+            "a 1000003-byte file that is not an .npy file and whose size is not a multiple of 16 bytes",
+        ),
+        ("text", "a text file (first line '0000000000000000000000000000000f')"),
+        ("one_uid_text", "a text file (first line '8f14e45fceea167a5a36dedd4bea2543')"),
+        ("pickle", "a Python pickle"),
+        ("pickle_16", "a Python pickle"),
+        ("npz", "a ZIP archive"),
+        ("object", "a NumPy file holding a 1-D object array of shape (1,)"),
+        ("int64", "a NumPy file holding a 1-D int64 array of shape (3,)"),
+        ("2d", "a NumPy file holding a 2-D"),
+        (
+            "truncated",
+            "a NumPy file holding a 1-D [('f0', '<u8'), ('f1', '<u8')] array of shape (4,) that cannot",
+        ),
+        ("unsorted_npy", None),
+        ("unsorted_raw", None),
+    ],
+)
+def test_bad_subset_files_say_what_was_found(tmp_path, kind, found):
+    path = tmp_path / "bad.npy"
+    _write_bad(path, kind)
+    with pytest.raises(UidError) as e:
+        load_subset(path)
+    message = str(e.value)
+    assert message.startswith(f"{path}: ")
+    if found is None:
+        assert "uids are not sorted; rewrite it with hype.data.uids.save_subset" in message
+    else:
+        assert f"found {found}" in message and "'u8,u8'" in message and "save_subset" in message
+    assert "pickled data" not in message  # numpy's message for any non-.npy file, which misled users
+
+
+def test_missing_subset_files_and_writing(tmp_path):
     with pytest.raises(UidError, match="not found"):
         load_subset(tmp_path / "missing.npy")
-    np.save(tmp_path / "ints.npy", np.arange(3))
-    with pytest.raises(UidError, match="'u8,u8'"):
-        load_subset(tmp_path / "ints.npy")
-    unsorted = np.array([(2, 0), (1, 0)], dtype="u8,u8")
-    np.save(tmp_path / "unsorted.npy", unsorted)
-    with pytest.raises(UidError, match="not sorted"):
-        load_subset(tmp_path / "unsorted.npy")
-    np.save(tmp_path / "obj.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
-    with pytest.raises(UidError, match="not a plain .npy"):
-        load_subset(tmp_path / "obj.npy")
+    with pytest.raises(UidError, match="is a folder"):
+        load_subset(tmp_path)
     with pytest.raises(UidError, match="must end in .npy"):
         save_subset(tmp_path / "subset.bin", UIDS)

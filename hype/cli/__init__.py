@@ -22,7 +22,12 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Train a contrastive model (MERU, CLIP, EuCLIP, oblique) on shards.",
     ),
     "eval": ("hype.cli.eval", "eval_cmd", "Run the DataComp zero-shot benchmark (or the synthetic one)."),
-    "convert": ("hype.cli.convert", "convert", "Convert released MERU / HYPE checkpoints to hype's format."),
+    "convert": (
+        "hype.cli.convert",
+        "convert",
+        "Convert MERU / HYPE releases and open_clip models to hype's format.",
+    ),
+    "export": ("hype.cli.export", "export", "Write a hype model as an open_clip (or EuCLIP fork) model."),
     "score": ("hype.cli.score", "score", "Score a pool: ε_i, ε_t, −d_L, cos θ and c_IN for every sample."),
     "select": (
         "hype.cli.select",

@@ -1,4 +1,4 @@
-"""`hype convert meru|hype-release CKPT --out OUT.safetensors`: released checkpoints -> hype's format."""
+"""`hype convert meru|hype-release|open-clip SRC --out OUT.safetensors`: other models -> hype's format."""
 
 from __future__ import annotations
 
@@ -101,3 +101,44 @@ def hype_release(
         ignore_keys=ignore_keys,
         overwrite=overwrite,
     )
+
+
+@convert.command("open-clip")
+@click.argument("source", type=click.Path(exists=True))
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Output checkpoint, e.g. clip_l14.safetensors (written atomically).",
+)
+@click.option(
+    "--arch",
+    default=None,
+    metavar="NAME",
+    help="open_clip architecture (ViT-B-32, ViT-L-14, ...) [default: from open_clip_config.json, the "
+    "run's params.txt, or the shapes of an OpenAI release; a bare state dict needs it].",
+)
+@click.option(
+    "--geometry",
+    default=None,
+    metavar="NAME",
+    help="EuCLIP fork models: the geometry [default: params.txt's, else clip].",
+)
+@click.option("--overwrite", is_flag=True, help="Replace an existing --out file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of text.")
+def open_clip_cmd(
+    source: str, out: str, arch: str | None, geometry: str | None, overwrite: bool, as_json: bool
+) -> None:
+    """An open_clip model you have -> OUT: a state dict (.bin/.pt/.safetensors, with or without a
+    'state_dict' wrapper or DDP 'module.' prefix), an open_clip_train epoch_N.pt, a Hugging Face folder
+    (open_clip_config.json + open_clip_model.safetensors), OpenAI's ViT-*.pt release, or an EuCLIP fork
+    run. Embeddings equal open_clip's own model's; preprocessing and tokenizer follow the model's config.
+
+    \b
+    hype convert open-clip ~/.cache/clip/ViT-L-14.pt --out clip_l14.safetensors
+    hype convert open-clip logs/run/checkpoints/epoch_8.pt --out mine.safetensors
+    hype convert open-clip weights.safetensors --arch ViT-B-32 --out b32.safetensors
+    """
+    from hype.convert.open_clip import convert_open_clip
+
+    _run(convert_open_clip, source, out, as_json, arch=arch, geometry=geometry, overwrite=overwrite)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
@@ -14,8 +13,9 @@ from hype.io import file_digest
 @click.option(
     "--model",
     "checkpoint",
-    type=click.Path(dir_okay=False),
-    help="hype checkpoint (.safetensors from `hype train` or `hype convert`).",
+    type=click.Path(exists=True),
+    help="hype checkpoint (.safetensors from `hype train` or `hype convert`), or an open_clip model "
+    "file or folder (see `hype convert open-clip --help`).",
 )
 @click.option(
     "--model-config",
@@ -136,13 +136,15 @@ def _load_model(checkpoint: str | None, model_config: str | None, seed: int):
     import torch
 
     if checkpoint is not None:
-        from hype.checkpoint import CheckpointError, load_checkpoint
+        from hype.checkpoint import load_model_file
+        from hype.models.open_clip_files import is_open_clip_source, source_digest
 
         try:
-            model = load_checkpoint(checkpoint)
-        except CheckpointError as e:
+            model = load_model_file(checkpoint)
+            digest = source_digest(checkpoint) if is_open_clip_source(checkpoint) else file_digest(checkpoint)
+        except ValueError as e:  # CheckpointError, ModelFileError: both name the file and the fix
             raise click.BadParameter(str(e), param_hint="--model") from None
-        return model, {"checkpoint_sha256": file_digest(Path(checkpoint)), "config": model.config.name}
+        return model, {"checkpoint_sha256": digest, "config": model.config.name}
 
     from hype.models import create_model
 

@@ -11,7 +11,12 @@ import click
 @click.option(
     "--pool", required=True, help="Pool shards: a folder of .tar, a brace pattern, a glob or one .tar."
 )
-@click.option("--subset", required=True, type=click.Path(dir_okay=False), help="DataComp subset file (.npy).")
+@click.option(
+    "--subset",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="DataComp subset file (.npy or raw memmap).",
+)
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder for the output shards.")
 @click.option("--shard-size", default=10000, show_default=True, type=int, help="Samples per output shard.")
 @click.option("--workers", default=4, show_default=True, type=int, help="Processes (1: in this process).")

@@ -28,7 +28,10 @@ class _Warnings(logging.Handler):
     help="MERU scorer (hype .safetensors checkpoint; `hype convert` for released ones).",
 )
 @click.option(
-    "--clip", metavar="CKPT", help="CLIP scorer for cos θ and c_IN (optional with --metadata and its .npz)."
+    "--clip",
+    metavar="CKPT",
+    help="CLIP scorer for cos θ and c_IN (optional with --metadata and its .npz): a hype checkpoint, or an "
+    "open_clip model as is (OpenAI's ViT-L-14.pt, a Hugging Face folder, an open_clip_train run).",
 )
 @click.option("--out", metavar="RUN_DIR", help="Run directory (created; a rerun resumes it).")
 @click.option(

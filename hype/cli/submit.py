@@ -18,13 +18,13 @@ import click
     "--subset",
     required=True,
     type=click.Path(dir_okay=False),
-    help="Subset file (.npy) the model was trained on.",
+    help="Subset file the model was trained on (.npy, or DataComp's raw memmap layout).",
 )
 @click.option(
     "--eval-results",
     required=True,
     type=click.Path(dir_okay=False),
-    help="eval_results.jsonl of the trained model.",
+    help="eval_results.jsonl of the trained model on DataComp's benchmark (hype eval --tasks all).",
 )
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Submission folder to write.")
 @click.option("--method-name", default=None, help="Name shown on the leaderboard [default: hype (<preset>)].")
@@ -48,9 +48,10 @@ def submit(
     progress: bool,
     as_json: bool,
 ) -> None:
-    """Write OUT/<scale>_scale/{samples/<subset>.npy, results.jsonl, submission.json} (the paths DataComp's
+    """Write OUT/<scale>_scale/{samples/<subset file>, results.jsonl, submission.json} (the paths DataComp's
     evaluate.py --submit uploads) after checking the subset (dtype u8,u8, sorted, within the scale's pool,
-    and with --scores: every uid in the pool) and every results line."""
+    and with --scores: every uid in the pool) and the results as DataComp reads them (each of its 38 scored
+    tasks once, under its key, display name and main metric; no synthetic-world results)."""
     from hype.select.errors import SelectError
     from hype.submit import make_submission
 

@@ -36,7 +36,9 @@ def _clean(e: BaseException) -> str:
     "with '::'.",
 )
 @click.option(
-    "--subset", type=click.Path(dir_okay=False), help="DataComp subset .npy: train only on these uids."
+    "--subset",
+    type=click.Path(dir_okay=False),
+    help="DataComp subset file (.npy or raw memmap): train only on these uids.",
 )
 @click.option(
     "--out", type=click.Path(file_okay=False), help="Output folder [default: runs/train/<preset name>]."
@@ -90,6 +92,7 @@ def train(
     if config is None:
         raise click.UsageError("--config NAME|PATH is required (see `hype train --list` for presets)")
 
+    from hype.data.errors import SelectError
     from hype.data.pipeline import DataError
     from hype.data.shards import ShardError
     from hype.data.subset_index import SubsetError
@@ -115,7 +118,7 @@ def train(
         summary = run_training(cfg, resume=resume, progress=progress)
     except TrainingDiverged as e:
         raise click.ClickException(f"training diverged: {e}") from None
-    except (ConfigError, ShardError, SubsetError, UidError, ResumeError) as e:
+    except (ConfigError, ShardError, SelectError, SubsetError, UidError, ResumeError) as e:
         raise click.ClickException(str(e)) from None
     except DataError as e:
         raise click.ClickException(_clean(e)) from None

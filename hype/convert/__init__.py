@@ -7,13 +7,14 @@ Released `.pt/.pth` files are opened with `torch.load(weights_only=True)` only: 
 never run. The output loads with `hype.checkpoint.load_checkpoint`.
 """
 
-from hype.convert._common import ConversionError, ConversionReport, Rule, load_source, unwrap_state_dict
+from hype.convert._common import ConversionError, ConversionReport, Rule
 from hype.convert.hype_release import (
     convert_hype_release,
     hype_release_rules,
     hype_release_state_dict_to_hype,
 )
 from hype.convert.meru import convert_meru, meru_rules, meru_state_dict_to_hype
+from hype.io.weights import load_source, unwrap_state_dict
 
 __all__ = [
     "ConversionError",

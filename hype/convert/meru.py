@@ -31,13 +31,12 @@ from hype.convert._common import (
     check_hyperbolic,
     count_blocks,
     finish,
-    load_source,
     map_state_dict,
     other_layout_hint,
     prepare_output,
     target_shapes,
-    unwrap_state_dict,
 )
+from hype.io.weights import load_source, unwrap_state_dict
 from hype.models import ModelConfig, load_model_config
 
 Tensor = torch.Tensor

@@ -7,7 +7,6 @@ so training on shards + subset sees exactly the samples the resharded subset wou
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from hype.data.uids import UID_DTYPE, UidError, load_subset, uids_to_array
+from hype.data.uids import UID_DTYPE, UidError, load_uid_file, uids_to_array
 
 
 class SubsetError(ValueError):
@@ -31,10 +30,8 @@ class SubsetIndex:
 
     @classmethod
     def load(cls, path: str | PathLike) -> SubsetIndex:
-        arr = load_subset(path)
-        if len(arr) == 0:
-            raise SubsetError(f"{path}: the subset file is empty (0 uids)")
-        return cls(arr, str(path))
+        """A non-empty subset file, `.npy` or raw memmap (`SelectError` naming `--subset` otherwise)."""
+        return cls(load_uid_file(path, "--subset"), str(path))
 
     def __len__(self) -> int:
         return len(self.uids)
@@ -124,8 +121,4 @@ def check_subset_matches(shards: Sequence[str], index: SubsetIndex, data_spec: s
 
 
 def resolve_subset(path: str | PathLike | None) -> SubsetIndex | None:
-    if path is None:
-        return None
-    if not os.path.exists(path):
-        raise SubsetError(f"{path}: subset file not found")
-    return SubsetIndex.load(path)
+    return None if path is None else SubsetIndex.load(path)

@@ -1,4 +1,4 @@
-"""The one uid codec: DataComp's 128-bit sample ids and its `.npy` subset files.
+"""The one uid codec: DataComp's 128-bit sample ids and its subset files.
 
 Scalar functions convert one uid at a time (`uid_to_pair`, `pair_to_uid`, `validate_uid`, and
 `parse_uid`, DataComp's laxer reading of a shard's `json["uid"]`); the vectorised ones (`arrow_to_pairs`,
@@ -8,8 +8,11 @@ arrays with a lookup table over the raw string bytes, for tables with millions o
 
 A uid is a 32-character lowercase hex string. Subset files store it as
 `(hi, lo) = divmod(int(uid, 16), 2**64)` in a structured array of dtype `"u8,u8"`, sorted, saved with
-`np.save`. Repeated uids mean the sample is repeated; DataComp's resharder looks each sample's
-`json["uid"]` up in this array with a binary search, which is why the order matters.
+`np.save` or, as DataComp's README also allows, as a raw memmap (the 16-byte records, no header; DataComp's
+`load_subset` tells the two apart by the `.npy` magic string). Repeated uids mean the sample is repeated;
+DataComp's resharder looks each sample's `json["uid"]` up in this array with a binary search, which is why
+the order matters. `load_subset` reads both layouts (hype writes `.npy`); `load_uid_file` is the same for a
+command-line option, which every command taking a subset file goes through.
 """
 
 from __future__ import annotations
@@ -117,16 +120,23 @@ def save_subset(path: str | PathLike, uids: Iterable[str] | np.ndarray) -> Path:
 
 
 def load_subset(path: str | PathLike) -> np.ndarray:
-    """Read and validate a DataComp subset file; never unpickles."""
+    """Read and validate a DataComp subset file in either layout DataComp's resharder reads: an `.npy` (told
+    apart by its magic string, as DataComp does) or a raw memmap of 16-byte `u8,u8` records (anything else).
+    Never unpickles; an unusable file gets an error naming what was found."""
     path = Path(path)
     if not path.exists():
         raise UidError(f"{path}: subset file not found")
-    try:
-        arr = np.load(path, allow_pickle=False)
-    except ValueError as e:
-        raise UidError(f"{path}: not a plain .npy array ({e}); expected dtype 'u8,u8'") from e
-    arr = _check_dtype(arr, str(path))
+    if path.is_dir():
+        raise UidError(f"{path}: is a folder; pass the subset file itself")
+    with open(path, "rb") as f:
+        magic = f.read(len(_NPY_MAGIC))
+    arr, head = (_load_npy(path), b"") if magic == _NPY_MAGIC else _load_raw(path)
     if not is_sorted(arr):
+        # A file of another format whose size happens to fit the memmap layout: name the format, which is
+        # only looked at now so that a valid memmap is never refused for its first bytes.
+        found = _describe_binary(head)
+        if found is not None:
+            raise UidError(f"{path}: found {found}; {_EXPECTED}")
         raise UidError(f"{path}: uids are not sorted; rewrite it with hype.data.uids.save_subset")
     return arr
 
@@ -142,12 +152,90 @@ def load_uid_file(path: str | PathLike, option: str) -> np.ndarray:
     return arr
 
 
+_NPY_MAGIC = b"\x93NUMPY"
+_EXPECTED = (
+    "a DataComp subset file is a 1-D array of dtype 'u8,u8' (each uid as two uint64 halves) saved with "
+    "np.save (.npy) or as a raw memmap; write one with hype.data.uids.save_subset"
+)
+# Bytes of a plain text file: printable ASCII and whitespace.
+_TEXT_BYTES = bytes(range(0x20, 0x7F)) + b"\t\n\r"
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (ValueError, EOFError) as e:  # object arrays (pickles), a damaged header, truncated data
+        raise UidError(f"{path}: found {_describe_npy(path, e)}; {_EXPECTED}") from None
+    if not _is_uid_dtype(arr.dtype) or arr.ndim != 1:
+        raise UidError(
+            f"{path}: found a NumPy file holding {_describe_array(arr.shape, arr.dtype)}; {_EXPECTED}"
+        )
+    return arr.astype(UID_DTYPE, copy=False)
+
+
+def _load_raw(path: Path) -> tuple[np.ndarray, bytes]:
+    """DataComp's memmap layout: the records themselves, native byte order, no header. Returns the array
+    and the file's first bytes."""
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    # Text is refused first: uids written as text can have a size that is a multiple of 16 (one uid without
+    # a newline is 32 bytes); a memmap of hashed uids reads as text only if each of its first 256 uids does
+    # (odds of about 1 in 5 million each).
+    if head and not head.translate(None, _TEXT_BYTES):
+        first = head.split(b"\n", 1)[0][:40].decode("ascii")
+        raise UidError(f"{path}: found a text file (first line {first!r}); {_EXPECTED}")
+    size = path.stat().st_size
+    if size % UID_DTYPE.itemsize:
+        found = _describe_binary(head) or (
+            f"a {size}-byte file that is not an .npy file and whose size is not a multiple of "
+            f"{UID_DTYPE.itemsize} bytes (the record size of a raw memmap of 'u8,u8' uids)"
+        )
+        raise UidError(f"{path}: found {found}; {_EXPECTED}")
+    return np.fromfile(path, dtype=UID_DTYPE), head
+
+
+def _describe_npy(path: Path, error: Exception) -> str:
+    """What an `.npy` that `np.load(allow_pickle=False)` refused holds, from its header."""
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
+            shape, _, dtype = read(f)
+    except (ValueError, EOFError):
+        return f"a NumPy file whose header cannot be read ({error})"
+    what = f"a NumPy file holding {_describe_array(shape, dtype)}"
+    if dtype.hasobject:
+        return f"{what} (Python objects, readable only by unpickling, which hype never does)"
+    return f"{what} that cannot be read ({error})"
+
+
+def _describe_array(shape: tuple, dtype: np.dtype) -> str:
+    name = str(dtype) if dtype.names else dtype.name
+    return f"a {len(shape)}-D {name} array of shape {tuple(shape)}"
+
+
+def _describe_binary(head: bytes) -> str | None:
+    """A few formats people pass by mistake, recognised by their first bytes; None for anything else."""
+    if head.startswith(b"PK\x03\x04"):
+        return "a ZIP archive (an .npz or a torch file? pass the .npy array of uids itself)"
+    if head.startswith(b"PAR1"):
+        return "a Parquet table (select its uids with hype select, or encode them with save_subset)"
+    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        return "a Python pickle (hype never unpickles)"
+    return None
+
+
+def _is_uid_dtype(dtype: np.dtype) -> bool:
+    names = dtype.names
+    return names is not None and len(names) == 2 and all(dtype[i] == np.dtype("u8") for i in range(2))
+
+
 def _check_dtype(arr: np.ndarray, what: str) -> np.ndarray:
-    if (
-        arr.dtype.names is None
-        or len(arr.dtype.names) != 2
-        or any(arr.dtype[i] != np.dtype("u8") for i in range(2))
-    ):
+    if not _is_uid_dtype(arr.dtype):
         raise UidError(f"{what}: dtype {arr.dtype} is not DataComp's 'u8,u8' structured dtype")
     if arr.ndim != 1:
         raise UidError(f"{what}: expected a 1-D array, got shape {arr.shape}")

@@ -6,7 +6,26 @@ definitions, `results` the eval_results.jsonl file, `report` aggregates and the 
 the orchestration (`run_eval`). CLI: `hype eval`.
 """
 
-from hype.eval.runner import EvalError, RunOptions, run_eval
-from hype.eval.tasks import TaskConfigError, TaskSpec, load_suite, select_tasks
+from __future__ import annotations
 
-__all__ = ["EvalError", "RunOptions", "TaskConfigError", "TaskSpec", "load_suite", "run_eval", "select_tasks"]
+import importlib
+from typing import Any
+
+# Resolved on first use: `hype submit` reads the task list and the aggregates, and importing this package
+# must not pull the runner (torch, the models) into it.
+_EXPORTS = {
+    "EvalError": "hype.eval.runner",
+    "RunOptions": "hype.eval.runner",
+    "run_eval": "hype.eval.runner",
+    "TaskConfigError": "hype.eval.tasks",
+    "TaskSpec": "hype.eval.tasks",
+    "load_suite": "hype.eval.tasks",
+    "select_tasks": "hype.eval.tasks",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'hype.eval' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -2,6 +2,7 @@
 
 A core module: it imports the standard library, numpy and pyarrow only (not torch, not webdataset, which
 imports torch) and nothing of the commands' packages, so every command reads and writes files one way.
+`hype.io.torchscript` (TorchScript archives read as state dicts) needs torch, so it is not imported here.
 """
 
 from hype.io.files import (

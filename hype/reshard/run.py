@@ -16,7 +16,10 @@ copies together), every output shard is full but the last, and a run can resume:
    `_stats.json` exists are skipped; each new tar is read back and its keys and uids compared with the
    plan before its `_stats.json` is written;
 3. verify: the per-shard counts add up to the planned total, and `meta.json` records the subset, the
-   counts, the uids of the subset missing from the pool and the skipped samples.
+   counts, the uids of the subset missing from the pool and the skipped samples, plus the two keys
+   DataComp's `train.py` reads (`output_shard_count`, `output_shard_format`).
+
+The subset file may be an `.npy` or DataComp's raw memmap layout (`hype.data.uids.load_uid_file`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from hype import __version__
 from hype.data.errors import SelectError
 from hype.data.samples import SkipStats, iter_tar_samples
 from hype.data.shards import ShardError, expand_shards
-from hype.data.uids import UidError, UidMultiset, load_subset
+from hype.data.uids import UidMultiset, load_uid_file
 from hype.executor import MapResult, PoolExecutor, Progress, Stage
 from hype.io import file_digest, is_temp_name, open_input, read_json, save_npy, write_json
 from hype.io.tar import write_tar
@@ -44,6 +47,9 @@ from hype.reshard.index import index_tar
 
 STATE = ".reshard"
 META = "meta.json"
+# Output names, as DataComp's resharder's --output-shard-format / --output-shard-stats-format defaults.
+SHARD_FORMAT = "{:08d}.tar"
+STATS_FORMAT = "{:08d}_stats.json"
 
 
 def _tar_id(path: str) -> str:
@@ -105,10 +111,10 @@ class _WriteStage(Stage):
         self.out = out
 
     def done(self, task: tuple[int, list]) -> dict | None:
-        return read_json(Path(self.out) / f"{task[0]:08d}_stats.json")
+        return read_json(Path(self.out) / STATS_FORMAT.format(task[0]))
 
     def label(self, task: tuple[int, list]) -> str:
-        return str(Path(self.out) / f"{task[0]:08d}.tar")
+        return str(Path(self.out) / SHARD_FORMAT.format(task[0]))
 
     def run(self, task: tuple[int, list]) -> dict:
         return _write_job(self.out, *task)
@@ -124,7 +130,7 @@ def _copies(index: dict) -> Iterator[tuple[str, int, list]]:
 def _write_job(out: str, k: int, pieces: list[tuple[str, int, int]]) -> dict:
     """Write output shard k from `pieces` = [(index file, first copy, end copy)], read it back, then write
     its `_stats.json`. Returns {"count", "keys_digest"}."""
-    tar_path = Path(out) / f"{k:08d}.tar"
+    tar_path = Path(out) / SHARD_FORMAT.format(k)
     expected: list[tuple[str, str]] = []  # (key, uid) in order
 
     def members() -> Iterator[tuple[str, bytes]]:
@@ -163,7 +169,7 @@ def _write_job(out: str, k: int, pieces: list[tuple[str, int, int]]) -> dict:
             "the output disk may be full or failing; delete the file and rerun"
         )
     stats_json = {"successes": len(expected), "count": len(expected)}
-    write_json(Path(out) / f"{k:08d}_stats.json", stats_json, ensure_ascii=False)
+    write_json(Path(out) / STATS_FORMAT.format(k), stats_json, ensure_ascii=False)
     return {"count": len(expected)}
 
 
@@ -188,12 +194,7 @@ def reshard(
     except ShardError as e:
         raise SelectError(f"--pool: {e}") from None
     subset_path = Path(subset)
-    try:
-        arr = load_subset(subset_path)
-    except UidError as e:
-        raise SelectError(f"--subset: {e}") from None
-    if len(arr) == 0:
-        raise SelectError(f"--subset {subset_path}: the subset is empty; nothing to reshard")
+    arr = load_uid_file(subset_path, "--subset")  # .npy or DataComp's raw memmap layout
     out = Path(out)
     subset_sha = file_digest(subset_path)
     inputs = [os.path.abspath(p) for p in shards.paths]
@@ -202,6 +203,9 @@ def reshard(
     meta_path = out / META
     finished = read_json(meta_path)
     if finished is not None and finished.get("job_sha256") == job_sha and not overwrite:
+        if "output_shard_count" not in finished:  # finished by a hype that did not write DataComp's fields
+            finished.update(_datacomp_fields(finished["output_shards"]))
+            write_json(meta_path, finished, ensure_ascii=False)
         finished["resumed"] = "already complete"  # the same job finished before: nothing to do
         return finished
     _prepare_out(out, job, overwrite)
@@ -256,7 +260,7 @@ def reshard(
     # -- verify the whole output against the plan
     written = 0
     for k in range(n_out):
-        written += int(json.loads((out / f"{k:08d}_stats.json").read_text())["successes"])
+        written += int(json.loads((out / STATS_FORMAT.format(k)).read_text())["successes"])
     stray = sorted(p.name for p in out.glob("*.tar") if not p.stem.isdigit() or int(p.stem) >= n_out)
     if written != total or stray:
         raise SelectError(
@@ -277,6 +281,7 @@ def reshard(
         "matched_samples": matched,
         "output_samples": total,
         "output_shards": n_out,
+        **_datacomp_fields(n_out),
         "shard_size": shard_size,
         "missing_uids": len(ms) - unique_found,
         "missing_rows": int(len(arr) - ms.counts[found].sum()),
@@ -292,6 +297,12 @@ def reshard(
     write_json(meta_path, meta, ensure_ascii=False)
     shutil.rmtree(state, ignore_errors=True)
     return meta
+
+
+def _datacomp_fields(n_out: int) -> dict:
+    """The meta.json keys DataComp's train.py reads when this folder is under its --data_dir: it trains on
+    `{first..last}.tar` built from them (and raises KeyError without them). Values as its resharder writes."""
+    return {"output_shard_count": n_out, "output_shard_format": SHARD_FORMAT}
 
 
 def _prepare_out(out: Path, job: dict, overwrite: bool) -> None:

@@ -60,9 +60,9 @@ class ModelRef:
 
 
 def load_scorer(ref: ModelRef, role: str, device: str) -> torch.nn.Module:
-    from hype.checkpoint import load_checkpoint
+    from hype.checkpoint import load_model_file
 
-    model = load_checkpoint(ref.path, device=device)
+    model = load_model_file(ref.path, device=device)
     geometry = model.geometry.name
     if role == "meru" and not geometry.startswith("hyperbolic"):
         raise ModelError(

@@ -201,18 +201,20 @@ def _plan(cfg: ScoreConfig, warn: Callable[[str], None]) -> tuple[list[ShardTask
 def _model_ref(path: str | None, role: str) -> ModelRef | None:
     if path is None:
         return None
-    from hype.checkpoint import CheckpointError, read_checkpoint_metadata
+    from hype.checkpoint import model_file_config
+    from hype.models.open_clip_files import is_open_clip_source, source_digest
 
     try:
-        meta = read_checkpoint_metadata(path)
-    except CheckpointError as e:
+        geometry = model_file_config(path).get("geometry", "")
+        # open_clip sources (folders, OpenAI releases) are digested with the config beside their weights.
+        digest = source_digest(path) if is_open_clip_source(path) else file_digest(path)
+    except (ValueError, OSError) as e:  # CheckpointError, ModelFileError, ConfigError
         raise ScoreError(f"--{role}: {e}") from None
-    geometry = meta["model_config"].get("geometry", "")
     if role == "meru" and not geometry.startswith("hyperbolic"):
         raise ScoreError(f"--meru {path}: a {geometry!r} model; --meru needs a hyperbolic (MERU) checkpoint")
     if role == "clip" and geometry not in ("clip", "elliptic"):
         raise ScoreError(f"--clip {path}: a {geometry!r} model; --clip needs a CLIP (cosine) checkpoint")
-    return ModelRef(path, file_digest(path))
+    return ModelRef(path, digest)
 
 
 def run_score(cfg: ScoreConfig, *, executor=None, progress: bool | None = None) -> dict:

@@ -19,7 +19,7 @@ def union(hi: np.ndarray, lo: np.ndarray, path: str | PathLike) -> tuple[np.ndar
     """The selection `(hi, lo)` (each uid once) united with the file's uids (with their multiplicity).
 
     Returns the merged `(hi, lo)` sorted, and counts for the summary."""
-    other = load_uid_file(path, f"--union {path}")
+    other = load_uid_file(path, "--union")  # errors start with the path
     ms = UidMultiset(other)
     in_other = ms.find(hi, lo) >= 0
     keep_hi, keep_lo = hi[~in_other], lo[~in_other]

@@ -677,7 +677,8 @@ def train(
     """Run (or resume) training for `cfg`; returns the summary (also written to OUT/summary.json).
 
     Raises `TrainingDiverged` on a NaN/inf loss (after writing the summary), `ShardError`/`SubsetError`/
-    `DataError` on unusable data and `ResumeError` on an incompatible resume.
+    `DataError` on unusable data, `SelectError` on an unusable subset file and `ResumeError` on an
+    incompatible resume.
     """
     info = init_distributed(cfg.device)
     try:

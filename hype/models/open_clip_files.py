@@ -1,0 +1,320 @@
+"""Read the open_clip model files users have, in every layout, into a `ContrastiveModel`. DESIGN §6.
+
+    read_open_clip("ViT-L-14.pt")                        OpenAI's release (architecture from the shapes)
+    read_open_clip("models--laion--CLIP-ViT-B-32-DataComp.XL-s13B-b90K/")   a Hugging Face cache folder
+    read_open_clip("logs/run/checkpoints/epoch_8.pt")    open_clip_train (architecture from params.txt)
+    read_open_clip("weights.safetensors", arch="ViT-B-32")   a bare state dict needs the architecture
+
+The architecture comes, first to last, from `arch`, the folder's `open_clip_config.json`, the training
+run's `params.txt` (`model: ...`, and the EuCLIP fork's `geometry: ...`) two folders above an
+`open_clip_train` checkpoint, or the shapes of an OpenAI-layout release. A bare state dict with none of
+these is ambiguous (ViT-B-32 and ViT-B-32-quickgelu hold the same tensors) and is refused with the
+candidate names. Files are read by `hype.io.weights.load_source`, which never runs pickled code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hype.io import bytes_digest, file_digest
+from hype.io.weights import ModelFileError, load_source, unwrap_state_dict
+from hype.models.contrastive import ContrastiveModel
+from hype.models.factory import create_model
+from hype.models.open_clip_format import (
+    OPENAI_EXTRAS,
+    builtin_config,
+    builtin_name,
+    infer_openai_config,
+    model_config_from_open_clip,
+    state_dict_from_open_clip,
+)
+
+HF_CONFIG = "open_clip_config.json"
+# open_clip's own preference among the weight files of a folder (factory._find_checkpoint_in_dir).
+HF_WEIGHTS = (
+    "open_clip_model.safetensors",
+    "open_clip_pytorch_model.safetensors",
+    "open_clip_pytorch_model.bin",
+    "open_clip_pytorch_model.pth",
+    "model.safetensors",
+    "pytorch_model.bin",
+)
+PARAMS = "params.txt"
+GEOMETRIES_OF_FORK = (
+    "clip",
+    "elliptic",
+    "euclidean",
+    "euclidean-squared",
+    "hyperbolic",
+    "hyperbolic-squared",
+)
+
+
+@dataclass
+class ImportedModel:
+    """A model read from open_clip files, and where each part of it came from."""
+
+    model: ContrastiveModel
+    weights: Path  # the file the tensors came from
+    layout: str  # hf-folder | open_clip_train | openai | state-dict
+    arch: str  # open_clip architecture name (or the folder's name for an unnamed config)
+    arch_origin: str  # where the architecture was read
+    geometry_origin: str
+    source_tensors: int
+    ignored_top_level: list[str] = field(default_factory=list)
+
+
+def is_open_clip_source(path: str | Path) -> bool:
+    """True for a folder holding open_clip files and for any model file that is not hype's own."""
+    p = Path(path)
+    return p.is_dir() or (p.is_file() and not _is_hype_checkpoint(p))
+
+
+def source_digest(path: str | Path) -> str:
+    """Content digest of what `read_open_clip(path)` reads (weights plus the config beside them)."""
+    p = Path(path)
+    weights, config = _locate(p)
+    parts = [file_digest(weights)]
+    for extra in (config, _params_file(weights)):
+        if extra is not None:
+            parts.append(file_digest(extra))
+    return parts[0] if len(parts) == 1 else bytes_digest("+".join(parts).encode())
+
+
+def read_open_clip(
+    path: str | Path, *, arch: str | None = None, geometry: str | None = None
+) -> ImportedModel:
+    """A `ContrastiveModel` holding the open_clip model at `path` (file or folder), fp32, in eval mode."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelFileError(f"{p}: not found")
+    weights, hf_config = _locate(p)
+    sd, top_level = unwrap_state_dict(load_source(weights), weights)
+    if not sd:
+        raise ModelFileError(f"{weights}: holds no tensors")
+    params = _read_params(_params_file(weights))
+    openai = any(k in sd for k in OPENAI_EXTRAS)
+    layout = "hf-folder" if hf_config else "open_clip_train" if params else "openai" if openai else ""
+    layout = layout or "state-dict"
+
+    model_cfg, preprocess_cfg, name, arch_origin = _architecture(arch, hf_config, params, sd, weights)
+    geometry, geometry_origin = _geometry(geometry, params, sd)
+    config = model_config_from_open_clip(model_cfg, preprocess_cfg, name=name, geometry=geometry)
+    model = create_model(config)
+    mapped = state_dict_from_open_clip(sd)
+    _load_strict(model, mapped, weights, name)
+    return ImportedModel(
+        model=model.eval(),
+        weights=weights,
+        layout=layout,
+        arch=name,
+        arch_origin=arch_origin,
+        geometry_origin=geometry_origin,
+        source_tensors=len(sd),
+        ignored_top_level=top_level,
+    )
+
+
+# --- where the parts come from --------------------------------------------------------------------
+
+
+def _locate(p: Path) -> tuple[Path, Path | None]:
+    """(weights file, open_clip_config.json or None) for a file, an HF folder or an HF cache folder."""
+    if p.is_file():
+        return p, _config_beside(p)
+    folder = _hf_snapshot(p)
+    config = folder / HF_CONFIG
+    for name in HF_WEIGHTS:
+        if (folder / name).is_file():
+            return folder / name, (config if config.is_file() else None)
+    ckpts = _train_checkpoints(folder)
+    if ckpts:
+        return ckpts[-1], _config_beside(ckpts[-1])
+    raise ModelFileError(
+        f"{p}: a folder without open_clip weights; expected {HF_CONFIG} beside one of "
+        f"{', '.join(HF_WEIGHTS[:3])} (a Hugging Face model folder), or an open_clip_train run folder "
+        "with checkpoints/epoch_N.pt"
+    )
+
+
+def _config_beside(weights: Path) -> Path | None:
+    # Beside the weights (a Hugging Face folder), or at the top of a run folder whose checkpoints/ holds them.
+    folders = [weights.parent] + ([weights.parent.parent] if weights.parent.name == "checkpoints" else [])
+    return next((f / HF_CONFIG for f in folders if (f / HF_CONFIG).is_file()), None)
+
+
+def _hf_snapshot(folder: Path) -> Path:
+    # A Hugging Face cache entry (models--org--name/) keeps files under snapshots/<commit>/, the
+    # current one named by refs/main.
+    ref = folder / "refs" / "main"
+    if (folder / "snapshots").is_dir():
+        if ref.is_file():
+            snap = folder / "snapshots" / ref.read_text().strip()
+            if snap.is_dir():
+                return snap
+        snaps = sorted(d for d in (folder / "snapshots").iterdir() if d.is_dir())
+        if len(snaps) == 1:
+            return snaps[0]
+        raise ModelFileError(
+            f"{folder}: a Hugging Face cache folder with {len(snaps)} snapshots and no refs/main; pass the "
+            "snapshot folder itself (snapshots/<commit>/)"
+        )
+    return folder
+
+
+def _train_checkpoints(folder: Path) -> list[Path]:
+    # open_clip_train writes <run>/checkpoints/epoch_<N>.pt (and epoch_latest.pt); newest last.
+    ckpt_dir = folder / "checkpoints" if (folder / "checkpoints").is_dir() else folder
+    latest = ckpt_dir / "epoch_latest.pt"
+    if latest.is_file():
+        return [latest]
+    numbered = [f for f in ckpt_dir.glob("epoch_*.pt") if f.stem[6:].isdigit()]
+    return sorted(numbered, key=lambda f: int(f.stem[6:]))
+
+
+def _params_file(weights: Path) -> Path | None:
+    # open_clip_train: <run>/params.txt beside <run>/checkpoints/epoch_N.pt (the fork's evaluation reads
+    # the geometry there too).
+    for candidate in (weights.parent.parent / PARAMS, weights.parent / PARAMS):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _read_params(path: Path | None) -> dict[str, str]:
+    """open_clip_train's params.txt: one `name: value` per line."""
+    if path is None:
+        return {}
+    out = {}
+    for line in path.read_text(errors="replace").splitlines():
+        name, sep, value = line.partition(":")
+        if sep:
+            out[name.strip()] = value.strip()
+    return out
+
+
+def _architecture(
+    arch: str | None, hf_config: Path | None, params: dict[str, str], sd: dict, weights: Path
+) -> tuple[dict[str, Any], dict[str, Any], str, str]:
+    """(model_cfg, preprocess_cfg, name, where it came from)."""
+    if arch is not None:
+        cfg = builtin_config(arch)
+        if cfg is None:
+            raise ModelFileError(
+                f"--arch {arch!r}: not an open_clip architecture name; see open_clip.list_models() "
+                "(e.g. ViT-B-32, ViT-B-16, ViT-L-14, ViT-L-14-quickgelu)"
+            )
+        return cfg, {}, arch, "--arch"
+    if hf_config is not None:
+        try:
+            data = json.loads(hf_config.read_text())
+            model_cfg = data["model_cfg"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ModelFileError(f"{hf_config}: not an open_clip config with a model_cfg ({e})") from None
+        name = builtin_name(model_cfg) or hf_config.parent.name
+        return model_cfg, data.get("preprocess_cfg") or {}, name, str(hf_config)
+    if params.get("model"):
+        name = params["model"]
+        cfg = builtin_config(name)
+        if cfg is None:
+            raise ModelFileError(
+                f"{weights}: params.txt names model {name!r}, which this open_clip does not know; pass "
+                "--arch with the matching built-in name"
+            )
+        if params.get("force_quick_gelu") == "True":
+            cfg = {**cfg, "quick_gelu": True}
+        return cfg, {}, name, "params.txt"
+    if any(k in sd for k in OPENAI_EXTRAS):
+        cfg = infer_openai_config(sd)
+        name = builtin_name(cfg) or "openai-clip"
+        return cfg, {}, name, "OpenAI release (shapes; QuickGELU)"
+    raise ModelFileError(
+        f"{weights}: a bare state dict does not say its architecture (ViT-B-32 and ViT-B-32-quickgelu hold "
+        f"the same tensors); pass --arch NAME{_candidates(sd)}"
+    )
+
+
+def _candidates(sd: dict) -> str:
+    """', e.g. one of: ...' listing built-in names whose tensors have these shapes."""
+    try:
+        base = infer_openai_config(state_dict_to_top_level(sd))
+    except Exception:  # not a ViT CLIP at all: no suggestion
+        return ""
+    from hype.models.open_clip_format import _normalized, builtin_names
+
+    found = []
+    for name in builtin_names():
+        cfg = builtin_config(name)
+        if cfg is None:
+            continue
+        for quick in (False, True):
+            probe = {**base, "quick_gelu": quick, "vision_cfg": {**base["vision_cfg"]}}
+            probe["vision_cfg"]["head_width"] = cfg.get("vision_cfg", {}).get("head_width", 64)
+            probe["text_cfg"] = {**base["text_cfg"], "heads": cfg.get("text_cfg", {}).get("heads")}
+            probe["custom_text"] = cfg.get("custom_text", False)
+            if _normalized(probe) == _normalized(cfg):
+                found.append(name)
+    return f", e.g. one of: {', '.join(sorted(set(found)))}" if found else ""
+
+
+def state_dict_to_top_level(sd: dict) -> dict:
+    """`CustomTextCLIP` keys (`text.*`) -> `CLIP` keys, for reading shapes the OpenAI way."""
+    return {k[len("text.") :] if k.startswith("text.") else k: v for k, v in sd.items()}
+
+
+def _geometry(geometry: str | None, params: dict[str, str], sd: dict) -> tuple[str, str]:
+    if geometry is not None:
+        return geometry, "--geometry"
+    if params.get("geometry"):
+        g = params["geometry"]
+        if g not in GEOMETRIES_OF_FORK:
+            known = ", ".join(GEOMETRIES_OF_FORK)
+            raise ModelFileError(f"params.txt: geometry {g!r} is not one hype builds ({known})")
+        return g, "params.txt"
+    if "curvature" in sd:
+        raise ModelFileError(
+            "the state dict has a curvature (an EuCLIP-fork hyperbolic model) but no params.txt says which "
+            "geometry; pass --geometry hyperbolic or --geometry hyperbolic-squared"
+        )
+    return "clip", "default (no params.txt)"
+
+
+def _load_strict(model: ContrastiveModel, mapped: dict, weights: Path, name: str) -> None:
+    want = model.state_dict()
+    missing = sorted(set(want) - set(mapped))
+    unexpected = sorted(set(mapped) - set(want))
+    shapes = [
+        f"{k}: {tuple(mapped[k].shape)} in the file, {tuple(want[k].shape)} in {name}"
+        for k in sorted(set(want) & set(mapped))
+        if mapped[k].shape != want[k].shape
+    ]
+    if missing or unexpected or shapes:
+        from hype.io.weights import listing
+
+        parts = [
+            f"missing ({len(missing)}): {listing(missing)}" if missing else "",
+            f"unexpected ({len(unexpected)}): {listing(unexpected)}" if unexpected else "",
+            f"wrong shapes ({len(shapes)}): {listing(shapes)}" if shapes else "",
+        ]
+        raise ModelFileError(
+            f"{weights}: the tensors do not match architecture {name!r}: "
+            + "; ".join(x for x in parts if x)
+            + ". Check --arch (open_clip.list_models()) or that the file is an open_clip CLIP checkpoint"
+        )
+    with torch.no_grad():
+        model.load_state_dict(mapped, strict=True)  # casts fp16 releases to the model's fp32
+
+
+def _is_hype_checkpoint(p: Path) -> bool:
+    from hype.checkpoint import CheckpointError, read_checkpoint_metadata
+
+    try:
+        read_checkpoint_metadata(p)
+        return True
+    except CheckpointError:
+        return False
