@@ -593,7 +593,10 @@ def _given_centroids(state: _Run, pool: _Embedded, feats, class_digest: str) -> 
     if cc.num_clusters is not None:
         state.warn(f"--num-clusters {cc.num_clusters} ignored: --centroids gives the clusters")
     try:
-        fp = fingerprint({"centroids": file_digest(cc.centroids), "classes": class_digest})
+        # The path too, so the summary names the file given now (the model is cheap to redo).
+        fp = fingerprint(
+            {"centroids": file_digest(cc.centroids), "path": cc.centroids, "classes": class_digest}
+        )
         return state.timed(
             "clusters", lambda: use_centroids(state.run, cc.centroids, pool.dims["clip"], feats, fp)
         )
