@@ -222,3 +222,55 @@ def test_bad_input_gives_clear_errors(world, tmp_path, args, message):
     message = message.format(**paths)
     code, output = run_cli(["--config", "tiny-clip", "--out", str(tmp_path / "o"), "--no-progress", *args])
     assert code != 0 and message.replace("\\", "") in output.replace("\n", " "), output
+
+
+def test_init_from_an_open_clip_model(world, tmp_path):
+    """`--init` starts from an open_clip model's weights (here a Hugging Face folder); at lr 1e-30 the trained
+    model is those weights (to 1e-12: AdamW's first steps move a zero bias by about lr). Another
+    architecture is refused naming the fix."""
+    import json as _json
+
+    import open_clip
+    import torch
+    from safetensors.torch import save_file
+
+    from hype.models.open_clip_format import open_clip_config
+
+    cfg = load_train_config("tiny-clip", list(MICRO)).model_config()
+    oc_cfg = open_clip_config(cfg)
+    torch.manual_seed(7)
+    oc = open_clip.model.CLIP(**oc_cfg["model_cfg"]).eval()
+    with torch.no_grad():
+        oc.logit_scale.fill_(2.0)
+    src = tmp_path / "oc"
+    src.mkdir()
+    (src / "open_clip_config.json").write_text(_json.dumps(oc_cfg))
+    save_file(
+        {k: v.contiguous() for k, v in oc.state_dict().items()}, str(src / "open_clip_model.safetensors")
+    )
+
+    out = tmp_path / "run"
+    args = [
+        "--config",
+        "tiny-clip",
+        "--data",
+        str(world / "clean" / "shards"),
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+    code, output = run_cli([*args, "--init", str(src), *overrides("optim.lr=1e-30", "optim.weight_decay=0")])
+    assert code == 0, output
+    trained = load_checkpoint(out / "model.safetensors").state_dict()
+    for key, value in oc.state_dict().items():
+        ours = "text." + key if not key.startswith(("visual.", "logit_scale")) else key
+        ours = "log_logit_scale" if key == "logit_scale" else ours
+        torch.testing.assert_close(trained[ours], value, atol=1e-12, rtol=0, msg=key)
+    summary = _json.loads((out / "summary.json").read_text())
+    assert summary["init"]["path"] == str(src) and summary["init"]["scalars"] == ["log_logit_scale"]
+
+    code, output = run_cli(
+        ["--config", "tiny-clip", "--data", str(world / "clean" / "shards")]
+        + ["--out", str(tmp_path / "bad"), "--init", str(src), "--no-progress"]
+    )
+    assert code != 0 and "not the architecture of model config 'tiny-clip'" in output

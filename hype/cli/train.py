@@ -51,6 +51,12 @@ def _clean(e: BaseException) -> str:
     help="auto: continue the run in --out if it has a checkpoint; never: refuse to touch an existing run; "
     "or a run folder / step-*.state.pt to continue from.",
 )
+@click.option(
+    "--init",
+    metavar="CKPT",
+    help="Start from these weights: a hype checkpoint or an open_clip model (file or folder) with the "
+    "model config's architecture, e.g. --config datacomp-small --init ViT-B-32-weights/.",
+)
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of text.")
 @click.option("--list", "list_presets", is_flag=True, help="List the training presets and exit.")
@@ -61,6 +67,7 @@ def train(
     subset: str | None,
     out: str | None,
     resume: str,
+    init: str | None,
     progress: bool,
     as_json: bool,
     list_presets: bool,
@@ -98,11 +105,11 @@ def train(
     from hype.data.subset_index import SubsetError
     from hype.data.uids import UidError
     from hype.models import ConfigError
-    from hype.train import ResumeError, TrainingDiverged, format_summary
+    from hype.train import InitError, ResumeError, TrainingDiverged, format_summary
     from hype.train import train as run_training
 
     extra = list(overrides)
-    for key, value in (("data.train", data), ("data.subset", subset), ("out", out)):
+    for key, value in (("data.train", data), ("data.subset", subset), ("out", out), ("init", init)):
         if value is not None:
             extra.append(f"{key}={json.dumps(value)}")  # JSON strings are YAML strings: paths stay strings
     try:
@@ -118,7 +125,7 @@ def train(
         summary = run_training(cfg, resume=resume, progress=progress)
     except TrainingDiverged as e:
         raise click.ClickException(f"training diverged: {e}") from None
-    except (ConfigError, ShardError, SelectError, SubsetError, UidError, ResumeError) as e:
+    except (ConfigError, ShardError, SelectError, SubsetError, UidError, ResumeError, InitError) as e:
         raise click.ClickException(str(e)) from None
     except DataError as e:
         raise click.ClickException(_clean(e)) from None

@@ -9,7 +9,7 @@ from hype.train.config import (
     list_train_configs,
     load_train_config,
 )
-from hype.train.loop import Trainer, TrainingDiverged, default_out, effective_model_config, train
+from hype.train.loop import InitError, Trainer, TrainingDiverged, default_out, effective_model_config, train
 from hype.train.metrics import format_summary, read_metrics
 from hype.train.state import ResumeError, latest_checkpoint, list_checkpoints
 
@@ -21,6 +21,7 @@ __all__ = [
     "ResumeError",
     "TrainConfig",
     "Trainer",
+    "InitError",
     "TrainingDiverged",
     "default_out",
     "effective_model_config",

@@ -116,6 +116,9 @@ class TrainConfig:
     name: str = ""
     description: str = ""
     model: Any = "tiny-clip"  # model config name, YAML path, or an inline mapping
+    # Weights to start from (--init): a hype checkpoint or an open_clip model file/folder whose towers have
+    # the model config's architecture; ignored when a run resumes (its checkpoint has newer weights).
+    init: str | None = None
     samples_seen: int = 128_000  # total training samples (DataComp: fixed whatever the subset)
     batch_size: int = 256  # global batch over all ranks and accumulation steps
     accum_steps: int = 1  # gradient accumulation: micro-batch = batch_size / (ranks * accum_steps)

@@ -64,6 +64,10 @@ from hype.train.step import autocast_for, forward_backward
 COUNTED_REASONS = (*SKIP_REASONS, CAPTION_TRANSFORM_FAILED)
 
 
+class InitError(ValueError):
+    """`init` weights that cannot start this run (unreadable, or another architecture)."""
+
+
 class TrainingDiverged(RuntimeError):
     """The loss or the gradients became NaN/inf; the run stopped, keeping the last good checkpoint."""
 
@@ -155,6 +159,7 @@ class Trainer:
         self.model_config = effective_model_config(cfg)
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         self.model: ContrastiveModel = create_model(self.model_config, device=info.device)
+        self.init_info = self._load_init(cfg.init) if cfg.init else None
         self.model.train()
         if cfg.grad_checkpointing:
             self.model.set_grad_checkpointing(True)
@@ -229,6 +234,39 @@ class Trainer:
     def echo(self, msg: str) -> None:
         if self.info.is_main:
             self._echo(msg)
+
+    # --- initial weights ----------------------------------------------------------------------------
+
+    def _load_init(self, path: str) -> dict:
+        """Copy the towers (and the scalars the source has for this geometry) of `path` into the model.
+
+        The source may be any model `hype.checkpoint.load_model_file` reads: a hype checkpoint or an
+        open_clip file or folder. Its towers must have exactly this model's architecture; scalars of
+        another geometry (a CLIP's logit scale for a MERU run) are left at the config's init values.
+        """
+        from hype.checkpoint import load_model_file
+
+        try:
+            src = load_model_file(path)
+        except (ValueError, OSError) as e:
+            raise InitError(f"init {path}: {e}") from None
+        theirs, ours = src.state_dict(), self.model.state_dict()
+        towers = [k for k in ours if k.startswith(("visual.", "text."))]
+        wrong = [k for k in towers if k not in theirs or theirs[k].shape != ours[k].shape]
+        extra = [k for k in theirs if k.startswith(("visual.", "text.")) and k not in ours]
+        if wrong or extra:
+            raise InitError(
+                f"init {path}: its towers ({src.config.name}) are not the architecture of model config "
+                f"{self.model_config.name!r} ({len(wrong)} tensors missing or of another shape, e.g. "
+                f"{(wrong or extra)[:3]}); pick the model config that matches it, e.g. clip-vit-b32 for "
+                "open_clip's ViT-B-32"
+            )
+        same_geometry = src.config.geometry == self.model_config.geometry
+        scalars = [k for k in ours if k.startswith("log_") and same_geometry and k in theirs]
+        with torch.no_grad():
+            for k in towers + scalars:
+                ours[k].copy_(theirs[k])
+        return {"path": str(path), "model_config": src.config.name, "scalars": scalars}
 
     # --- resume -------------------------------------------------------------------------------------
 
@@ -622,6 +660,7 @@ class Trainer:
                 "model_config": self.model_config.name,
                 "geometry": self.model_config.geometry,
                 "resumed_from_step": self.resumed_from,
+                "init": self.init_info,
                 "steps_this_session": ran,
                 "train_time_s": train_time,
                 "train_time_total_s": self.prev_train_time + train_time,
