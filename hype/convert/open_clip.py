@@ -95,7 +95,7 @@ def convert_open_clip(
         geometry_from=imported.geometry_origin,
         source_tensors=imported.source_tensors,
         parameters=sum(p.numel() for p in model.parameters()),
-        logit_scale=float(model.logit_scale),
+        logit_scale=model.logit_scale.item(),
         ignored_top_level=imported.ignored_top_level,
     )
     provenance = {k: v for k, v in report.to_dict().items() if k not in ("output", "parameters")}
