@@ -126,6 +126,16 @@ def load_model_file(
     return load_checkpoint(p, device=device)
 
 
+def model_file_digest(path: str | PathLike, digest=None) -> str:
+    """Content digest of what `load_model_file(path)` reads, each file hashed with `digest` (default:
+    `hype.io.file_digest`); an open_clip source's covers its weights and the config beside them."""
+    from hype.io import file_digest
+    from hype.models.open_clip_files import is_open_clip_source, source_digest
+
+    digest = digest or file_digest
+    return source_digest(path, digest) if is_open_clip_source(path) else digest(path)
+
+
 def model_file_config(path: str | PathLike) -> dict:
     """The model config (as a dict) of what `load_model_file(path)` returns. A hype checkpoint's is read
     from its header; an open_clip source's needs its tensors (an OpenAI release says nothing else)."""

@@ -6,8 +6,6 @@ import json
 
 import click
 
-from hype.io import file_digest
-
 
 @click.command("eval")
 @click.option(
@@ -136,12 +134,11 @@ def _load_model(checkpoint: str | None, model_config: str | None, seed: int):
     import torch
 
     if checkpoint is not None:
-        from hype.checkpoint import load_model_file
-        from hype.models.open_clip_files import is_open_clip_source, source_digest
+        from hype.checkpoint import load_model_file, model_file_digest
 
         try:
             model = load_model_file(checkpoint)
-            digest = source_digest(checkpoint) if is_open_clip_source(checkpoint) else file_digest(checkpoint)
+            digest = model_file_digest(checkpoint)
         except ValueError as e:  # CheckpointError, ModelFileError: both name the file and the fix
             raise click.BadParameter(str(e), param_hint="--model") from None
         return model, {"checkpoint_sha256": digest, "config": model.config.name}

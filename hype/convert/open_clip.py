@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from hype.checkpoint import load_checkpoint, save_checkpoint
+from hype.convert._common import prepare_output
 from hype.io import atomic_path, write_json, write_text
 from hype.io.weights import ModelFileError
 from hype.models.open_clip_files import read_open_clip
@@ -82,7 +83,7 @@ def convert_open_clip(
 ) -> ImportReport:
     """Any open_clip model file or folder -> a hype checkpoint at `out`."""
     source, out = Path(source), Path(out)
-    _check_output_file(source, out, overwrite)
+    prepare_output(source, out, overwrite)
     imported = read_open_clip(source, arch=arch, geometry=geometry)
     model = imported.model
     report = ImportReport(
@@ -193,15 +194,6 @@ def _params_txt(arch: str, cfg) -> str:
         params["curvature_init"] = s.curv_init
     params["logit_scale_init"] = math.log(s.logit_scale_init)
     return "".join(f"{k}: {params[k]}\n" for k in sorted(params))
-
-
-def _check_output_file(source: Path, out: Path, overwrite: bool) -> None:
-    if out.exists() and out.resolve() == source.resolve():
-        raise ModelFileError(f"{out}: the output would overwrite the source; choose another --out")
-    if out.is_dir():
-        raise ModelFileError(f"{out}: is a directory; --out needs a file name like model.safetensors")
-    if out.exists() and not overwrite:
-        raise ModelFileError(f"{out}: already exists; pass --overwrite to replace it")
 
 
 def _check_output_folder(out: Path, overwrite: bool) -> None:

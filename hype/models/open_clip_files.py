@@ -15,12 +15,14 @@ candidate names. Files are read by `hype.io.weights.load_source`, which never ru
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from hype.geometry import GEOMETRIES
 from hype.io import bytes_digest, file_digest
 from hype.io.weights import ModelFileError, load_source, unwrap_state_dict
 from hype.models.contrastive import ContrastiveModel
@@ -45,14 +47,6 @@ HF_WEIGHTS = (
     "pytorch_model.bin",
 )
 PARAMS = "params.txt"
-GEOMETRIES_OF_FORK = (
-    "clip",
-    "elliptic",
-    "euclidean",
-    "euclidean-squared",
-    "hyperbolic",
-    "hyperbolic-squared",
-)
 
 
 @dataclass
@@ -75,14 +69,15 @@ def is_open_clip_source(path: str | Path) -> bool:
     return p.is_dir() or (p.is_file() and not _is_hype_checkpoint(p))
 
 
-def source_digest(path: str | Path) -> str:
-    """Content digest of what `read_open_clip(path)` reads (weights plus the config beside them)."""
+def source_digest(path: str | Path, digest: Callable[[Path], str] = file_digest) -> str:
+    """Content digest of what `read_open_clip(path)` reads (weights plus the config beside them), each
+    file hashed with `digest`."""
     p = Path(path)
     weights, config = _locate(p)
-    parts = [file_digest(weights)]
+    parts = [digest(weights)]
     for extra in (config, _params_file(weights)):
         if extra is not None:
-            parts.append(file_digest(extra))
+            parts.append(digest(extra))
     return parts[0] if len(parts) == 1 else bytes_digest("+".join(parts).encode())
 
 
@@ -99,8 +94,13 @@ def read_open_clip(
         raise ModelFileError(f"{weights}: holds no tensors")
     params = _read_params(_params_file(weights))
     openai = any(k in sd for k in OPENAI_EXTRAS)
-    layout = "hf-folder" if hf_config else "open_clip_train" if params else "openai" if openai else ""
-    layout = layout or "state-dict"
+    layouts = (
+        ("hf-folder", hf_config),
+        ("open_clip_train", params),
+        ("openai", openai),
+        ("state-dict", True),
+    )
+    layout = next(name for name, present in layouts if present)
 
     model_cfg, preprocess_cfg, name, arch_origin = _architecture(arch, hf_config, params, sd, weights)
     geometry, geometry_origin = _geometry(geometry, params, sd)
@@ -272,8 +272,8 @@ def _geometry(geometry: str | None, params: dict[str, str], sd: dict) -> tuple[s
         return geometry, "--geometry"
     if params.get("geometry"):
         g = params["geometry"]
-        if g not in GEOMETRIES_OF_FORK:
-            known = ", ".join(GEOMETRIES_OF_FORK)
+        if g not in GEOMETRIES:
+            known = ", ".join(GEOMETRIES)
             raise ModelFileError(f"params.txt: geometry {g!r} is not one hype builds ({known})")
         return g, "params.txt"
     if "curvature" in sd:

@@ -201,13 +201,12 @@ def _plan(cfg: ScoreConfig, warn: Callable[[str], None]) -> tuple[list[ShardTask
 def _model_ref(path: str | None, role: str) -> ModelRef | None:
     if path is None:
         return None
-    from hype.checkpoint import model_file_config
-    from hype.models.open_clip_files import is_open_clip_source, source_digest
+    from hype.checkpoint import model_file_config, model_file_digest
 
     try:
         geometry = model_file_config(path).get("geometry", "")
         # open_clip sources (folders, OpenAI releases) are digested with the config beside their weights.
-        digest = source_digest(path) if is_open_clip_source(path) else file_digest(path)
+        digest = model_file_digest(path, file_digest)
     except (ValueError, OSError) as e:  # CheckpointError, ModelFileError, ConfigError
         raise ScoreError(f"--{role}: {e}") from None
     if role == "meru" and not geometry.startswith("hyperbolic"):
