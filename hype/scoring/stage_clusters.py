@@ -91,17 +91,9 @@ def read_class_features_file(path: str | Path, dim: int) -> np.ndarray:
             f"{path}: not a plain .npy array or safetensors file ({type(e).__name__}: {e}); save the "
             "features with np.save(path, array) (float, shape (N, d))"
         ) from None
-    if not isinstance(arr, np.ndarray) or arr.ndim != 2 or arr.dtype.kind != "f" or arr.shape[0] == 0:
-        shape = getattr(arr, "shape", None)
-        raise ClassFeatureError(f"{path}: expected a non-empty (N, d) float array, got shape {shape}")
-    if arr.shape[1] != dim:
-        raise ClassFeatureError(
-            f"{path}: features have width {arr.shape[1]} but the CLIP features of the pool have {dim}; they "
-            "must come from the same CLIP model"
-        )
-    if not np.isfinite(arr).all():
-        raise ClassFeatureError(f"{path}: features contain NaN or inf")
-    return np.ascontiguousarray(arr, dtype=np.float32)
+    return _float_matrix(
+        arr, path, dim, ClassFeatureError, "features", "a non-empty (N, d) float array, got shape {shape}"
+    )
 
 
 def read_centroids_file(path: str | Path, dim: int | None) -> np.ndarray:
@@ -128,18 +120,31 @@ def read_centroids_file(path: str | Path, dim: int | None) -> np.ndarray:
             f"{path}: cannot read centroids ({detail}); --centroids takes a (K, d) float .npy, DataComp's "
             "released <scale>_centroids_l14.pt, or a flat faiss index"
         ) from None
+    return _float_matrix(
+        arr,
+        path,
+        dim,
+        ClustersError,
+        "centroids",
+        "a non-empty (K, d) float array of centroids, got {shape}, {dtype}",
+        " (DataComp's centroids: OpenAI ViT-L/14, 768)",
+    )
+
+
+def _float_matrix(
+    arr, path: Path, dim: int | None, error: type[Exception], what: str, expected: str, hint: str = ""
+) -> np.ndarray:
+    """`arr` as a contiguous float32 (rows, dim) matrix, or `error` naming the file and what is wrong."""
     if not isinstance(arr, np.ndarray) or arr.ndim != 2 or arr.dtype.kind != "f" or arr.shape[0] == 0:
         shape, dtype = getattr(arr, "shape", None), getattr(arr, "dtype", None)
-        raise ClustersError(
-            f"{path}: expected a non-empty (K, d) float array of centroids, got {shape}, {dtype}"
-        )
+        raise error(f"{path}: expected " + expected.format(shape=shape, dtype=dtype))
     if dim is not None and arr.shape[1] != dim:
-        raise ClustersError(
-            f"{path}: centroids have width {arr.shape[1]} but the CLIP features of the pool have {dim}; they "
-            "must come from the same CLIP model (DataComp's centroids: OpenAI ViT-L/14, 768)"
+        raise error(
+            f"{path}: {what} have width {arr.shape[1]} but the CLIP features of the pool have {dim}; they "
+            f"must come from the same CLIP model{hint}"
         )
     if not np.isfinite(arr).all():
-        raise ClustersError(f"{path}: centroids contain NaN or inf")
+        raise error(f"{path}: {what} contain NaN or inf")
     return np.ascontiguousarray(arr, dtype=np.float32)
 
 
