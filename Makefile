@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,s3]'
 	touch $(STAMP)
 
 # The whole pipeline offline on a synthetic world (about 7 minutes on 2 cores); a rerun resumes it.

@@ -15,7 +15,11 @@ to the caller's callback and progress bar, and collects the per-task stats and t
 local processes (`hype reshard`, `hype synth`, and `pipelines.local`), `pipelines.ray_executor` on a Ray
 cluster. Executors selectable by name (`hype score --executor NAME`) register in `EXECUTORS`.
 
-This module sits below the stages: it imports nothing of `hype` but the plug-in registry.
+Storage options (credentials for s3:// and the like, `hype.io.storage`) travel to every worker as an
+argument of its set-up (`start_stage`), never through the environment or a Ray runtime_env, which are
+logged and shown in dashboards.
+
+This module sits below the stages: it imports nothing of `hype` but the plug-in registry and `hype.io`.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
+from hype.io import storage
 from hype.plugins import Registry
 
 log = logging.getLogger(__name__)
@@ -72,6 +77,11 @@ class Stage:
         """The stats of `task`'s complete output (from its marker), or None when it must run."""
         return None
 
+    def done_all(self, tasks: list) -> list:
+        """`done` of every task (a stage overrides it to answer from one listing)."""
+        done = _hook(self, "done")  # a stage need not subclass Stage
+        return [done(t) for t in tasks]
+
     def label(self, task: Any) -> str:
         """How logs and failures name `task`."""
         return str(task)
@@ -101,8 +111,11 @@ def stage_resources(stage: object) -> Resources:
     return _hook(stage, "resources")()
 
 
-def start_stage(stage: object, cpus: float | None) -> None:
-    """Worker side: prepare the process for `stage` and set it up; any error is a `StageSetupError`."""
+def start_stage(stage: object, cpus: float | None, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Worker side: prepare the process for `stage` and set it up; any error is a `StageSetupError`.
+    `storage_options`: the driver's (`hype.io.storage.snapshot()`), for a worker in another process."""
+    if storage_options is not None:
+        storage.configure(storage_options)
     try:
         _hook(stage, "prepare_process")(cpus)
         stage.setup()
@@ -301,8 +314,7 @@ class Executor:
         """Run `stage` on every task whose output is not complete; call `on_result(task, stats)` as each
         finishes. Failures after retries are returned, not raised; a `StageSetupError` is raised."""
         started = time.perf_counter()
-        done = _hook(stage, "done")
-        results: list = [done(t) for t in tasks]
+        results: list = list(_hook(stage, "done_all")(tasks))
         todo = [t for t, r in zip(tasks, results, strict=True) if r is None]
         tally = Tally(stage, todo, self.retries, on_result, progress, self.fail_fast)
         if progress is not None:
@@ -374,7 +386,10 @@ class PoolExecutor(Executor):
         context = multiprocessing.get_context(self.start_method) if self.start_method else None
         # The stage travels pickled and is loaded after the worker has set `env`.
         pool = ProcessPoolExecutor(
-            n, mp_context=context, initializer=_install, initargs=(pickle.dumps(stage), cpus, env)
+            n,
+            mp_context=context,
+            initializer=_install,
+            initargs=(pickle.dumps(stage), cpus, env, storage.snapshot()),
         )
         try:
             inflight: dict[Future, Job] = {}
@@ -412,12 +427,12 @@ class PoolExecutor(Executor):
 _INSTALLED: tuple[object, str | None] | None = None
 
 
-def _install(stage_bytes: bytes, cpus: float, env: dict[str, str]) -> None:
+def _install(stage_bytes: bytes, cpus: float, env: dict[str, str], storage_options: dict) -> None:
     global _INSTALLED
     os.environ.update(env)  # the driver resolved them (a user's own setting wins there)
     stage = pickle.loads(stage_bytes)
     try:
-        start_stage(stage, cpus)
+        start_stage(stage, cpus, storage_options)
         _INSTALLED = (stage, None)
     except StageSetupError as e:  # reported to the driver on the first task
         _INSTALLED = (stage, str(e))

@@ -37,6 +37,7 @@ from hype.executor import (
     start_stage,
     stop_stage,
 )
+from hype.io import storage
 
 
 class _Worker:
@@ -52,11 +53,12 @@ class _Worker:
         self.stage = None
         self.error: str | None = None
 
-    def install(self, key: str, stage) -> None:
+    def install(self, key: str, stage, storage_options: dict) -> None:
         self.release()
         self.key, self.stage, self.error = key, stage, None
         try:
-            start_stage(stage, self.cpus)  # the CPU budget of this actor, not the whole node's
+            # The CPU budget of this actor (not the whole node's), and the driver's storage options.
+            start_stage(stage, self.cpus, storage_options)
         except StageSetupError as e:  # reported to the driver on the first `run`
             self.error = str(e)
 
@@ -191,9 +193,10 @@ class RayExecutor(Executor):
             self._workers.append(self._new_worker())
         key = uuid.uuid4().hex
         stage_ref = ray.put(stage)
+        options = storage.snapshot()  # credentials go as an argument, never in a runtime_env
         idle = list(self._workers[:want])
         for worker in idle:
-            worker.install.remote(key, stage_ref)  # actor calls run in submission order
+            worker.install.remote(key, stage_ref, options)  # actor calls run in submission order
         inflight: dict[Any, tuple[Any, Job]] = {}
         try:
             while tally or inflight:
@@ -209,7 +212,7 @@ class RayExecutor(Executor):
                     ray.kill(worker, no_restart=True)
                     fresh = self._new_worker()
                     self._workers[self._workers.index(worker)] = fresh
-                    fresh.install.remote(key, stage_ref)
+                    fresh.install.remote(key, stage_ref, options)
                     idle.append(fresh)
                     tally.failed(job, f"worker died ({type(e).__name__})")
                     continue

@@ -73,7 +73,16 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hype")
-def main() -> None:
+@click.option(
+    "--storage-options",
+    metavar="JSON",
+    envvar="HYPE_STORAGE_OPTIONS",
+    show_envvar=True,
+    help='fsspec options for s3:// gs:// hf:// paths, e.g. \'{"endpoint_url": "http://host:9000"}\' '
+    'or per protocol \'{"s3": {"profile": "x"}}\'. Credentials otherwise come from the usual places '
+    "(AWS_* variables, ~/.aws, instance roles, gcloud). Never printed or written into run files.",
+)
+def main(storage_options: str | None) -> None:
     """HYPE: score an image-text pool with hyperbolic entailment and select the subset that trains the
     best CLIP.
 
@@ -83,4 +92,10 @@ def main() -> None:
       hype download --metadata meta --out pool            # fetch a pool (img2dataset)
       hype score --pool pool --meru M --clip C --out run  # score it
       hype select --scores run --frac 0.2 --out subset.npy
+
+    Every path may be a URL (s3://bucket/pool, gs://..., hf://datasets/...): see --storage-options.
     """
+    if storage_options:
+        from hype.io import storage
+
+        storage.configure(storage_options)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from PIL import Image
 
-from hype.io.tar import UNREADABLE_SHARD, read_samples
+from hype.io.tar import MISSING_SHARD, UNREADABLE_SHARD, read_samples
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 CAPTION_EXT = "txt"
@@ -31,6 +31,7 @@ CORRUPT_IMAGE = "corrupt_image"
 BAD_JSON = "bad_json"  # needed only when a uid is looked up (subset training)
 NO_UID = "no_uid"
 # UNREADABLE_SHARD (hype.io.tar): a tar that cannot be opened or is truncated mid-way
+# MISSING_SHARD (hype.io.tar): a tar that was listed but no longer exists
 EMPTY_SHARD = "empty_shard"
 SKIP_REASONS = (
     NO_IMAGE,
@@ -40,6 +41,7 @@ SKIP_REASONS = (
     BAD_JSON,
     NO_UID,
     UNREADABLE_SHARD,
+    MISSING_SHARD,
     EMPTY_SHARD,
 )
 
@@ -85,7 +87,9 @@ class SkipStats:
     @property
     def total(self) -> int:
         """Skipped samples (whole unreadable or empty shards are counted apart, in `counts`)."""
-        return sum(n for r, n in self.counts.items() if r not in (UNREADABLE_SHARD, EMPTY_SHARD))
+        return sum(
+            n for r, n in self.counts.items() if r not in (UNREADABLE_SHARD, MISSING_SHARD, EMPTY_SHARD)
+        )
 
 
 @dataclass

@@ -6,23 +6,25 @@ Accepted forms (combine several with `::`, DataComp's separator for multiple sou
 - a glob: `pool/*.tar`;
 - one `.tar` file.
 
+Each form works on local paths and on URLs (`s3://bucket/pool`, `gs://...`, `hf://datasets/...`), through
+`hype.io.storage`: a bucket folder is one listing (sizes included), not a request per shard.
+
 Every mistake is a `ShardError` naming the pattern and saying what to fix. Zero-byte shards (an
 interrupted download) are not fatal: they are returned separately so callers can count and report them.
 """
 
 from __future__ import annotations
 
-import glob
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from os import PathLike
-from pathlib import Path
 
 from braceexpand import braceexpand
 
+from hype.io import storage
+
 _GLOB_CHARS = set("*?[")
-_REMOTE_PREFIXES = ("s3://", "gs://", "http://", "https://", "pipe:", "hf://")
 
 
 class ShardError(ValueError):
@@ -47,12 +49,13 @@ def expand_shards(spec: str | PathLike | Sequence[str | PathLike]) -> ShardList:
     if not parts:
         raise ShardError("no training data given: pass --data DIR_OR_PATTERN (or set data.train)")
     spec_str = "::".join(parts)
-    paths: list[str] = []
+    found: list[tuple[str, int | None]] = []
     for part in parts:
-        paths.extend(_expand_one(part))
+        found.extend(_expand_one(part))
     usable, empty = [], []
-    for p in paths:
-        (empty if os.path.getsize(p) == 0 else usable).append(p)
+    for p, size in found:
+        size = storage.size(p) if size is None else size
+        (empty if size == 0 else usable).append(p)
     if not usable:
         raise ShardError(
             f"{spec_str}: all {len(empty)} shard(s) are empty (0 bytes), e.g. {empty[0]}; "
@@ -69,27 +72,25 @@ def _split(spec: str | PathLike | Sequence[str | PathLike]) -> list[str]:
     return [p.strip() for item in items for p in item.split("::") if p.strip()]
 
 
-def _expand_one(part: str) -> list[str]:
-    if part.startswith(_REMOTE_PREFIXES):
-        raise ShardError(
-            f"{part}: remote shards are not supported; copy them to a local or mounted filesystem first"
-        )
+def _expand_one(part: str) -> list[tuple[str, int | None]]:
+    """(path, size or None when not known yet) of every shard `part` names."""
+    if part.startswith("pipe:"):
+        raise ShardError(f"{part}: pipe: shards are not supported; pass the URL itself (s3://, gs://, hf://)")
     names = list(braceexpand(part))
-    out: list[str] = []
+    out: list[tuple[str, int | None]] = []
     missing: list[str] = []
     for name in names:
         if _GLOB_CHARS & set(name):
-            matched = sorted(glob.glob(name))
-            tars = [m for m in matched if m.endswith(".tar") and os.path.isfile(m)]
+            tars = [(m, size) for m, size in storage.glob_files(name).items() if m.endswith(".tar")]
             if not tars:
                 raise ShardError(f"{part}: the pattern matches no .tar file; check the path and the pattern")
             out.extend(tars)
-        elif os.path.isdir(name):
-            out.extend(_tars_in(Path(name), part))
-        elif os.path.isfile(name):
-            if not name.endswith(".tar"):
-                raise ShardError(f"{name}: not a .tar shard; pass a folder of shards, a .tar or a pattern")
-            out.append(name)
+        elif name.endswith(".tar") and storage.is_file(name):
+            out.append((name, None))
+        elif storage.is_dir(name):
+            out.extend(_tars_in(name, part))
+        elif storage.is_file(name):
+            raise ShardError(f"{name}: not a .tar shard; pass a folder of shards, a .tar or a pattern")
         else:
             missing.append(name)
     if missing:
@@ -103,15 +104,20 @@ def _expand_one(part: str) -> list[str]:
     return out
 
 
-def _tars_in(folder: Path, part: str) -> list[str]:
-    tars = sorted(str(p) for p in folder.iterdir() if p.suffix == ".tar" and p.is_file())
+def _tars_in(folder: str, part: str) -> list[tuple[str, int | None]]:
+    sizes = storage.list_sizes(folder)  # one listing, sizes included
+    tars = [
+        (str(storage.join(folder, name)), size)
+        for name, size in sorted(sizes.items())
+        if name.endswith(".tar")
+    ]
     if tars:
         return tars
     hint = ""
     # Point at the shards when they sit a level or two deeper (e.g. a synthetic world's clean/shards).
     for pattern in ("*/*.tar", "*/*/*.tar"):
-        deeper = next(folder.glob(pattern), None)
-        if deeper is not None:
-            hint = f"; shards were found in {deeper.parent}: pass that folder"
+        deeper = storage.glob(f"{folder.rstrip('/')}/{pattern}")
+        if deeper:
+            hint = f"; shards were found in {deeper[0].rsplit('/', 1)[0]}: pass that folder"
             break
     raise ShardError(f"{part}: the folder holds no .tar shards{hint}")

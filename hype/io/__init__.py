@@ -1,7 +1,9 @@
 """hype's I/O layer: atomic writes, tolerant reads, digests and webdataset tars (see `files`, `tar`).
 
-A core module: it imports the standard library, numpy and pyarrow only (not torch, not webdataset, which
-imports torch) and nothing of the commands' packages, so every command reads and writes files one way.
+A core module: it imports the standard library, numpy, pyarrow and (for URLs, on first use) fsspec and
+universal_pathlib, not torch, not webdataset (which imports torch), and nothing of the commands'
+packages, so every command reads and writes files one way, on a local disk or an object store
+(`storage`).
 `hype.io.torchscript` (TorchScript archives read as state dicts) needs torch, so it is not imported here.
 """
 
@@ -9,12 +11,18 @@ from hype.io.files import (
     atomic_path,
     atomic_write,
     bytes_digest,
+    cached_copy,
     file_digest,
     is_temp_name,
     json_text,
+    load_npy,
+    local_file,
     open_input,
     parquet_bytes,
+    read_bytes,
     read_json,
+    read_parquet,
+    read_parquet_schema,
     replace_tree,
     save_npy,
     sync,
@@ -24,15 +32,26 @@ from hype.io.files import (
     write_text,
 )
 from hype.io.pickled import PickledArrayError, read_pickled_array
+from hype.io.storage import AnyPath, StorageError, is_url, location
 
 __all__ = [
+    "AnyPath",
+    "StorageError",
+    "is_url",
+    "location",
     "atomic_path",
     "atomic_write",
     "bytes_digest",
+    "cached_copy",
     "file_digest",
     "is_temp_name",
     "json_text",
+    "load_npy",
+    "local_file",
     "open_input",
+    "read_bytes",
+    "read_parquet",
+    "read_parquet_schema",
     "PickledArrayError",
     "parquet_bytes",
     "read_json",

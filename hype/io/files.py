@@ -7,17 +7,20 @@ delete on their next run. A completion marker (`_stats.json`, `meta.json`, ...) 
 and last, after the data it vouches for. Files get the user's default mode (0666 minus the umask), also
 when a library writes the temporary itself (`atomic_path`).
 
-Paths go through these two functions only, so a later object-storage layer (fsspec URLs) plugs in here,
-not in the stages.
+Paths go through these functions only, and each takes a local path or a URL (`hype.io.storage`): a URL
+is read through fsspec, and written by uploading a finished local temporary in one request under its
+final name (object stores have no rename), so the guarantee is the same: the old object or the new one.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import io
 import json
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,6 +32,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hype.io import storage
+
 TMP_TAG = ".tmp-"
 _DIGESTS: dict[str, Callable[[], Any]] = {
     "sha256": hashlib.sha256,  # what a user can check with sha256sum: checkpoints, subsets, submissions
@@ -39,11 +44,56 @@ _DIGESTS: dict[str, Callable[[], Any]] = {
 # --- in and out -----------------------------------------------------------------------------------
 
 
-def open_input(path: str | PathLike, mode: str = "rb") -> IO:
-    """Open a file for reading (the one place where inputs are opened)."""
+def open_input(path: str | PathLike | storage.AnyPath, mode: str = "rb", *, stream: bool = False) -> IO:
+    """Open a file or URL for reading (the one place where inputs are opened). `stream`: it will be read
+    front to back (a shard), so a URL is read ahead in a background thread with counted retries."""
     if "r" not in mode or any(c in mode for c in "wax+"):
         raise ValueError(f"open_input opens for reading only, got mode {mode!r}")
-    return open(path, mode)
+    p = storage.location(path)
+    if not storage.is_url(p):
+        return open(p, mode)
+    f = storage.open_remote(p, stream=stream)
+    return f if "b" in mode else io.TextIOWrapper(f, encoding="utf-8")
+
+
+@contextmanager
+def local_file(path: str | PathLike | storage.AnyPath) -> Iterator[Path]:
+    """`path` as a local file for a library that opens files by name (safetensors, faiss, zip, torch):
+    a local path as it is; a URL downloaded to a temporary file (same name at the end), deleted after."""
+    p = storage.location(path)
+    if not storage.is_url(p):
+        yield p
+        return
+    folder = Path(tempfile.mkdtemp(prefix=".hype-download-"))
+    tmp = folder / p.name
+    try:
+        storage.download(p, tmp)
+        yield tmp
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+_CACHED: dict[str, Path] = {}
+
+
+def cached_copy(path: str | PathLike | storage.AnyPath) -> Path:
+    """`path` as a local file or folder that stays for the life of this process: a local path as it is;
+    a URL (a checkpoint, an open_clip folder) downloaded once per process into a private temporary
+    folder, removed at exit. For inputs several steps open by name (model config, digest, weights)."""
+    p = storage.location(path)
+    if not storage.is_url(p):
+        return p
+    key = str(p)
+    if key not in _CACHED or not _CACHED[key].exists():
+        folder = Path(tempfile.mkdtemp(prefix=".hype-cache-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        local = folder / p.name
+        if storage.is_dir(p):
+            storage.download_tree(p, local)
+        else:
+            storage.download(p, local)
+        _CACHED[key] = local
+    return _CACHED[key]
 
 
 def temp_name(path: str | PathLike) -> Path:
@@ -63,6 +113,13 @@ def atomic_write(path: str | PathLike, mode: str = "wb", *, encoding: str | None
     it is flushed, fsynced and renamed over `path`, on an error removed (the old `path`, if any, stays)."""
     if mode not in ("wb", "w"):
         raise ValueError(f"atomic_write writes whole files, mode 'wb' or 'w', got {mode!r}")
+    if storage.is_url(path):
+        with (
+            _upload_on_success(path) as tmp,
+            open(tmp, mode, encoding=encoding if "b" not in mode else None) as f,
+        ):
+            yield f
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_name(path)
@@ -80,7 +137,12 @@ def atomic_write(path: str | PathLike, mode: str = "wb", *, encoding: str | None
 def atomic_path(path: str | PathLike) -> Iterator[Path]:
     """`atomic_write` for libraries that write a file by name (safetensors, a streaming Parquet writer, a
     copy or hard link): yields the temporary path; on a clean exit the file gets the user's default mode
-    (safetensors creates 0600 files), is fsynced and renamed over `path`."""
+    (safetensors creates 0600 files), is fsynced and renamed over `path`. For a URL the temporary is a
+    local file, uploaded in one request on a clean exit."""
+    if storage.is_url(path):
+        with _upload_on_success(path) as tmp:
+            yield tmp
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_name(path)
@@ -94,13 +156,28 @@ def atomic_path(path: str | PathLike) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
+@contextmanager
+def _upload_on_success(path: str | PathLike | storage.AnyPath) -> Iterator[Path]:
+    """A local temporary file (keeping the target's name as suffix, for libraries that look at it),
+    uploaded to the URL `path` only when the block exits cleanly, then deleted either way."""
+    target = storage.location(path)
+    fd, name = tempfile.mkstemp(prefix=".hype-upload-", suffix=f"-{target.name}")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        storage.upload(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def sync(f: IO) -> None:
     """Flush a file open for writing or appending down to the disk (an append-only log's commit point)."""
     f.flush()
     os.fsync(f.fileno())
 
 
-def replace_tree(tmp: str | PathLike, out: str | PathLike) -> None:
+def replace_tree(tmp: str | PathLike, out: str | PathLike) -> None:  # local folders only (hype synth)
     """Move the finished folder `tmp` to `out`, replacing a previous `out`, so `out` only ever holds a
     complete tree (a crash between the two renames leaves the old tree as `.<out>.old`)."""
     tmp, out = Path(tmp), Path(out)
@@ -135,7 +212,7 @@ def _umask() -> int:
 def write_bytes(path: str | PathLike, data: bytes) -> Path:
     with atomic_write(path) as f:
         f.write(data)
-    return Path(path)
+    return storage.location(path)
 
 
 def write_text(path: str | PathLike, text: str) -> Path:
@@ -176,14 +253,58 @@ def write_parquet(path: str | PathLike, table: pa.Table, **options: Any) -> Path
     """Write `table` as Parquet atomically (`options` go to pyarrow.parquet.write_table)."""
     with atomic_write(path) as f:
         pq.write_table(table, f, **options)
-    return Path(path)
+    return storage.location(path)
+
+
+def read_bytes(path: str | PathLike | storage.AnyPath) -> bytes:
+    """A whole file's bytes (a URL in one request, retried)."""
+    p = storage.location(path)
+    if not storage.is_url(p):
+        return p.read_bytes()
+    return storage.with_retries(lambda: p.fs.cat_file(p.path), str(p))
+
+
+def read_parquet(
+    path: str | PathLike | storage.AnyPath, columns: list[str] | None = None, **options: Any
+) -> pa.Table:
+    """A Parquet file (or only `columns` of it: a URL is read by ranges, the other columns stay behind);
+    `options` go to pyarrow.parquet.read_table."""
+    p = storage.location(path)
+    if not storage.is_url(p):
+        return pq.read_table(p, columns=columns, **options)
+
+    def read() -> pa.Table:
+        with open_input(p) as f:
+            return pq.read_table(f, columns=columns, **options)
+
+    return storage.with_retries(read, str(p))
+
+
+def read_parquet_schema(path: str | PathLike | storage.AnyPath) -> pa.Schema:
+    p = storage.location(path)
+    if not storage.is_url(p):
+        return pq.read_schema(p)
+
+    def read() -> pa.Schema:
+        with open_input(p) as f:
+            return pq.read_schema(f)
+
+    return storage.with_retries(read, str(p))
+
+
+def load_npy(path: str | PathLike | storage.AnyPath, *, mmap: bool = False) -> np.ndarray:
+    """np.load of a `.npy`, never unpickling; `mmap` maps a local file (a URL is read into memory)."""
+    p = storage.location(path)
+    if not storage.is_url(p):
+        return np.load(p, mmap_mode="r" if mmap else None, allow_pickle=False)
+    return np.load(io.BytesIO(read_bytes(p)), allow_pickle=False)
 
 
 def save_npy(path: str | PathLike, array: np.ndarray) -> Path:
     """np.save atomically, never pickling."""
     with atomic_write(path) as f:
         np.save(f, array, allow_pickle=False)
-    return Path(path)
+    return storage.location(path)
 
 
 # --- digests --------------------------------------------------------------------------------------
@@ -191,7 +312,7 @@ def save_npy(path: str | PathLike, array: np.ndarray) -> Path:
 
 def file_digest(path: str | PathLike, algorithm: str = "sha256") -> str:
     """Hex digest of a file's bytes, read in blocks (checkpoints and subsets can be gigabytes)."""
-    with open_input(path) as f:
+    with open_input(path, stream=True) as f:
         return hashlib.file_digest(f, _DIGESTS[algorithm]).hexdigest()
 
 

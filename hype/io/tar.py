@@ -31,8 +31,10 @@ from os import PathLike
 from typing import Protocol, TypeVar
 
 from hype.io.files import atomic_write, open_input
+from hype.io.storage import StorageError, is_url
 
 UNREADABLE_SHARD = "unreadable_shard"  # a tar that cannot be opened or read to its end
+MISSING_SHARD = "missing_shard"  # a tar (object) that no longer exists: deleted after the run was planned
 TRUNCATED = "truncated_member"  # (index) member data past the end of the file, or no end-of-archive marker
 
 BLOCK = 512
@@ -70,19 +72,23 @@ def group_members(members: Iterable[tuple[str, str, V]]) -> Iterator[tuple[str, 
 
 def read_samples(path: str | PathLike, problems: Problems) -> Iterator[tuple[str, dict[str, bytes]]]:
     """(key, {suffix: bytes}) for each sample of a tar (or compressed tar), streamed in file order."""
-    return group_members(_stream_members(os.fspath(path), problems))
+    return group_members(_stream_members(_name(path), problems))
 
 
 def index_samples(
     path: str | PathLike, problems: Problems
 ) -> Iterator[tuple[str, dict[str, tuple[int, int]]]]:
     """(key, {suffix: (data offset, size)}) for each sample of an uncompressed tar, reading headers only."""
-    return group_members(_header_members(os.fspath(path), problems))
+    return group_members(_header_members(_name(path), problems))
+
+
+def _name(path: str | PathLike) -> str:
+    return path if isinstance(path, str) else str(path) if is_url(path) else os.fspath(path)
 
 
 def _stream_members(path: str, problems: Problems) -> Iterator[tuple[str, str, bytes]]:
     try:
-        with open_input(path) as f, tarfile.open(fileobj=f, mode="r|*") as tar:
+        with open_input(path, stream=True) as f, tarfile.open(fileobj=f, mode="r|*") as tar:
             for member, key, ext in _sample_files(tar):
                 yield key, ext, tar.extractfile(member).read()  # type: ignore[union-attr]
                 tar.members = []  # as webdataset does: a streamed tar need not remember its members
@@ -91,12 +97,24 @@ def _stream_members(path: str, problems: Problems) -> Iterator[tuple[str, str, b
                     UNREADABLE_SHARD, f"{path}: no end-of-archive marker after byte {tar.offset}: cut short?"
                 )
     except (tarfile.TarError, OSError, EOFError) as e:
-        problems.add(UNREADABLE_SHARD, f"{path}: {type(e).__name__}: {e}")
+        _problem(path, e, problems)
+
+
+def _problem(path: str, error: BaseException, problems: Problems) -> None:
+    """Count a shard that cannot be read: missing, or damaged. A store that failed (retries exhausted,
+    refused credentials) is not the shard's fault: re-raised, so the shard fails and a rerun retries it
+    instead of recording it as read."""
+    if isinstance(error, StorageError):
+        raise error
+    if isinstance(error, FileNotFoundError):
+        problems.add(MISSING_SHARD, f"{path}: no such file or object (deleted after the pool was listed?)")
+        return
+    problems.add(UNREADABLE_SHARD, f"{path}: {type(error).__name__}: {error}")
 
 
 def _header_members(path: str, problems: Problems) -> Iterator[tuple[str, str, tuple[int, int]]]:
     try:
-        with open_input(path) as f:
+        with open_input(path, stream=True) as f:  # a URL: read ahead front to back, seeks skip in memory
             size = f.seek(0, os.SEEK_END)
             f.seek(0)
             # Seekable mode: tarfile seeks over member data instead of reading it.
@@ -111,7 +129,7 @@ def _header_members(path: str, problems: Problems) -> Iterator[tuple[str, str, t
                         TRUNCATED, f"{path}: no end-of-archive marker after byte {tar.offset}: cut short?"
                     )
     except (tarfile.TarError, OSError, EOFError) as e:
-        problems.add(UNREADABLE_SHARD, f"{path}: {type(e).__name__}: {e}")
+        _problem(path, e, problems)
 
 
 def _sample_files(tar: tarfile.TarFile) -> Iterator[tuple[tarfile.TarInfo, str, str]]:

@@ -178,12 +178,6 @@ class ScoreConfig:
         ]
         if missing:
             raise ConfigError("", f"missing {', '.join(missing)} (or set them in the config)")
-        if "://" in self.out:
-            raise ConfigError(
-                "out",
-                f"{self.out}: the run directory must be a local or mounted path (workers write into it); "
-                "object stores are not supported, mount one (e.g. with s3fs) or use a shared filesystem",
-            )
         if self.clip is None and self.metadata.dir is None:
             raise ConfigError(
                 "clip",

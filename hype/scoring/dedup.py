@@ -15,9 +15,9 @@ import time
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from hype.data.uids import pair_to_uid, uids_to_pairs
+from hype.io import read_parquet
 from hype.scoring.rundir import RunDir, ShardTask, atomic_write_json, completed, write_parquet
 from hype.scoring.topk import order_id, split_order_id
 
@@ -38,7 +38,7 @@ def find_duplicates(
     for p in range(passes):
         his, los, ids = [], [], []
         for task in tasks:
-            uids = pq.read_table(run.shard_output("embed", task), columns=["uid"]).column("uid").to_pylist()
+            uids = read_parquet(run.shard_output("embed", task), columns=["uid"]).column("uid").to_pylist()
             hi, lo = uids_to_pairs(uids)
             rows = np.arange(len(uids), dtype=np.int64)
             if passes > 1:
@@ -90,7 +90,7 @@ def find_duplicates(
 
 def load_duplicates(run: RunDir) -> dict[int, np.ndarray]:
     """shard index -> sorted rows to drop."""
-    t = pq.read_table(run.duplicates, columns=["shard_index", "row"])
+    t = read_parquet(run.duplicates, columns=["shard_index", "row"])
     shard = t.column("shard_index").to_numpy()
     row = t.column("row").to_numpy()
     return {int(s): np.sort(row[shard == s]) for s in np.unique(shard)}

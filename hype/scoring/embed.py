@@ -32,6 +32,7 @@ import torch
 from hype.data.imageprep import Preprocess
 from hype.data.samples import SkipStats
 from hype.geometry import get_geometry
+from hype.io import cached_copy, storage
 from hype.scoring import embed_format
 from hype.scoring.decode import Decoded, DecodePool, DecodeSpec, Skipped
 from hype.scoring.rundir import (
@@ -62,7 +63,7 @@ class ModelRef:
 def load_scorer(ref: ModelRef, role: str, device: str) -> torch.nn.Module:
     from hype.checkpoint import load_model_file
 
-    model = load_model_file(ref.path, device=device)
+    model = load_model_file(cached_copy(ref.path), device=device)  # a URL: downloaded once per worker
     geometry = model.geometry.name
     if role == "meru" and not geometry.startswith("hyperbolic"):
         raise ModelError(
@@ -205,6 +206,7 @@ class EmbedStage(_EmbedBase):
         started = time.perf_counter()
         fp = self.fingerprint(task)  # identity of the input as read now
         self._debug_hook(task)
+        retried = storage.retry_count()
         stats, counts = SkipStats(), {"samples": 0}
         cols: dict[str, list] = {k: [] for k in embed_format.PAIR_COLUMNS + embed_format.EMBEDDING_COLUMNS}
         for batch in self._batches(self._samples(task, stats, counts)):
@@ -236,6 +238,7 @@ class EmbedStage(_EmbedBase):
             curv=self._curv,
             K=self._K,
             dims={"meru": self._meru_dim, "clip": self._clip_dim},
+            storage_retries=storage.retry_count() - retried,  # transient errors ridden out reading the shard
         )
 
     @torch.inference_mode()

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
+
+from hype.io import read_parquet, read_parquet_schema
 
 PAIR_COLUMNS = ("uid", "key", "text", "width", "height", "neg_d_l", "cos_theta")
 EMBEDDING_COLUMNS = ("meru_img", "meru_txt", "clip_img")
@@ -71,14 +72,14 @@ def build_table(
 
 
 def read_columns(path, columns: list[str]) -> pa.Table:
-    return pq.read_table(path, columns=list(columns))
+    return read_parquet(path, columns=list(columns))
 
 
 def read_embeddings(path, column: str) -> np.ndarray:
-    return fixed_list_to_numpy(pq.read_table(path, columns=[column]).column(column))
+    return fixed_list_to_numpy(read_parquet(path, columns=[column]).column(column))
 
 
 def model_scalars(path) -> tuple[float, float]:
     """(curv, K) recorded in an embed table's schema metadata."""
-    meta = pq.read_schema(path).metadata or {}
+    meta = read_parquet_schema(path).metadata or {}
     return float(meta[b"hype.curv"]), float(meta[b"hype.K"])

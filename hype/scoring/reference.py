@@ -22,7 +22,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from hype.geometry import lorentz
-from hype.io import atomic_path
+from hype.io import AnyPath, atomic_path, local_file, storage
 from hype.scoring.specificity import DEFAULT_BUDGET_ELEMS, image_specificity, text_specificity
 
 Tensor = torch.Tensor
@@ -48,12 +48,11 @@ class ReferenceSet:
         """(S_i, S_t) as points on the hyperboloid."""
         return lorentz.exp_map0(self.img, curv), lorentz.exp_map0(self.txt, curv)
 
-    def save(self, path: str | PathLike) -> Path:
-        path = Path(path)
+    def save(self, path: str | PathLike) -> AnyPath:
         tensors = {"img": self.img.float().contiguous().cpu(), "txt": self.txt.float().contiguous().cpu()}
         with atomic_path(path) as tmp:  # safetensors creates 0600 files; this gives the user's default mode
             save_file(tensors, str(tmp), metadata={"hype_reference": json.dumps(self.meta, sort_keys=True)})
-        return path
+        return storage.location(path)
 
 
 def select_references(
@@ -101,18 +100,22 @@ def select_references(
 
 def load_reference(path: str | PathLike, dim: int | None = None) -> ReferenceSet:
     """Read a reference file: hype's safetensors or HYPE's released `{"img", "txt"}` .pt (weights_only)."""
-    path = Path(path)
-    if not path.is_file():
+    if not storage.is_file(path):
         raise ReferenceError(f"{path}: reference file not found")
+    with local_file(path) as local:
+        return _read_reference(local, storage.location(path), dim)
+
+
+def _read_reference(local: Path, path: AnyPath, dim: int | None) -> ReferenceSet:
     meta: dict = {"source": str(path)}
-    if path.suffix == ".safetensors":
+    if local.suffix == ".safetensors":
         try:
-            data = load_file(str(path))
+            data = load_file(str(local))
         except SafetensorError as e:
             raise ReferenceError(f"{path}: unreadable safetensors file ({e})") from e
     else:
         try:
-            data = torch.load(path, map_location="cpu", weights_only=True)
+            data = torch.load(local, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - any refusal means we will not read it
             raise ReferenceError(
                 f"{path}: not loadable with torch.load(weights_only=True) ({type(e).__name__}); a reference "

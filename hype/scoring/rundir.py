@@ -22,11 +22,14 @@
 A shard id is `<tar stem>-<8 hex of blake2b(absolute tar path)>`: readable, unique per input path, and
 stable across reruns, so resume state is keyed on the input tar path (DESIGN §4.1).
 
-Every file is written to a temporary name in its folder, fsynced and renamed (`hype.io`), and a stage's
-`_stats.json` (or `.json`) marker is written after its data. A marker records a fingerprint of
+RUN_DIR may be a local folder or a URL (`s3://bucket/runs/x`, `hype.io.storage`). Every file is written
+whole or not at all (`hype.io`: locally a temporary name in its folder, fsynced and renamed; in a bucket a
+local temporary uploaded under the final name once complete), and a stage's `_stats.json` (or `.json`)
+marker is written after its data. A marker records a fingerprint of
 everything the output depends on (input file identity, upstream output digests, the settings that
 change results); an output counts as done only when its marker's fingerprint matches, so a rerun
-skips finished work and redoes exactly what changed.
+skips finished work and redoes exactly what changed. Resume reads one listing per stage folder
+(`ShardStage.done_all`), then only the markers that exist: no request per missing file.
 """
 
 from __future__ import annotations
@@ -35,7 +38,10 @@ import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+import socket
+import time
+import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
@@ -44,7 +50,8 @@ from typing import Any
 import pyarrow as pa
 
 import hype.io as hype_io
-from hype.io import is_temp_name, read_json
+from hype.io import is_temp_name, read_json, storage
+from hype.io.storage import AnyPath
 from hype.scoring.schema import scores_dir
 
 SHARD_STAGES = ("embed", "reference", "specificity", "classes", "captions", "clusters", "merge")
@@ -64,28 +71,43 @@ class ShardTask:
     index: int  # position in the pool's shard list (shard order)
     path: str  # the tar as given (stored in the scores table's `shard` column)
     shard_id: str
-    source: str = ""  # absolute path: what workers read, whatever their working directory
+    source: str = ""  # absolute path or URL: what workers read, whatever their working directory
 
     def __post_init__(self) -> None:
         if not self.source:
-            object.__setattr__(self, "source", str(Path(self.path).resolve()))
+            object.__setattr__(self, "source", _absolute(self.path))
+
+
+def _absolute(path: str | PathLike) -> str:
+    return os.fspath(path) if storage.is_url(path) else str(Path(path).resolve())
 
 
 def shard_id(path: str | PathLike) -> str:
-    """`<stem>-<8 hex>` from the absolute path of an input tar."""
-    p = Path(path)
-    digest = hashlib.blake2b(str(p.resolve()).encode(), digest_size=4).hexdigest()
-    stem = p.name[: -len(".tar")] if p.name.endswith(".tar") else p.stem
+    """`<stem>-<8 hex>` from the absolute path (or the URL) of an input tar."""
+    full = _absolute(path)
+    name = full.rstrip("/").rsplit("/", 1)[-1]
+    digest = hashlib.blake2b(full.encode(), digest_size=4).hexdigest()
+    stem = name[: -len(".tar")] if name.endswith(".tar") else name.rsplit(".", 1)[0]
     return f"{stem}-{digest}"
 
 
 def make_tasks(paths: Iterable[str]) -> list[ShardTask]:
-    return [ShardTask(i, p, shard_id(p), str(Path(p).resolve())) for i, p in enumerate(paths)]
+    return [ShardTask(i, p, shard_id(p), _absolute(p)) for i, p in enumerate(paths)]
 
 
 def file_identity(path: str | PathLike) -> dict:
-    """What identifies an input file's content cheaply: absolute path, size, modification time."""
-    st = os.stat(path)
+    """What identifies an input file's content cheaply: absolute path (or URL), size, and the modification
+    time (local) or the object's ETag (a bucket: it changes whenever the object is rewritten)."""
+    if storage.is_url(path):
+        try:
+            info = storage.info(path)
+        except FileNotFoundError:  # read as a missing shard; when it is back, its identity differs
+            return {"path": os.fspath(path), "missing": True}
+        return {"path": os.fspath(path), "size": info["size"], "etag": info.get("etag")}
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return {"path": str(Path(path).resolve()), "missing": True}
     return {"path": str(Path(path).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
@@ -102,7 +124,7 @@ def fingerprint(obj: Any) -> str:
 # --- atomic writes (hype.io), in the run directory's JSON and Parquet style -----------------------
 
 
-def atomic_write_bytes(path: str | PathLike, data: bytes) -> Path:
+def atomic_write_bytes(path: str | PathLike, data: bytes) -> AnyPath:
     """Write `data` to a temporary file next to `path`, fsync it and rename it over `path`."""
     return hype_io.write_bytes(path, data)
 
@@ -118,9 +140,9 @@ def parquet_bytes(table: pa.Table) -> bytes:
 def write_parquet(path: str | PathLike, table: pa.Table) -> dict:
     """Write a table atomically; return `{"file", "rows", "bytes", "digest"}` for the stage's marker."""
     data = parquet_bytes(table)
-    atomic_write_bytes(path, data)
+    written = atomic_write_bytes(path, data)
     return {
-        "file": Path(path).name,
+        "file": written.name,
         "rows": table.num_rows,
         "bytes": len(data),
         "digest": hype_io.bytes_digest(data, RUN_DIGEST),
@@ -134,10 +156,17 @@ class RunDir:
     """Paths of one run directory (see the module docstring)."""
 
     def __init__(self, root: str | PathLike):
-        self.root = Path(root)
+        self._given = root if isinstance(root, (str, Path)) else str(root)
+        self.remote = storage.is_url(self._given)
 
-    def __reduce__(self):  # small and picklable: travels to Ray actors
-        return (RunDir, (str(self.root),))
+    def __reduce__(self):  # small and picklable, no credentials: travels to Ray actors
+        return (RunDir, (str(self._given),))
+
+    @property
+    def root(self) -> AnyPath:
+        # Built on use, not when unpickled: a worker configures its storage options after it has
+        # received the stage (`hype.executor.start_stage`).
+        return storage.location(self._given)
 
     # files
     @property
@@ -188,7 +217,7 @@ class RunDir:
     def scores(self) -> Path:
         return scores_dir(self.root)
 
-    def marker_of(self, artifact: Path) -> Path:
+    def marker_of(self, artifact: AnyPath) -> AnyPath:
         """`x.parquet` / `x.safetensors` / `x.npy` -> `x.json`."""
         return artifact.with_suffix(".json")
 
@@ -206,17 +235,30 @@ class RunDir:
 
     # lifecycle
     def create(self) -> None:
+        root = self.root
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            if self.remote:  # no folders in a bucket: check now that it exists and takes writes
+                storage.check_reachable(root)
+                return
+            root.mkdir(parents=True, exist_ok=True)
             for stage in SHARD_STAGES:
-                (self.root / stage).mkdir(exist_ok=True)
+                (root / stage).mkdir(exist_ok=True)
             for sub in ("scores", "dedup", "metadata"):
-                (self.root / sub).mkdir(exist_ok=True)
+                (root / sub).mkdir(exist_ok=True)
+        except storage.StorageError:
+            raise
         except OSError as e:
-            raise RunDirError(f"{self.root}: cannot create the run directory ({e})") from e
+            raise RunDirError(f"{self._given}: cannot create the run directory ({e})") from e
+
+    def listing(self, folder: AnyPath) -> dict[str, int]:
+        """{str(path): size} of the files in one folder of the run (one listing)."""
+        return {str(folder / name): size for name, size in storage.list_sizes(folder).items()}
 
     def remove_stale_temporaries(self) -> int:
-        """Delete temporary files left by a killed run (call only while holding the lock)."""
+        """Delete temporary files left by a killed run (call only while holding the lock). A bucket has
+        none: its temporaries are local files, and an upload that did not complete leaves no object."""
+        if self.remote:
+            return 0
         n = 0
         for folder in (self.root, *(self.root / d for d in (*SHARD_STAGES, "scores", "dedup", "metadata"))):
             try:
@@ -229,12 +271,13 @@ class RunDir:
                     n += 1
         return n
 
-    def lock(self) -> RunLock:
-        return RunLock(self.root / ".lock")
+    def lock(self) -> RunLock | ObjectLock:
+        return ObjectLock(self.root / ".lock", self._given) if self.remote else RunLock(self.root / ".lock")
 
 
 class RunLock:
-    """An exclusive advisory lock so two `hype score` drivers never write one run directory at once."""
+    """An exclusive advisory lock so two `hype score` drivers never write one run directory at once
+    (local disk: `flock`, released by the kernel when the driver dies)."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -263,16 +306,82 @@ class RunLock:
             self._fd = None
 
 
-def completed(marker: Path, expected_fingerprint: str, output: Path | None = None) -> dict | None:
-    """The marker's content when it records `expected_fingerprint` and its output file is intact."""
+class ObjectLock:
+    """The run lock in a bucket: a `.lock` object created only if absent (a conditional PUT), holding
+    who took it, and deleted on exit.
+
+    Failure mode (DESIGN §4.1): a driver that is killed leaves the object behind. A later run on the same
+    host whose recorded pid is gone takes it over; from another host the run is refused with the holder
+    and the command that removes the lock. On a store without conditional writes the create is
+    check-then-write, so two drivers starting in the same instant could both get in."""
+
+    def __init__(self, path: AnyPath, run: str):
+        self.path = path
+        self.run = run
+        self.token = uuid.uuid4().hex
+        self.held = False
+
+    def _record(self) -> bytes:
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "token": self.token, "since": time.time()}
+        return json.dumps(me).encode()
+
+    def __enter__(self) -> ObjectLock:
+        for _ in range(2):
+            if storage.create_exclusive(self.path, self._record()):
+                self.held = True
+                return self
+            holder = read_json(self.path) or {}
+            if holder.get("token") == self.token:  # our own create, retried after a lost reply
+                self.held = True
+                return self
+            if not _dead_here(holder):
+                break
+            storage.remove(self.path)  # its driver died on this host: take it over
+        who = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
+        raise RunDirError(
+            f"{self.run}: another `hype score` ({who}) holds this run directory's lock ({self.path}); "
+            f"wait for it or use another --out. If that run is dead (killed on another machine), delete "
+            f"the lock object, e.g. `aws s3 rm {self.path}`, and run again"
+        )
+
+    def __exit__(self, *exc) -> None:
+        if self.held:
+            try:
+                storage.remove(self.path)
+            except OSError:  # the store is unreachable: the next run on this host takes the lock over
+                pass
+            self.held = False
+
+
+def _dead_here(holder: Mapping) -> bool:
+    if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+        return False
+    try:
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def completed(
+    marker: AnyPath, expected_fingerprint: str, output: AnyPath | None = None, sizes: Mapping | None = None
+) -> dict | None:
+    """The marker's content when it records `expected_fingerprint` and its output file is intact.
+    `sizes`: listings of the folders holding both ({str(path): size}), which save a request per missing
+    marker and per output size."""
+    if sizes is not None and str(marker) not in sizes:
+        return None
     stats = read_json(marker)
     if stats is None or stats.get("fingerprint") != expected_fingerprint:
         return None
     if output is not None:
         want = (stats.get("output") or {}).get("bytes")
         try:
-            if want is None or output.stat().st_size != want:
-                return None
+            have = sizes.get(str(output)) if sizes is not None else storage.size(output)
         except OSError:
+            return None
+        if want is None or have != want:
             return None
     return stats

@@ -20,10 +20,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from hype.executor import EXECUTORS, MapResult, Progress, StageSetupError
+from hype.io import cached_copy, storage
 from hype.scoring import summary as summary_mod
 from hype.scoring.config import ScoreConfig
 from hype.scoring.dedup import find_duplicates, load_duplicates
@@ -65,7 +65,7 @@ def make_executor(cfg: ScoreConfig):
 
 
 def _abs(path: str | None) -> str | None:
-    return None if path is None else str(Path(path).expanduser().resolve())
+    return None if path is None else storage.absolute(path)
 
 
 class _Run:
@@ -73,7 +73,7 @@ class _Run:
 
     def __init__(self, cfg: ScoreConfig, executor, progress: bool):
         self.cfg = cfg
-        self.run = RunDir(Path(cfg.out).expanduser().resolve())
+        self.run = RunDir(storage.absolute(cfg.out))
         self.executor = executor
         self.progress = progress
         self.warnings: list[str] = []
@@ -181,7 +181,7 @@ def _plan(cfg: ScoreConfig, warn: Callable[[str], None]) -> tuple[list[ShardTask
         raise ScoreError(str(e).replace("--data", "--pool")) from None
     seen, paths = set(), []
     for p in shards.paths:
-        key = str(Path(p).resolve())
+        key = storage.absolute(p)
         if key in seen:
             warn(f"{p}: listed more than once in --pool; scored once")
             continue
@@ -204,9 +204,10 @@ def _model_ref(path: str | None, role: str) -> ModelRef | None:
     from hype.checkpoint import model_file_config, model_file_digest
 
     try:
-        geometry = model_file_config(path).get("geometry", "")
+        local = cached_copy(path)  # a URL: downloaded once here, once per worker (`load_scorer`)
+        geometry = model_file_config(local).get("geometry", "")
         # open_clip sources (folders, OpenAI releases) are digested with the config beside their weights.
-        digest = model_file_digest(path, file_digest)
+        digest = model_file_digest(local, file_digest)
     except (ValueError, OSError) as e:  # CheckpointError, ModelFileError, ConfigError
         raise ScoreError(f"--{role}: {e}") from None
     if role == "meru" and not geometry.startswith("hyperbolic"):
@@ -415,9 +416,9 @@ def _merge(state: _Run, pool: _Embedded, c_in: bool) -> list[dict]:
 
     run = state.run
     expected = {run.shard_output("merge", t).name for t in pool.tasks}
-    for stale in run.scores.glob("part-*.parquet"):
-        if stale.name not in expected:
-            stale.unlink()
+    for name in storage.list_sizes(run.scores):
+        if name.startswith("part-") and name.endswith(".parquet") and name not in expected:
+            storage.remove(run.scores / name)
     merge = MergeStage(run, c_in=c_in, duplicates_digest=pool.dups["digest"], drops=pool.drops, **pool.kw)
     merge_stats = state.map(merge, pool.tasks)
     state.check_failures("merge", state.plan)

@@ -25,12 +25,13 @@ import io
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from hype.data.uids import uids_to_pairs
+from hype.io import load_npy, local_file, read_parquet, storage
 from hype.scoring import embed_format
 from hype.scoring.clusters import (
     c_in,
@@ -65,15 +66,19 @@ class ClustersError(ValueError):
 
 def read_class_features_file(path: str | Path, dim: int) -> np.ndarray:
     """(N, dim) float32 features from .npy (no pickles) or .safetensors (a `features` tensor, or the
-    only tensor)."""
-    path = Path(path)
-    if not path.is_file():
+    only tensor); a local path or a URL."""
+    if not storage.is_file(path):
         raise ClassFeatureError(f"{path}: class features file not found")
+    with local_file(path) as local:
+        return _read_class_features(local, storage.location(path), dim)
+
+
+def _read_class_features(local: Path, path: Any, dim: int) -> np.ndarray:
     try:
         if path.suffix == ".safetensors":
             from safetensors.numpy import load_file
 
-            tensors = load_file(str(path))
+            tensors = load_file(str(local))
             if "features" in tensors:
                 arr = tensors["features"]
             elif len(tensors) == 1:
@@ -83,7 +88,7 @@ def read_class_features_file(path: str | Path, dim: int) -> np.ndarray:
                     f"{path}: several tensors ({', '.join(sorted(tensors))}); name the features 'features'"
                 )
         else:
-            arr = np.load(path, allow_pickle=False)
+            arr = np.load(local, allow_pickle=False)
     except ClassFeatureError:
         raise
     except Exception as e:  # noqa: BLE001 - numpy/safetensors raise several types
@@ -100,22 +105,26 @@ def read_centroids_file(path: str | Path, dim: int | None) -> np.ndarray:
     """(K, dim) float32 centroids from `--centroids`: a .npy (no pickles), DataComp's released
     `<scale>_centroids_l14.pt` (a numpy array saved with torch.save, read without running pickled code)
     or a flat faiss index; recognised by content, not by name. `dim` None: any width."""
+    if not storage.is_file(path):
+        raise ClustersError(f"{path}: centroids file not found")
+    with local_file(path) as local:
+        return _read_centroids(local, storage.location(path), dim)
+
+
+def _read_centroids(local: Path, path: Any, dim: int | None) -> np.ndarray:
     from hype.io import PickledArrayError, read_pickled_array
 
-    path = Path(path)
-    if not path.is_file():
-        raise ClustersError(f"{path}: centroids file not found")
-    with open(path, "rb") as f:
+    with open(local, "rb") as f:
         magic = f.read(6)
     try:
         if magic == b"\x93NUMPY":
-            arr = np.load(path, allow_pickle=False)
+            arr = np.load(local, allow_pickle=False)
         elif magic[:4] == b"PK\x03\x04":
-            arr = read_pickled_array(path)
+            arr = read_pickled_array(local)
         else:
-            arr = faiss_index_vectors(str(path))
+            arr = faiss_index_vectors(str(local))
     except (PickledArrayError, ValueError, OSError) as e:
-        detail = str(e).removeprefix(f"{path}: ")
+        detail = str(e).removeprefix(f"{local}: ").removeprefix(f"{path}: ")
         raise ClustersError(
             f"{path}: cannot read centroids ({detail}); --centroids takes a (K, d) float .npy, DataComp's "
             "released <scale>_centroids_l14.pt, or a flat faiss index"
@@ -182,7 +191,7 @@ def train_clusters(
     sample = RunningTopK(max_points, largest=False)
     pool = eligible = 0
     for task in tasks:
-        t = pq.read_table(run.shard_output("embed", task), columns=["uid", "clip_img"])
+        t = read_parquet(run.shard_output("embed", task), columns=["uid", "clip_img"])
         keep = keep_mask(t.num_rows, drops.get(task.index))
         pool += int(keep.sum())
         if caption_filter:
@@ -271,9 +280,7 @@ class CaptionStage(ShardStage):
         started = time.perf_counter()
         fp = self.fingerprint(task)
         self._debug_hook(task)
-        texts = (
-            pq.read_table(self.run_dir.shard_output("embed", task), columns=["text"]).column(0).to_pylist()
-        )
+        texts = read_parquet(self.run_dir.shard_output("embed", task), columns=["text"]).column(0).to_pylist()
         ok = datacomp_caption_ok(texts) if texts else np.zeros(0, bool)
         table = pa.table({"caption_ok": pa.array(ok, pa.bool_())})
         return self._finish(
@@ -283,7 +290,7 @@ class CaptionStage(ShardStage):
 
 def read_caption_ok(run: RunDir, task: ShardTask, rows: int) -> np.ndarray:
     """The shard's `captions` output as a bool mask, checked against the embed output's row count."""
-    ok = pq.read_table(run.shard_output("captions", task), columns=["caption_ok"]).column(0)
+    ok = read_parquet(run.shard_output("captions", task), columns=["caption_ok"]).column(0)
     if len(ok) != rows:
         raise RuntimeError(f"{task.shard_id}: stage outputs are not row-aligned; rerun to recompute them")
     return ok.to_numpy(zero_copy_only=False).astype(bool)
@@ -311,14 +318,14 @@ class AssignStage(ShardStage):
 
     def setup(self) -> None:
         super().setup()
-        self._centroids = np.load(self.run_dir.centroids, allow_pickle=False)
-        self._targets = np.load(self.run_dir.targets, allow_pickle=False)
+        self._centroids = load_npy(self.run_dir.centroids)
+        self._targets = load_npy(self.run_dir.targets)
 
     def run(self, task: ShardTask) -> dict:
         started = time.perf_counter()
         fp = self.fingerprint(task)
         self._debug_hook(task)
-        t = pq.read_table(self.run_dir.shard_output("embed", task), columns=["clip_img"])
+        t = read_parquet(self.run_dir.shard_output("embed", task), columns=["clip_img"])
         feats = embed_format.fixed_list_to_numpy(t.column("clip_img"))
         cluster = nearest_centroid(feats, self._centroids) if len(feats) else np.zeros(0, np.int64)
         if self.caption_filter:

@@ -13,8 +13,8 @@ import time
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
+from hype.io import read_parquet
 from hype.scoring.dedup import keep_mask
 from hype.scoring.rundir import RunDir, ShardTask, fingerprint
 from hype.scoring.schema import SCHEMA
@@ -49,14 +49,14 @@ class MergeStage(ShardStage):
         fp = self.fingerprint(task)
         self._debug_hook(task)
         r = self.run_dir
-        emb = pq.read_table(
+        emb = read_parquet(
             r.shard_output("embed", task),
             columns=["uid", "key", "text", "width", "height", "neg_d_l", "cos_theta"],
         )
-        spec = pq.read_table(r.shard_output("specificity", task))
+        spec = read_parquet(r.shard_output("specificity", task))
         n = emb.num_rows
         if self.c_in:
-            c_in = pq.read_table(r.shard_output("clusters", task), columns=["c_in"]).column("c_in")
+            c_in = read_parquet(r.shard_output("clusters", task), columns=["c_in"]).column("c_in")
         else:
             c_in = pa.array(np.zeros(n, np.float32))
         if spec.num_rows != n or len(c_in) != n:

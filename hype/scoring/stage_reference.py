@@ -18,14 +18,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import torch
 from safetensors.torch import load_file, save
 
 from hype.geometry import lorentz
+from hype.io import read_bytes, read_parquet
 from hype.scoring import embed_format
 from hype.scoring.dedup import keep_mask
 from hype.scoring.reference import ReferenceSet, load_reference
@@ -53,7 +52,7 @@ def _gather(
     out: dict[str, np.ndarray] = {}
     for s in np.unique(shard):
         sel = np.nonzero(shard == s)[0]
-        table = pq.read_table(run.shard_output("embed", by_index[int(s)]), columns=columns)
+        table = read_parquet(run.shard_output("embed", by_index[int(s)]), columns=columns)
         for c in columns:
             block = embed_format.fixed_list_to_numpy(table.column(c))[row[sel]]
             if c not in out:
@@ -79,7 +78,7 @@ def select_top_pairs(
     top = RunningTopK(n_top)
     pool = 0
     for task in tasks:
-        cos = pq.read_table(run.shard_output("embed", task), columns=["cos_theta"]).column(0).to_numpy()
+        cos = read_parquet(run.shard_output("embed", task), columns=["cos_theta"]).column(0).to_numpy()
         keep = keep_mask(len(cos), drops.get(task.index))
         pool += int(keep.sum())
         rows = np.nonzero(keep)[0]
@@ -140,7 +139,7 @@ def select_top_m(
     top_img, top_txt = RunningTopK(m), RunningTopK(m)
     pool = 0
     for task in tasks:
-        t = pq.read_table(run.shard_output("reference", task))
+        t = read_parquet(run.shard_output("reference", task))
         rows = np.nonzero(keep_mask(t.num_rows, drops.get(task.index)))[0]
         pool += len(rows)
         ids = order_id(task.index, rows)
@@ -178,7 +177,7 @@ def copy_reference_file(run: RunDir, path: str, dim: int, fp: str) -> dict:
     started = time.perf_counter()
     refs = load_reference(path, dim=dim)
     if str(path).endswith(".safetensors"):
-        atomic_write_bytes(run.reference, Path(path).read_bytes())
+        atomic_write_bytes(run.reference, read_bytes(path))
     else:
         refs.save(run.reference)
     info = {

@@ -66,13 +66,26 @@ class ShardStage(Stage):
     def fingerprint(self, task: ShardTask) -> str:
         raise NotImplementedError
 
-    def done(self, task: ShardTask) -> dict | None:
+    def done(self, task: ShardTask, sizes: dict | None = None) -> dict | None:
         """The stats of this shard's finished output, or None when it must be (re)computed."""
         return completed(
             self.run_dir.shard_stats(self.name, task),
             self.fingerprint(task),
             self.run_dir.shard_output(self.name, task),
+            sizes,
         )
+
+    def done_all(self, tasks: list[ShardTask]) -> list[dict | None]:
+        """`done` for every task from one listing of the marker folder and one of the output folder:
+        resuming a run of 100k shards in a bucket reads the markers that exist, nothing more."""
+        if not tasks:
+            return []
+        folders = {self.run_dir.shard_stats(self.name, tasks[0]).parent}
+        folders.add(self.run_dir.shard_output(self.name, tasks[0]).parent)
+        sizes: dict[str, int] = {}
+        for folder in folders:
+            sizes.update(self.run_dir.listing(folder))
+        return [self.done(t, sizes) for t in tasks]
 
     def label(self, task: ShardTask) -> str:
         return task.path

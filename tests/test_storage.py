@@ -1,0 +1,202 @@
+"""hype.io on a real S3 server (SeaweedFS on 127.0.0.1): whole-object writes, listings, the conditional
+create, read-ahead streams with retries across a server restart, and the errors a user sees."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from s3_support import S3Server
+
+from hype.io import (
+    atomic_write,
+    file_digest,
+    open_input,
+    read_json,
+    storage,
+    write_json,
+    write_parquet,
+)
+from hype.io.tar import index_samples, read_samples, write_tar
+
+
+class Problems:
+    def __init__(self):
+        self.seen = []
+
+    def add(self, reason, message):
+        self.seen.append((reason, message))
+
+
+def test_location_keeps_local_paths_local(tmp_path):
+    assert storage.location(str(tmp_path)) == tmp_path
+    assert storage.location(f"file://{tmp_path}") == tmp_path
+    assert not storage.is_url(tmp_path) and storage.is_url("s3://b/k") and storage.is_url("hf://datasets/x")
+    assert (
+        str(storage.location("s3://bucket/run") / "embed" / "a.parquet") == "s3://bucket/run/embed/a.parquet"
+    )
+
+
+def test_whole_object_writes_and_reads(s3):
+    root = f"s3://{s3.bucket()}/run"
+    table = pa.table({"uid": ["a", "b"], "x": [1.0, 2.0]})
+    write_parquet(f"{root}/t.parquet", table)
+    write_json(f"{root}/m.json", {"k": 1})
+    assert read_json(f"{root}/m.json") == {"k": 1}
+    assert read_json(f"{root}/missing.json") is None
+    import pyarrow.parquet as pq
+
+    with open_input(f"{root}/t.parquet") as f:
+        assert pq.read_table(f).equals(table)
+    assert storage.list_sizes(root) == {
+        "t.parquet": storage.size(f"{root}/t.parquet"),
+        "m.json": len(b'{\n  "k": 1\n}\n'),
+    }
+    assert storage.list_sizes(f"{root}/nothing-here") == {}
+
+    # An error inside the block leaves no object, not a partial one (fsspec's own writer would commit it).
+    with pytest.raises(RuntimeError), atomic_write(f"{root}/partial.bin") as f:
+        f.write(b"x" * (6 << 20))
+        raise RuntimeError("boom")
+    assert not storage.exists(f"{root}/partial.bin")
+
+
+def test_a_killed_writer_leaves_no_object(s3, tmp_path):
+    url = f"s3://{s3.bucket()}/killed.bin"
+    code = f"""
+import sys, time
+from hype.io import atomic_write, storage
+storage.configure({s3.options!r})
+with atomic_write({url!r}) as f:
+    f.write(b"x" * (1 << 20)); f.flush()
+    print("writing", flush=True)
+    time.sleep(60)
+"""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=dict(os.environ)
+    )
+    assert proc.stdout.readline().strip() == "writing"
+    proc.kill()
+    proc.wait(10)
+    assert not storage.exists(url)
+
+
+def test_create_exclusive_is_conditional(s3):
+    url = f"s3://{s3.bucket()}/run/.lock"
+    assert storage.create_exclusive(url, b"one")
+    assert not storage.create_exclusive(url, b"two")
+    with open_input(url) as f:
+        assert f.read() == b"one"
+    storage.remove(url)
+    assert storage.create_exclusive(url, b"three")
+
+
+def _tar_members(n: int, seed: int = 0) -> list[tuple[str, bytes]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        out.append((f"{i:09d}.jpg", rng.bytes(int(rng.integers(1000, 300_000)))))
+        out.append((f"{i:09d}.txt", f"caption {i}".encode()))
+    return out
+
+
+def test_streamed_tar_equals_the_local_one(s3, tmp_path):
+    local = tmp_path / "00000.tar"
+    write_tar(local, _tar_members(60))
+    url = f"s3://{s3.bucket()}/pool/00000.tar"
+    storage.upload(local, storage.location(url))
+    p_local, p_url = Problems(), Problems()
+    assert list(read_samples(url, p_url)) == list(read_samples(local, p_local))
+    assert list(index_samples(url, p_url)) == list(index_samples(local, p_local))
+    assert p_url.seen == p_local.seen == []
+    assert file_digest(url) == hashlib.sha256(local.read_bytes()).hexdigest()
+    # Small chunks: many read-ahead ranges, seeks back and forth.
+    f = io.BufferedReader(
+        storage.RemoteStream(
+            storage.location(url).fs,
+            storage.location(url).path,
+            local.stat().st_size,
+            url=url,
+            chunk=4096,
+            depth=2,
+        )
+    )
+    data = local.read_bytes()
+    assert f.read(10_000) == data[:10_000]
+    f.seek(5)
+    assert f.read(20_000) == data[5:20_005]
+    f.seek(len(data) - 100)
+    assert f.read() == data[-100:]
+    f.close()
+
+
+@pytest.mark.slow
+def test_a_server_restart_mid_stream_is_retried_and_counted(tmp_path):
+    # Its own server: this one is stopped and started again.
+    server = S3Server(tmp_path / "server")
+    server.start()
+    try:
+        storage.configure(server.options)
+        local = tmp_path / "00000.tar"
+        write_tar(local, _tar_members(40, seed=1))
+        url = f"s3://{server.bucket()}/pool/00000.tar"
+        storage.upload(local, storage.location(url))
+        before = storage.retry_count()
+        loc = storage.location(url)
+        # Small ranges, so that most of the object is fetched after the server went away.
+        stream = io.BufferedReader(
+            storage.RemoteStream(loc.fs, loc.path, local.stat().st_size, url=url, chunk=1 << 16, depth=2)
+        )
+        head = stream.read(1 << 16)
+        server.stop()
+        restarter = threading.Timer(1.0, server.start)
+        restarter.start()
+        rest = stream.read()
+        restarter.join()
+        assert head + rest == local.read_bytes()
+        assert storage.retry_count() > before
+    finally:
+        storage.configure(None)
+        server.stop()
+
+
+def test_errors_name_the_url_and_the_fix(s3):
+    bucket = s3.bucket()
+    with pytest.raises(FileNotFoundError, match=f"s3://{bucket}/missing.tar"):
+        open_input(f"s3://{bucket}/missing.tar", stream=True)
+    with pytest.raises(storage.StorageError, match="bucket does not exist; create it"):
+        storage.list_sizes("s3://no-such-bucket-hype/x") or storage.exists("s3://no-such-bucket-hype/x/y")
+        write_json("s3://no-such-bucket-hype/x/m.json", {})
+    storage.configure({**s3.options, "secret": "wrong"})
+    with pytest.raises(storage.StorageError, match="access refused.*check the credentials"):
+        storage.list_sizes(f"s3://{bucket}")
+    assert "wrong" not in str(storage.location(f"s3://{bucket}/x"))
+    with pytest.raises(storage.StorageError, match="not valid JSON"):
+        storage.configure("{endpoint")
+
+
+def test_transient_errors_are_told_apart():
+    assert storage.is_transient(ConnectionResetError())
+    assert storage.is_transient(OSError("503 Service Unavailable: SlowDown"))
+    assert storage.is_transient(OSError(121, "We encountered an internal error, please try again."))
+    assert not storage.is_transient(FileNotFoundError("x"))
+    assert not storage.is_transient(PermissionError("AccessDenied"))
+    calls = []
+
+    def flaky():
+        calls.append(time.monotonic())
+        if len(calls) < 3:
+            raise ConnectionResetError("reset by peer")
+        return "ok"
+
+    before = storage.retry_count()
+    assert storage.with_retries(flaky, "s3://b/k") == "ok"
+    assert storage.retry_count() - before == 2
