@@ -1,3 +1,4 @@
 """Fixtures shared by several test files."""
 
-pytest_plugins = ["s3_support"]  # s3_server (a SeaweedFS S3 server on 127.0.0.1, per session), s3
+# s3_server / s3: a SeaweedFS S3 server on 127.0.0.1 (per session); ray_cluster: a two-node Ray cluster.
+pytest_plugins = ["s3_support", "ray_support"]

@@ -142,7 +142,7 @@ class S3Server:
                 fs.mkdir("hype-probe")
             fs.pipe_file("hype-probe/probe", b"ok")
             return fs.cat_file("hype-probe/probe") == b"ok"
-        except Exception as e:  # noqa: BLE001 - not up yet
+        except Exception:  # noqa: BLE001 - not up yet
             return False
 
     def stop(self) -> None:

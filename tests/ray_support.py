@@ -1,0 +1,90 @@
+"""A real two-node Ray cluster on 127.0.0.1 for the tests (`ray start` twice, private temp dir), stopped
+by the pids of its own processes. Fixture: `ray_cluster` (its address)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+RAY = Path(sys.executable).with_name("ray")
+needs_ray = pytest.mark.skipif(not RAY.exists(), reason="the ray CLI is not installed next to python")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _processes_using(marker: str) -> list[int]:
+    """PIDs of the processes of this test's cluster: their command line or environment mentions `marker`
+    (the cluster's private temp dir; Ray's agents rename themselves, but inherit the environment)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                found = marker.encode() in (entry / "cmdline").read_bytes()
+                found = found or f"HYPE_TEST_RAY={marker}".encode() in (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if found:
+                pids.append(int(entry.name))
+    return pids
+
+
+def _stop_cluster(temp_dir: str) -> None:
+    # Not `ray stop`: it would stop every Ray instance on the machine. Only this cluster's processes,
+    # found by their private temp dir, are ended, by pid.
+    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
+        pids = _processes_using(temp_dir)
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        while pids and time.monotonic() < deadline and _processes_using(temp_dir):
+            time.sleep(0.1)
+
+
+def ray_env(temp_dir: str = "") -> dict:
+    # A private test cluster on 127.0.0.1: no usage stats, no token auth (recent Ray enables it by default
+    # and refuses a node that joins with another token), and a marker to find its processes by.
+    return dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled", HYPE_TEST_RAY=temp_dir)
+
+
+@pytest.fixture
+def ray_cluster():
+    temp_dir = tempfile.mkdtemp(prefix="hray", dir="/tmp")  # short: Ray's socket paths must fit 107 chars
+    port = _free_port()
+    env = ray_env(temp_dir)
+    common = ["--num-cpus", "1", "--disable-usage-stats"]
+    try:
+        for cmd in (
+            [
+                str(RAY),
+                "start",
+                "--head",
+                "--port",
+                str(port),
+                "--temp-dir",
+                temp_dir,
+                "--include-dashboard=false",
+            ],
+            [str(RAY), "start", "--address", f"127.0.0.1:{port}"],  # a second node
+        ):
+            done = subprocess.run([*cmd, *common], env=env, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, f"{' '.join(cmd)}:\n{done.stdout}\n{done.stderr}"
+        yield f"127.0.0.1:{port}"
+    finally:
+        _stop_cluster(temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)
