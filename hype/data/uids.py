@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from hype.data.errors import SelectError
-from hype.io import save_npy
+from hype.io import local_file, save_npy, storage
 
 UID_DTYPE = np.dtype("u8,u8")
 _UID_RE = re.compile(r"^[0-9a-f]{32}$")
@@ -113,8 +113,7 @@ def save_subset(path: str | PathLike, uids: Iterable[str] | np.ndarray) -> Path:
     arr = uids if isinstance(uids, np.ndarray) else uids_to_array(uids)
     arr = _check_dtype(arr, "subset")
     arr = arr[sort_order(arr["f0"], arr["f1"])]  # NumPy's structured sort takes ~40 s for 20M uids
-    path = Path(path)
-    if path.suffix != ".npy":
+    if storage.location(path).suffix != ".npy":
         raise UidError(f"{path}: subset files must end in .npy (np.save would append it)")
     return save_npy(path, arr)
 
@@ -122,7 +121,15 @@ def save_subset(path: str | PathLike, uids: Iterable[str] | np.ndarray) -> Path:
 def load_subset(path: str | PathLike) -> np.ndarray:
     """Read and validate a DataComp subset file in either layout DataComp's resharder reads: an `.npy` (told
     apart by its magic string, as DataComp does) or a raw memmap of 16-byte `u8,u8` records (anything else).
-    Never unpickles; an unusable file gets an error naming what was found."""
+    Never unpickles; an unusable file gets an error naming what was found. `path` may be a URL."""
+    if storage.is_url(path):
+        if not storage.is_file(path):
+            raise UidError(f"{path}: subset file not found")
+        with local_file(path) as local:
+            try:
+                return load_subset(local)
+            except UidError as e:  # name the URL, not the temporary copy
+                raise UidError(str(e).replace(str(local), str(path))) from None
     path = Path(path)
     if not path.exists():
         raise UidError(f"{path}: subset file not found")

@@ -274,16 +274,16 @@ def size(path: str | PathLike | AnyPath) -> int:
 
 
 def info(path: str | PathLike | AnyPath) -> dict[str, Any]:
-    """{"size": bytes, "etag": the object's ETag or None} of a file (an object in a bucket)."""
+    """{"size", "version", "etag"} of a file: "version" changes whenever it is rewritten (the modification
+    time in ns locally, the ETag or the store's equivalent in a bucket); "etag" is None locally."""
     p = location(path)
     if not is_url(p):
-        return {"size": p.stat().st_size, "etag": None}
+        st = p.stat()
+        return {"size": st.st_size, "version": st.st_mtime_ns, "etag": None}
     fs, key = fs_path(p)
     found = with_retries(lambda: fs.info(key), str(p))
-    # S3: ETag; GCS: md5Hash / generation; the Hub: the blob id. Any of them changes with the content.
-    keys = ("ETag", "etag", "md5Hash", "generation", "blob_id")
-    etag = next((found[k] for k in keys if found.get(k)), None)
-    return {"size": int(found.get("size") or 0), "etag": str(etag).strip('"') if etag else None}
+    version = _version(found)
+    return {"size": int(found.get("size") or 0), "version": version, "etag": version}
 
 
 def check_reachable(path: str | PathLike | AnyPath) -> None:
@@ -344,29 +344,61 @@ def remove_tree(path: str | PathLike | AnyPath) -> None:
         shutil.rmtree(p, ignore_errors=True)
         return
     fs, key = fs_path(p)
-    names = with_retries(lambda: fs.find(key), str(p))
-    if names:
-        with_retries(lambda: fs.rm(names), str(p))
+    try:  # recursive: also the folder entries some stores keep (SeaweedFS, buckets with folder markers)
+        with_retries(lambda: fs.rm(key, recursive=True), str(p))
+    except FileNotFoundError:
+        pass
+
+
+def list_names(folder: str | PathLike | AnyPath) -> list[str]:
+    """Sorted names of the files and folders directly in `folder` ([] when it does not exist)."""
+    p = location(folder)
+    if not is_url(p):
+        try:
+            return sorted(os.listdir(p))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+    fs, key = fs_path(p)
+    try:
+        found = with_retries(lambda: fs.ls(key, detail=False, refresh=True), str(p))
+    except FileNotFoundError:
+        return []
+    return sorted(n.rstrip("/").rsplit("/", 1)[-1] for n in found)
 
 
 def list_sizes(folder: str | PathLike | AnyPath) -> dict[str, int]:
     """{name: size} of the files directly in `folder` (one listing; {} when it does not exist)."""
+    return {name: f["size"] for name, f in list_files(folder).items()}
+
+
+def list_files(folder: str | PathLike | AnyPath) -> dict[str, dict[str, Any]]:
+    """{name: {"size", "version"}} of the files directly in `folder`, from one listing ({} when it does
+    not exist). "version" changes whenever a file is rewritten: the modification time locally, the
+    ETag (or the store's equivalent) in a bucket."""
     p = location(folder)
     if not is_url(p):
         try:
-            return {e.name: e.stat().st_size for e in os.scandir(p) if e.is_file()}
+            entries = [(e.name, e.stat()) for e in os.scandir(p) if e.is_file()]
         except (FileNotFoundError, NotADirectoryError):
             return {}
+        return {name: {"size": st.st_size, "version": str(st.st_mtime_ns)} for name, st in entries}
     fs, key = fs_path(p)
     try:
-        entries = with_retries(lambda: fs.ls(key, detail=True, refresh=True), str(p))
+        found = with_retries(lambda: fs.ls(key, detail=True, refresh=True), str(p))
     except FileNotFoundError:
         return {}
     return {
-        e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)
-        for e in entries
+        e["name"].rstrip("/").rsplit("/", 1)[-1]: {"size": int(e.get("size") or 0), "version": _version(e)}
+        for e in found
         if e.get("type") == "file"
     }
+
+
+def _version(entry: Mapping[str, Any]) -> str | None:
+    # S3: ETag; GCS: md5Hash / generation; the Hub: the blob id. Each changes with the content.
+    keys = ("ETag", "etag", "md5Hash", "generation", "blob_id")
+    found = next((entry[k] for k in keys if entry.get(k)), None)
+    return str(found).strip('"') if found else None
 
 
 def glob(pattern: str) -> list[str]:

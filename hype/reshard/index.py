@@ -10,14 +10,13 @@ validated the way DataComp's resharder does it: a sample without `.json`, with u
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from hype.data.samples import BAD_JSON, NO_UID, SkipStats
 from hype.data.uids import UidMultiset, parse_uid
-from hype.io import open_input
+from hype.io import open_input, storage
 from hype.io.tar import index_samples
 
 
@@ -25,7 +24,7 @@ from hype.io.tar import index_samples
 class ShardIndex:
     tar: str
     size: int
-    mtime_ns: int
+    mtime_ns: int | str  # the tar's version: mtime in ns (local) or the object's ETag (a bucket)
     samples: int = 0  # samples seen in the tar
     # per selected sample: [uid string as written in its json, copies, [[suffix, data offset, size], ...]]
     matched: list[list] = field(default_factory=list)
@@ -53,15 +52,15 @@ class ShardIndex:
 
 
 def index_tar(path: str, subset: UidMultiset) -> ShardIndex:
-    st = os.stat(path)
-    index = ShardIndex(tar=path, size=st.st_size, mtime_ns=st.st_mtime_ns)
+    st = storage.info(path)  # size and version: mtime (local) or ETag (a bucket)
+    index = ShardIndex(tar=path, size=st["size"], mtime_ns=st["version"])
     stats = SkipStats()
     samples = list(index_samples(path, stats))  # headers only; damage is counted in stats
     index.samples = len(samples)
     uids: list[str] = []
     pairs: list[tuple[int, int]] = []
     kept: list[dict] = []
-    with open_input(path) as f:
+    with open_input(path, stream=True) as f:  # forward seeks only: a URL is read ahead, not by ranges
         for key, members in samples:
             where = f"{path}:{key}"
             if "json" not in members:

@@ -27,11 +27,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import time
 from collections.abc import Iterator
 from os import PathLike
-from pathlib import Path
 
 import numpy as np
 
@@ -41,7 +39,8 @@ from hype.data.samples import SkipStats, iter_tar_samples
 from hype.data.shards import ShardError, expand_shards
 from hype.data.uids import UidMultiset, load_uid_file
 from hype.executor import MapResult, PoolExecutor, Progress, Stage
-from hype.io import file_digest, is_temp_name, open_input, read_json, save_npy, write_json
+from hype.io import file_digest, is_temp_name, load_npy, open_input, read_json, save_npy, storage, write_json
+from hype.io.storage import AnyPath
 from hype.io.tar import write_tar
 from hype.reshard.index import index_tar
 
@@ -52,24 +51,30 @@ SHARD_FORMAT = "{:08d}.tar"
 STATS_FORMAT = "{:08d}_stats.json"
 
 
+def _absolute(path: str) -> str:
+    return path if storage.is_url(path) else os.path.abspath(path)
+
+
 def _tar_id(path: str) -> str:
-    return hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:20]
+    return hashlib.sha1(_absolute(path).encode()).hexdigest()[:20]
 
 
 def _load_subset(state_dir: str) -> UidMultiset:
     """The subset's unique uids, memory-mapped from OUT/.reshard (workers share the page cache)."""
 
     def load(name: str) -> np.ndarray:
-        return np.load(os.path.join(state_dir, f"subset_{name}.npy"), mmap_mode="r", allow_pickle=False)
+        return load_npy(storage.join(state_dir, f"subset_{name}.npy"), mmap=True)
 
     return UidMultiset.from_unique(load("hi"), load("lo"), load("counts"))
 
 
 def _saved_index(tar: str, index_path: str) -> dict | None:
-    """The index saved by an earlier run, if it is of this very tar (path, size, mtime)."""
+    """The index saved by an earlier run, if it is of this very tar (path, size, mtime or ETag)."""
     saved = read_json(index_path)  # None when missing or unreadable: index again
-    st = os.stat(tar)
-    if saved and [saved.get(k) for k in ("tar", "size", "mtime_ns")] == [tar, st.st_size, st.st_mtime_ns]:
+    if not saved:
+        return None
+    st = storage.info(tar)
+    if [saved.get(k) for k in ("tar", "size", "mtime_ns")] == [tar, st["size"], st["version"]]:
         return saved
     return None
 
@@ -111,10 +116,10 @@ class _WriteStage(Stage):
         self.out = out
 
     def done(self, task: tuple[int, list]) -> dict | None:
-        return read_json(Path(self.out) / STATS_FORMAT.format(task[0]))
+        return read_json(storage.join(self.out, STATS_FORMAT.format(task[0])))
 
     def label(self, task: tuple[int, list]) -> str:
-        return str(Path(self.out) / SHARD_FORMAT.format(task[0]))
+        return str(storage.join(self.out, SHARD_FORMAT.format(task[0])))
 
     def run(self, task: tuple[int, list]) -> dict:
         return _write_job(self.out, *task)
@@ -130,7 +135,7 @@ def _copies(index: dict) -> Iterator[tuple[str, int, list]]:
 def _write_job(out: str, k: int, pieces: list[tuple[str, int, int]]) -> dict:
     """Write output shard k from `pieces` = [(index file, first copy, end copy)], read it back, then write
     its `_stats.json`. Returns {"count", "keys_digest"}."""
-    tar_path = Path(out) / SHARD_FORMAT.format(k)
+    tar_path = storage.join(out, SHARD_FORMAT.format(k))
     expected: list[tuple[str, str]] = []  # (key, uid) in order
 
     def members() -> Iterator[tuple[str, bytes]]:
@@ -138,7 +143,7 @@ def _write_job(out: str, k: int, pieces: list[tuple[str, int, int]]) -> dict:
             index = read_json(index_file)
             if index is None:
                 raise SelectError(f"{index_file}: the index of pass 1 is unreadable; rerun hype reshard")
-            with open_input(index["tar"]) as f:
+            with open_input(index["tar"], stream=True) as f:  # forward seeks: served from read-ahead
                 for pos, (uid, j, mems) in enumerate(_copies(index)):
                     if pos < start:
                         continue
@@ -169,7 +174,7 @@ def _write_job(out: str, k: int, pieces: list[tuple[str, int, int]]) -> dict:
             "the output disk may be full or failing; delete the file and rerun"
         )
     stats_json = {"successes": len(expected), "count": len(expected)}
-    write_json(Path(out) / STATS_FORMAT.format(k), stats_json, ensure_ascii=False)
+    write_json(storage.join(out, STATS_FORMAT.format(k)), stats_json, ensure_ascii=False)
     return {"count": len(expected)}
 
 
@@ -193,11 +198,11 @@ def reshard(
         shards = expand_shards(pool)
     except ShardError as e:
         raise SelectError(f"--pool: {e}") from None
-    subset_path = Path(subset)
+    subset_path = storage.location(subset)
     arr = load_uid_file(subset_path, "--subset")  # .npy or DataComp's raw memmap layout
-    out = Path(out)
+    out = storage.location(out)
     subset_sha = file_digest(subset_path)
-    inputs = [os.path.abspath(p) for p in shards.paths]
+    inputs = [_absolute(p) for p in shards.paths]
     job = {"subset_sha256": subset_sha, "inputs": inputs, "shard_size": shard_size}
     job_sha = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()
     meta_path = out / META
@@ -211,7 +216,7 @@ def reshard(
     _prepare_out(out, job, overwrite)
 
     state = out / STATE
-    (state / "index").mkdir(parents=True, exist_ok=True)
+    storage.makedirs(state / "index")
     ms = UidMultiset(arr)
     save_npy(state / "subset_hi.npy", ms.hi)
     save_npy(state / "subset_lo.npy", ms.lo)
@@ -260,8 +265,9 @@ def reshard(
     # -- verify the whole output against the plan
     written = 0
     for k in range(n_out):
-        written += int(json.loads((out / STATS_FORMAT.format(k)).read_text())["successes"])
-    stray = sorted(p.name for p in out.glob("*.tar") if not p.stem.isdigit() or int(p.stem) >= n_out)
+        written += int((read_json(out / STATS_FORMAT.format(k)) or {}).get("successes", 0))
+    tars = [n[: -len(".tar")] for n in storage.list_sizes(out) if n.endswith(".tar")]
+    stray = sorted(f"{n}.tar" for n in tars if not n.isdigit() or int(n) >= n_out)
     if written != total or stray:
         raise SelectError(
             f"{out}: the output shards hold {written} samples, expected {total}"
@@ -295,7 +301,7 @@ def reshard(
         "job_sha256": job_sha,
     }
     write_json(meta_path, meta, ensure_ascii=False)
-    shutil.rmtree(state, ignore_errors=True)
+    storage.remove_tree(state)
     return meta
 
 
@@ -305,10 +311,10 @@ def _datacomp_fields(n_out: int) -> dict:
     return {"output_shard_count": n_out, "output_shard_format": SHARD_FORMAT}
 
 
-def _prepare_out(out: Path, job: dict, overwrite: bool) -> None:
+def _prepare_out(out: AnyPath, job: dict, overwrite: bool) -> None:
     """Refuse to mix two different jobs in one folder; remember this job so that a rerun resumes it."""
     job_file = out / STATE / "job.json"
-    if out.exists() and any(out.iterdir()):
+    if storage.list_names(out):
         if overwrite or read_json(job_file) != job:
             if not overwrite:
                 raise SelectError(
@@ -316,19 +322,19 @@ def _prepare_out(out: Path, job: dict, overwrite: bool) -> None:
                     "this --shard-size); pass --overwrite to replace its shards, or choose another --out"
                 )
             _clear(out)
-    (out / STATE).mkdir(parents=True, exist_ok=True)
+    storage.makedirs(out / STATE)
     write_json(job_file, job, ensure_ascii=False)
 
 
-def _clear(out: Path) -> None:
+def _clear(out: AnyPath) -> None:
     # --overwrite removes only what a reshard writes, never unrelated files.
-    for p in out.iterdir():
-        if p.name == STATE:
-            shutil.rmtree(p)
-        elif p.name == META or (p.name.endswith((".tar", "_stats.json")) and p.name[:8].isdigit()):
-            p.unlink()
-        elif is_temp_name(p.name):
-            p.unlink()
+    for name in storage.list_names(out):
+        if name == STATE:
+            storage.remove_tree(out / name)
+        elif name == META or (name.endswith((".tar", "_stats.json")) and name[:8].isdigit()):
+            storage.remove(out / name)
+        elif is_temp_name(name):
+            storage.remove(out / name)
 
 
 def _run(stage: Stage, tasks: list, workers: int, progress: bool) -> MapResult:

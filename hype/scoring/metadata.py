@@ -33,9 +33,10 @@ from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from hype.data.uids import UidError, uids_to_pairs, validate_uid
+from hype.io import load_npy, open_input, read_parquet, storage
+from hype.io.storage import AnyPath
 from hype.scoring.rundir import atomic_write_bytes, atomic_write_json, file_identity, fingerprint, read_json
 
 INDEX_DTYPE = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("file", "<u4"), ("row", "<u4"), ("score", "<f4")])
@@ -45,20 +46,21 @@ class MetadataError(ValueError):
     """A metadata folder that cannot be used; the message names the file and the fix."""
 
 
-def metadata_files(folder: str | Path) -> list[Path]:
-    folder = Path(folder)
-    if not folder.is_dir():
+def metadata_files(folder: str | Path) -> list[AnyPath]:
+    folder = storage.location(folder)
+    if not storage.is_dir(folder):
         raise MetadataError(f"{folder}: metadata folder not found")
-    files = sorted(p for p in folder.iterdir() if p.suffix == ".parquet")
+    files = [folder / n for n in sorted(storage.list_sizes(folder)) if n.endswith(".parquet")]
     if not files:
         raise MetadataError(f"{folder}: no <hash>.parquet metadata files in this folder")
     return files
 
 
-def feature_source(files: list[Path], have_clip: bool) -> tuple[str, list[Path]]:
+def feature_source(files: list[AnyPath], have_clip: bool) -> tuple[str, list[AnyPath]]:
     """("npz", []) when every parquet has its row-aligned .npz; else ("clip", the missing .npz files),
     which needs the CLIP scorer (`have_clip`)."""
-    missing = [p.with_suffix(".npz") for p in files if not p.with_suffix(".npz").is_file()]
+    present = set(storage.list_sizes(files[0].parent)) if files else set()  # one listing
+    missing = [p.with_suffix(".npz") for p in files if p.with_suffix(".npz").name not in present]
     if not missing:
         return "npz", []
     if not have_clip:
@@ -78,14 +80,14 @@ def build_index(folder: str | Path, index_path: Path, score_column: str | None) 
     fp = fingerprint({"files": [file_identity(p) for p in files], "score_column": score_column})
     marker = index_path.with_suffix(".json")
     done = read_json(marker)
-    if done is not None and done.get("fingerprint") == fp and index_path.is_file():
+    if done is not None and done.get("fingerprint") == fp and storage.is_file(index_path):
         return done
     started = time.perf_counter()
     parts = []
     for i, path in enumerate(files):
         columns = ["uid"] if score_column is None else ["uid", score_column]
         try:
-            table = pq.read_table(path, columns=columns)
+            table = read_parquet(path, columns=columns)
         except Exception as e:  # noqa: BLE001 - pyarrow raises several types for bad files/columns
             raise MetadataError(
                 f"{path}: cannot read columns {', '.join(columns)} ({e}); set metadata.score_column to "
@@ -115,7 +117,7 @@ def build_index(folder: str | Path, index_path: Path, score_column: str | None) 
     atomic_write_bytes(index_path, buf.getvalue())
     info = {
         "fingerprint": fp,
-        "folder": str(Path(folder).resolve()),
+        "folder": storage.absolute(folder),
         "files": [p.name for p in files],
         "rows": int(index.shape[0]),
         "score_column": score_column,
@@ -130,10 +132,10 @@ class MetadataLookup:
     lookups only)."""
 
     def __init__(self, folder: str | Path, index_path: Path, features_key: str | None, cache_files: int = 4):
-        self.folder = Path(folder)
+        self.folder = storage.location(folder)
         info = read_json(index_path.with_suffix(".json")) or {}
         self.files = [self.folder / name for name in info.get("files", [])]
-        self.index = np.load(index_path, mmap_mode="r", allow_pickle=False)
+        self.index = load_npy(index_path, mmap=True)
         self.features_key = features_key
         self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
         self._cache_files = cache_files
@@ -142,7 +144,7 @@ class MetadataLookup:
         """Width of the feature array, from the first .npz's array header (nothing else is read)."""
         path = self.files[0].with_suffix(".npz")
         try:
-            with zipfile.ZipFile(path) as z, z.open(f"{self.features_key}.npy") as f:
+            with open_input(path) as raw, zipfile.ZipFile(raw) as z, z.open(f"{self.features_key}.npy") as f:
                 major, _ = np.lib.format.read_magic(f)
                 read_header = (
                     np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
@@ -195,7 +197,7 @@ class MetadataLookup:
             return self._cache[file_index]
         path = self.files[file_index].with_suffix(".npz")
         try:
-            with np.load(path, allow_pickle=False) as npz:
+            with open_input(path) as raw, np.load(raw, allow_pickle=False) as npz:
                 arr = npz[self.features_key]
         except KeyError:
             raise MetadataError(

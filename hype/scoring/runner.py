@@ -23,13 +23,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from hype.executor import EXECUTORS, MapResult, Progress, StageSetupError
-from hype.io import cached_copy, storage
+from hype.io import StorageError, cached_copy, storage
 from hype.scoring import summary as summary_mod
 from hype.scoring.config import ScoreConfig
 from hype.scoring.dedup import find_duplicates, load_duplicates
 from hype.scoring.embed import ClassEmbedStage, EmbedStage, ModelRef
 from hype.scoring.rundir import (
     RunDir,
+    RunDirError,
     ShardTask,
     atomic_write_bytes,
     atomic_write_json,
@@ -238,8 +239,8 @@ def run_score(cfg: ScoreConfig, *, executor=None, progress: bool | None = None) 
             raise ScoreError(f"--executor {cfg.executor.kind}: {e}") from None
     state = _Run(cfg, executor, progress)
     run = state.run
-    run.create()
     try:
+        run.create()
         with run.lock():
             run.remove_stale_temporaries()
             atomic_write_bytes(run.config, cfg.to_yaml().encode())
@@ -249,6 +250,8 @@ def run_score(cfg: ScoreConfig, *, executor=None, progress: bool | None = None) 
                 # Readers (hype select/report) must not take a half-written run for a finished one.
                 state.summary(state.plan, status="failed", error=str(e))
                 raise
+    except (RunDirError, StorageError) as e:  # locked, unwritable, or the store failed: say so and stop
+        raise ScoreError(str(e)) from None
     finally:
         if own_executor:
             executor.close()

@@ -8,9 +8,11 @@ HYPE terms; the rest are diagnostics that filters and the report use.
 from __future__ import annotations
 
 from os import PathLike
-from pathlib import Path
 
 import pyarrow as pa
+
+from hype.io import storage
+from hype.io.storage import AnyPath
 
 # The five HYPE terms (DESIGN §1), in the order of paper Eq. 1.
 METRICS = ("eps_i", "eps_t", "neg_d_l", "cos_theta", "c_in")
@@ -32,6 +34,6 @@ SCHEMA = pa.schema(
 )
 
 
-def scores_dir(run_dir: str | PathLike) -> Path:
-    """Folder of the partitioned scores table inside a run directory."""
-    return Path(run_dir) / "scores"
+def scores_dir(run_dir: str | PathLike | AnyPath) -> AnyPath:
+    """Folder of the partitioned scores table inside a run directory (a local path or a URL)."""
+    return storage.join(run_dir, "scores")

@@ -21,7 +21,8 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save
+from safetensors.torch import load as safetensors_load
+from safetensors.torch import save
 
 from hype.geometry import lorentz
 from hype.io import read_bytes, read_parquet
@@ -117,7 +118,7 @@ class CandidateStage(MeanEnergyStage):
         super().__init__(run, sets_digest=top_n_digest, **kw)
 
     def load_sets(self) -> tuple[torch.Tensor, torch.Tensor]:
-        data = load_file(str(self.run_dir.top_n))
+        data = safetensors_load(read_bytes(self.run_dir.top_n))  # a local file or an object in a bucket
         return data["img"], data["txt"]
 
 

@@ -19,15 +19,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hype.data.uids import UID_DTYPE, is_sorted, load_subset, pair_to_uid, pairs_to_arrow, sorted_uids
-from hype.io import atomic_path, save_npy
+from hype.io import atomic_path, save_npy, storage
 from hype.io import write_json as _write_json
+from hype.io.storage import AnyPath
 from hype.select.errors import SelectError
 from hype.select.stats import RunningStats
 
 
-def output_paths(out: str | os.PathLike) -> tuple[Path, Path, Path]:
-    """`subset.npy` -> (`subset.npy`, `subset.parquet`, `subset.json`)."""
-    npy = Path(out)
+def output_paths(out: str | os.PathLike) -> tuple[AnyPath, AnyPath, AnyPath]:
+    """`subset.npy` -> (`subset.npy`, `subset.parquet`, `subset.json`), local paths or URLs."""
+    npy = storage.location(out)
     if npy.suffix != ".npy":
         raise SelectError(
             f"--out {out}: the subset file must end in .npy (DataComp's format), e.g. subset.npy"
@@ -134,6 +135,6 @@ def _json_default(o):
         return int(o)
     if isinstance(o, (np.floating,)):
         return float(o)
-    if isinstance(o, Path):
+    if isinstance(o, Path) or hasattr(o, "protocol"):  # a local path or a URL (UPath)
         return str(o)
     raise TypeError(f"not JSON serializable: {type(o).__name__}")

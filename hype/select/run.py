@@ -17,6 +17,8 @@ from typing import Any
 
 from hype import __version__
 from hype.data.uids import to_structured
+from hype.io import read_bytes
+from hype.io.storage import AnyPath
 from hype.scoring.schema import METRICS
 from hype.select import rules
 from hype.select.errors import SelectError
@@ -181,19 +183,18 @@ def select_subset(req: SelectRequest) -> dict:
     return summary
 
 
-def _pool_cache_path(table: ScoresTable) -> Path:
+def _pool_cache_path(table: ScoresTable) -> AnyPath:
     """Per-metric pool statistics depend only on the scores table: cache them next to it, keyed by the
     part files' names, sizes and modification times, so repeated selections skip computing them."""
     h = hashlib.sha256()
-    for f in table.files:
-        st = f.stat()
-        h.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    for name, f in table.listing.items():  # sizes and versions (mtime / ETag) from the table's listing
+        h.update(f"{name}\0{f['size']}\0{f['version']}\n".encode())
     return table.folder.parent / "select_cache" / f"pool-stats-{h.hexdigest()[:20]}.json"
 
 
 def _read_pool_cache(table: ScoresTable) -> dict | None:
     try:
-        data = json.loads(_pool_cache_path(table).read_text())
+        data = json.loads(read_bytes(_pool_cache_path(table)))
     except (OSError, ValueError):
         return None
     ok = isinstance(data, dict) and set(data) == set(table.present_metrics())

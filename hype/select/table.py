@@ -15,13 +15,14 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from os import PathLike
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hype.data.uids import UidError, arrow_to_pairs
+from hype.io import read_bytes, storage
+from hype.io.storage import AnyPath
 from hype.scoring.schema import METRICS, SCHEMA, scores_dir
 from hype.select.errors import SelectError
 
@@ -99,14 +100,21 @@ class ScoresTable:
     """The partitioned scores table of a run directory (or a folder of Parquet files given directly)."""
 
     def __init__(self, run_dir: str | PathLike):
-        self.run_dir = Path(run_dir)
+        self.run_dir = storage.location(run_dir)
         folder = scores_dir(self.run_dir)
-        if not folder.is_dir() and self.run_dir.is_dir() and any(self.run_dir.glob("part-*.parquet")):
-            folder = self.run_dir  # the scores folder itself was passed
-        if not self.run_dir.exists():
-            raise SelectError(f"{self.run_dir}: no such run directory; pass the --out folder of `hype score`")
+        listing = _parts(folder)
+        if not listing:
+            listing = _parts(self.run_dir)
+            if listing:
+                folder = self.run_dir  # the scores folder itself was passed
+            elif not storage.exists(self.run_dir):
+                raise SelectError(
+                    f"{self.run_dir}: no such run directory; pass the --out folder of `hype score`"
+                )
         self.folder = folder
-        self.files = sorted(folder.glob("part-*.parquet")) if folder.is_dir() else []
+        # name -> {"size", "version"} from one listing (a bucket: no request per part)
+        self.listing = listing
+        self.files = [folder / name for name in listing]
         if not self.files:
             raise SelectError(
                 f"{self.run_dir}: no scores found (expected {folder}/part-*.parquet); run "
@@ -117,8 +125,8 @@ class ScoresTable:
         row = 0
         for path in self.files:
             try:
-                meta = pq.ParquetFile(path).metadata
-                schema = pq.read_schema(path)
+                part = parquet_file(path)
+                meta, schema = part.metadata, part.schema_arrow
             except (pa.ArrowInvalid, OSError) as e:
                 raise SelectError(
                     f"{path}: not a readable Parquet file ({e}); delete it and rescore that part"
@@ -136,7 +144,7 @@ class ScoresTable:
     def run_summary(self) -> dict | None:
         """The `summary.json` `hype score` keeps next to the scores (None when absent or unreadable)."""
         try:
-            data = json.loads((self.folder.parent / "summary.json").read_text())
+            data = json.loads(read_bytes(self.folder.parent / "summary.json"))
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
@@ -215,7 +223,7 @@ class ScoresTable:
 
 def _read_unit(unit: _Unit, columns: list[str]) -> pa.Table:
     try:
-        return pq.ParquetFile(unit.path).read_row_group(unit.row_group, columns=columns, use_threads=False)
+        return parquet_file(unit.path).read_row_group(unit.row_group, columns=columns, use_threads=False)
     except (pa.ArrowInvalid, OSError) as e:
         raise SelectError(
             f"{unit.path}: row group {unit.row_group} cannot be read ({e}); rescore it"
@@ -279,3 +287,16 @@ def _progress(desc: str | None, total: int):
         file=sys.stderr,
         dynamic_ncols=True,
     )
+
+
+def _parts(folder: AnyPath) -> dict[str, dict]:
+    files = storage.list_files(folder)
+    return {n: files[n] for n in sorted(files) if n.startswith("part-") and n.endswith(".parquet")}
+
+
+def parquet_file(path: str | AnyPath) -> pq.ParquetFile:
+    """A part of the scores table, open for reading. A URL is fetched whole in one request (a part is one
+    shard's rows, a few MB): fewer round trips than reading its footer and row groups by ranges."""
+    if storage.is_url(path):
+        return pq.ParquetFile(pa.BufferReader(read_bytes(path)))
+    return pq.ParquetFile(path)
