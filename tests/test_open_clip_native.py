@@ -102,7 +102,7 @@ def layouts(rn, tmp_path_factory) -> dict[str, tuple[Path, str | None]]:
 
 def _hf_folder(hf: Path, model_cfg: dict, preprocess_cfg: dict) -> tuple[Path, torch.nn.Module]:
     """A Hugging Face folder with a random-init model of this config, and open_clip's model of it."""
-    hf.mkdir()
+    hf.mkdir(exist_ok=True)
     config = {"model_cfg": model_cfg, "preprocess_cfg": preprocess_cfg}
     (hf / "open_clip_config.json").write_text(json.dumps(config))
     torch.manual_seed(1)
@@ -200,27 +200,63 @@ def test_an_openai_resnet_release_archive_loads_without_arch(rn, tmp_path):
     assert d_img <= 1e-6 and d_txt <= 1e-6, (d_img, d_txt)
 
 
-def test_a_timm_tower_custom_text_config_with_its_own_preprocess(tmp_path):
-    """A Hugging Face folder whose config open_clip builds with a timm image tower and a `CustomTextCLIP`
-    (`text.*` keys), with a non-default preprocess config (squash, bilinear, its own mean/std)."""
-    cfg = {
-        "embed_dim": 32,
-        "custom_text": True,
-        "vision_cfg": {"timm_model_name": "test_convnext", "timm_pool": "avg", "image_size": 48},
-        "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 1},
-    }
-    pre = {
-        "mean": [0.5, 0.4, 0.3],
-        "std": [0.2, 0.25, 0.3],
-        "interpolation": "bilinear",
-        "resize_mode": "squash",
-    }
+_TEXT = {"context_length": 16, "vocab_size": 49408, "width": 64, "heads": 1, "layers": 1}
+# Tiny configs of the other kinds of open_clip model, each with a preprocess config of its own.
+OTHER_KINDS = {
+    "timm ConvNeXt image tower, CustomTextCLIP (text.* keys)": (
+        {
+            "embed_dim": 32,
+            "custom_text": True,
+            "vision_cfg": {"timm_model_name": "test_convnext", "timm_pool": "avg", "image_size": 48},
+            "text_cfg": _TEXT,
+        },
+        {
+            "mean": [0.5, 0.4, 0.3],
+            "std": [0.2, 0.25, 0.3],
+            "interpolation": "bilinear",
+            "resize_mode": "squash",
+        },
+    ),
+    "CoCa (attentional pooling, multimodal decoder)": (
+        {
+            "embed_dim": 32,
+            "custom_text": True,
+            "multimodal_cfg": {**_TEXT, "n_queries": 4, "attn_pooler_heads": 1},
+            "vision_cfg": {
+                "image_size": 32,
+                "layers": 1,
+                "width": 64,
+                "patch_size": 16,
+                "output_tokens": True,
+            },
+            "text_cfg": {**_TEXT, "embed_cls": True, "output_tokens": True},
+        },
+        {"resize_mode": "longest"},
+    ),
+    "SigLIP-style ViT (avg pool, logit bias, non-causal text pooled last)": (
+        {
+            "embed_dim": 32,
+            "init_logit_bias": -10,
+            "vision_cfg": {"image_size": 32, "layers": 1, "width": 64, "patch_size": 16, "pool_type": "avg"},
+            "text_cfg": {**_TEXT, "no_causal_mask": True, "pool_type": "last"},
+        },
+        {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]},
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", OTHER_KINDS)
+def test_other_kinds_of_model_embed_as_open_clips_own_model(kind, tmp_path):
+    """A Hugging Face folder of each kind loads as open_clip's own model with its own preprocessing."""
+    cfg, pre = OTHER_KINDS[kind]
     hf, oc = _hf_folder(tmp_path / "hf", cfg, pre)
-    assert any(k.startswith("text.") for k in oc.state_dict())
     model = load_model_file(hf)
     assert isinstance(model, OpenClipModel) and model.config.name == "hf"
+    assert type(model.open_clip) is type(oc)
     p = model.config.preprocess
-    assert (list(p.mean), p.interpolation, p.resize_mode) == (pre["mean"], "bilinear", "squash")
+    assert p.resize_mode == pre.get("resize_mode", "shortest")
+    assert p.interpolation == pre.get("interpolation", "bicubic")
+    assert list(p.mean) == pre.get("mean", list(open_clip.OPENAI_DATASET_MEAN))
     d_img, d_txt = _max_diffs(model, oc, open_clip.get_tokenizer(f"local-dir:{hf}"))
     assert d_img <= 1e-6 and d_txt <= 1e-6, (d_img, d_txt)
 
@@ -389,3 +425,49 @@ def test_a_missing_hugging_face_tokenizer_names_the_repo_to_fetch(monkeypatch, t
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     with pytest.raises(ModelFileError, match=r"hf download timm/ViT-B-16-SigLIP\b"):
         build_open_clip_model(builtin_config("ViT-B-16-SigLIP"), {}, name="ViT-B-16-SigLIP")
+
+
+def _hf_tokenizer_model(hf: Path, repo: str) -> torch.nn.Module:
+    """A SigLIP-like model folder (its own Hugging Face tokenizer, `canonicalize` cleaning, a text tower
+    pooled at the last token) with the tokenizer's files beside it, as open_clip's push_to_hf_hub writes."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<unk>", "</s>", "a", "photo", "of", "red", "cube", "two", "blue", "spheres", "on"]
+    tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tk, pad_token="<pad>", unk_token="<unk>", eos_token="</s>"
+    )
+    fast.save_pretrained(hf)
+    text = {**_TEXT, "vocab_size": len(words), "hf_tokenizer_name": repo, "pad_id": 0}
+    text.update(tokenizer_kwargs={"clean": "canonicalize"}, no_causal_mask=True, pool_type="last")
+    cfg = {"embed_dim": 32, "vision_cfg": {"image_size": 32, "layers": 1, "width": 64, "patch_size": 16}}
+    return _hf_folder(hf, {**cfg, "text_cfg": text}, {})[1]
+
+
+def test_a_hugging_face_tokenizer_is_read_from_the_model_folder_or_the_cache(monkeypatch, tmp_path):
+    """Nothing is downloaded: the tokenizer comes from the model's folder, else from the Hugging Face cache
+    under the config's `hf_tokenizer_name`."""
+    pytest.importorskip("transformers")
+    import huggingface_hub.constants
+
+    repo = "org/tiny-tokenizer"
+    hf = tmp_path / "hf"
+    oc = _hf_tokenizer_model(hf, repo)
+    model = load_model_file(hf)
+    tokenizer = open_clip.get_tokenizer(f"local-dir:{hf}")
+    assert type(tokenizer).__name__ == "HFTokenizer"
+    d_img, d_txt = _max_diffs(model, oc, tokenizer)
+    assert d_img <= 1e-6 and d_txt <= 1e-6, (d_img, d_txt)
+    # The same model with its tokenizer only in the cache: models--org--tiny-tokenizer/snapshots/<commit>/.
+    snap = tmp_path / "cache" / "models--org--tiny-tokenizer" / "snapshots" / "c0ffee"
+    snap.mkdir(parents=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (hf / name).rename(snap / name)
+    (snap.parent.parent / "refs").mkdir()
+    (snap.parent.parent / "refs" / "main").write_text("c0ffee")
+    with pytest.raises(ModelFileError, match=f"hf download {repo}"):
+        load_model_file(hf)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    assert torch.equal(load_model_file(hf).tokenizer()(TEXTS), tokenizer(TEXTS))

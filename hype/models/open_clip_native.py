@@ -111,11 +111,12 @@ class OpenClipModel(nn.Module):
 
     def encode_image(self, images: Tensor) -> Tensor:
         """Images (B, 3, H, W), normalized by `preprocess` -> unit-norm embeddings (B, embed_dim)."""
-        return self._embed(self.open_clip.encode_image(images))
+        # normalize=False: CoCa's default is True; the normalization is the geometry's, in fp32.
+        return self._embed(self.open_clip.encode_image(images, normalize=False))
 
     def encode_text(self, tokens: Tensor) -> Tensor:
         """Token ids from `tokenizer()` -> unit-norm embeddings (B, embed_dim)."""
-        return self._embed(self.open_clip.encode_text(tokens))
+        return self._embed(self.open_clip.encode_text(tokens, normalize=False))
 
     def similarity(self, image_emb: Tensor, text_emb: Tensor) -> Tensor:
         """cos θ for all pairs (N_img, N_txt)."""
