@@ -279,6 +279,12 @@ def test_convert_and_train_init_refuse_it_naming_the_use(layouts, tmp_path):
         load_model_file(hf, hype_towers=True)
 
 
+def test_a_bare_file_without_arch_lists_the_resnet_names_of_its_shapes(layouts):
+    bare = layouts["bare .safetensors + --arch"][0]
+    with pytest.raises(ModelFileError, match=f"pass --arch NAME, e.g. one of: {TINY_RN}$"):
+        load_model_file(bare)
+
+
 def test_a_file_missing_tensors_is_refused_naming_them(layouts, tmp_path):
     from safetensors.torch import load_file
 

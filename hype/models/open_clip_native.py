@@ -39,7 +39,7 @@ from torch import nn
 
 from hype.geometry import Geometry, get_geometry
 from hype.io.weights import ModelFileError
-from hype.models.config import LossConfig, PreprocessConfig
+from hype.models.config import PreprocessConfig
 
 Tensor = torch.Tensor
 
@@ -69,11 +69,6 @@ class OpenClipConfig:
     model_cfg: dict = field(repr=False)  # open_clip's model_cfg, as given
     preprocess_cfg: dict = field(repr=False)  # open_clip's final preprocess config
     geometry: str = "clip"
-    loss: LossConfig = field(default_factory=lambda: LossConfig(entailment_weight=0.0, entailment_K=None))
-
-    @property
-    def description(self) -> str:
-        return f"open_clip {self.name} (open_clip's own model)"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -94,9 +89,7 @@ class OpenClipModel(nn.Module):
         self.geometry: Geometry = get_geometry("clip")
         self._tokenizer = tokenizer
 
-    curv = None
-    alpha_img = None
-    alpha_txt = None
+    curv = None  # the cosine geometry has no curvature
 
     @property
     def logit_scale(self) -> Tensor:
