@@ -113,14 +113,19 @@ def load_model_file(
     arch: str | None = None,
     geometry: str | None = None,
     device: str | torch.device = "cpu",
+    hype_towers: bool = False,
 ) -> torch.nn.Module:
     """A model from a hype checkpoint or from any open_clip file or folder the user already has (OpenAI's
-    releases, Hugging Face folders, open_clip_train checkpoints, the EuCLIP fork's runs). DESIGN §6."""
+    releases, Hugging Face folders, open_clip_train checkpoints, the EuCLIP fork's runs). DESIGN §6.
+
+    An open_clip architecture hype does not translate comes back as open_clip's own model behind the same
+    interface (`hype.models.open_clip_native.OpenClipModel`: a CLIP scorer and eval model); a caller that
+    needs hype's own towers (`hype train --init`) passes `hype_towers=True` and gets the refusal instead."""
     from hype.models.open_clip_files import is_open_clip_source, read_open_clip
 
     p = Path(path)
     if is_open_clip_source(p):
-        return read_open_clip(p, arch=arch, geometry=geometry).model.to(device)
+        return read_open_clip(p, arch=arch, geometry=geometry, native=not hype_towers).model.to(device)
     if arch is not None or geometry is not None:
         raise CheckpointError(f"{p}: a hype checkpoint carries its own config; drop --arch/--geometry")
     return load_checkpoint(p, device=device)
@@ -142,5 +147,5 @@ def model_file_config(path: str | PathLike) -> dict:
     from hype.models.open_clip_files import is_open_clip_source, read_open_clip
 
     if is_open_clip_source(path):
-        return read_open_clip(path).model.config.to_dict()
+        return read_open_clip(path, native=True).model.config.to_dict()
     return read_checkpoint_metadata(path)["model_config"]

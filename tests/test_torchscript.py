@@ -63,7 +63,7 @@ def _openai_style_clip(dtype: torch.dtype) -> CLIP:
 
 def openai_style(model: CLIP, dtype: torch.dtype = torch.float32) -> CLIP:
     """An open_clip `CLIP` turned into what OpenAI's released model looked like before tracing."""
-    image_size, ctx, vocab = model.visual.image_size[0], model.context_length, model.vocab_size
+    image_size, ctx, vocab = _side(model.visual.image_size), model.context_length, model.vocab_size
     # OpenAI's model carries these as tensors in its state dict (open_clip pops them when loading).
     del model.context_length, model.vocab_size
     for name, value in zip(OPENAI_SCALARS, (image_size, ctx, vocab), strict=True):
@@ -75,8 +75,12 @@ def openai_style(model: CLIP, dtype: torch.dtype = torch.float32) -> CLIP:
     return model
 
 
+def _side(size: int | tuple[int, int]) -> int:
+    return size if isinstance(size, int) else size[0]  # a ViT's is (h, w), a ResNet's an int
+
+
 def _trace(model: CLIP) -> torch.jit.ScriptModule:
-    size, ctx = model.visual.image_size[0], int(model.context_length)
+    size, ctx = _side(model.visual.image_size), int(model.context_length)
     images = torch.ones(2, 3, size, size, dtype=model.visual.conv1.weight.dtype)
     text = torch.zeros(2, ctx, dtype=torch.long)
     methods = {"forward": (images, text), "encode_text": (text,), "encode_image": (images,)}

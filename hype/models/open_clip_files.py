@@ -10,6 +10,11 @@ run's `params.txt` (`model: ...`, and the EuCLIP fork's `geometry: ...`) two fol
 `open_clip_train` checkpoint, or the shapes of an OpenAI-layout release. A bare state dict with none of
 these is ambiguous (ViT-B-32 and ViT-B-32-quickgelu hold the same tensors) and is refused with the
 candidate names. Files are read by `hype.io.weights.load_source`, which never runs pickled code.
+
+An architecture hype's towers build (a ViT with open_clip's text transformer) becomes a `ContrastiveModel`;
+with `native=True` (what `hype.checkpoint.load_model_file` asks for: the scorer and `hype eval`) any other
+CLIP-geometry architecture becomes open_clip's own model behind the same interface
+(`hype.models.open_clip_native`); without it (conversion, `hype train --init`) it is refused by name.
 """
 
 from __future__ import annotations
@@ -34,7 +39,9 @@ from hype.models.open_clip_format import (
     infer_openai_config,
     model_config_from_open_clip,
     state_dict_from_open_clip,
+    unsupported_features,
 )
+from hype.models.open_clip_native import OpenClipModel, build_open_clip_model, open_clip_state_dict
 
 HF_CONFIG = "open_clip_config.json"
 # open_clip's own preference among the weight files of a folder (factory._find_checkpoint_in_dir).
@@ -53,7 +60,7 @@ PARAMS = "params.txt"
 class ImportedModel:
     """A model read from open_clip files, and where each part of it came from."""
 
-    model: ContrastiveModel
+    model: ContrastiveModel | OpenClipModel  # OpenClipModel: open_clip's own model (native=True only)
     weights: Path  # the file the tensors came from
     layout: str  # hf-folder | open_clip_train | openai | state-dict
     arch: str  # open_clip architecture name (or the folder's name for an unnamed config)
@@ -82,9 +89,11 @@ def source_digest(path: str | Path, digest: Callable[[Path], str] = file_digest)
 
 
 def read_open_clip(
-    path: str | Path, *, arch: str | None = None, geometry: str | None = None
+    path: str | Path, *, arch: str | None = None, geometry: str | None = None, native: bool = False
 ) -> ImportedModel:
-    """A `ContrastiveModel` holding the open_clip model at `path` (file or folder), fp32, in eval mode."""
+    """The open_clip model at `path` (file or folder), fp32, in eval mode: a `ContrastiveModel` when
+    hype's towers build its architecture, else (`native=True`, CLIP geometry) open_clip's own model as an
+    `OpenClipModel`; without `native`, such an architecture raises `UnsupportedArchitecture`."""
     p = Path(path)
     if not p.exists():
         raise ModelFileError(f"{p}: not found")
@@ -104,10 +113,14 @@ def read_open_clip(
 
     model_cfg, preprocess_cfg, name, arch_origin = _architecture(arch, hf_config, params, sd, weights)
     geometry, geometry_origin = _geometry(geometry, params, sd)
-    config = model_config_from_open_clip(model_cfg, preprocess_cfg, name=name, geometry=geometry)
-    model = create_model(config)
-    mapped = state_dict_from_open_clip(sd)
-    _load_strict(model, mapped, weights, name)
+    if native and geometry == "clip" and unsupported_features(model_cfg):
+        folder = hf_config.parent if hf_config is not None else None
+        model = build_open_clip_model(model_cfg, preprocess_cfg, name=name, folder=folder)
+        _load_strict(model.open_clip, open_clip_state_dict(model, sd), weights, name)
+    else:
+        config = model_config_from_open_clip(model_cfg, preprocess_cfg, name=name, geometry=geometry)
+        model = create_model(config)
+        _load_strict(model, state_dict_from_open_clip(sd), weights, name)
     return ImportedModel(
         model=model.eval(),
         weights=weights,
@@ -284,7 +297,7 @@ def _geometry(geometry: str | None, params: dict[str, str], sd: dict) -> tuple[s
     return "clip", "default (no params.txt)"
 
 
-def _load_strict(model: ContrastiveModel, mapped: dict, weights: Path, name: str) -> None:
+def _load_strict(model: torch.nn.Module, mapped: dict, weights: Path, name: str) -> None:
     want = model.state_dict()
     missing = sorted(set(want) - set(mapped))
     unexpected = sorted(set(mapped) - set(want))

@@ -157,10 +157,17 @@ def model_config_from_open_clip(
     """
     problems = unsupported_features(model_cfg)
     if problems:
+        use = (
+            "hype runs open_clip's own model for it where a CLIP is enough: use the file or folder as it "
+            "is with `hype score --clip SRC` or `hype eval --model SRC`"
+            if geometry == "clip"
+            else f"stock open_clip has no {geometry!r} geometry either"
+        )
         raise UnsupportedArchitecture(
             f"open_clip architecture {name!r} uses features hype's towers do not build: "
-            f"{', '.join(problems)}. hype imports ViT image towers with open_clip's causal text transformer "
-            "(OpenAI CLIP, DataComp and LAION ViT models); use open_clip itself for this one"
+            f"{', '.join(problems)}. hype translates ViT image towers with open_clip's causal text "
+            "transformer (OpenAI CLIP, DataComp and LAION ViT models) into its own model, which converting "
+            f"(`hype convert open-clip`) and `hype train --init` need; {use}"
         )
     v, t = dict(model_cfg["vision_cfg"]), dict(model_cfg["text_cfg"])
     size = v.get("image_size", 224)
@@ -301,27 +308,26 @@ def state_dict_to_open_clip(model: torch.nn.Module, *, custom_text: bool = False
 
 
 def infer_openai_config(sd: Mapping[str, Tensor]) -> dict[str, Any]:
-    """open_clip `model_cfg` of an OpenAI-layout ViT state dict, read off its shapes (as open_clip does
-    for OpenAI's archives: heads = width / 64, QuickGELU)."""
-    if "visual.proj" not in sd:
-        raise UnsupportedArchitecture(
-            "an OpenAI ResNet CLIP (no visual.proj); hype imports the ViT models only"
-        )
-    conv = sd["visual.conv1.weight"]
-    width, patch = int(conv.shape[0]), int(conv.shape[-1])
-    grid = round((sd["visual.positional_embedding"].shape[0] - 1) ** 0.5)
-    vision_layers = len({k.split(".")[3] for k in sd if k.startswith("visual.transformer.resblocks.")})
+    """open_clip `model_cfg` of an OpenAI-layout state dict (ViT or ResNet), read off its shapes as
+    open_clip's `build_model_from_openai_state_dict` does (heads = width / 64, QuickGELU)."""
+    if "visual.proj" in sd:
+        conv = sd["visual.conv1.weight"]
+        width, patch = int(conv.shape[0]), int(conv.shape[-1])
+        grid = round((sd["visual.positional_embedding"].shape[0] - 1) ** 0.5)
+        layers = len({k.split(".")[3] for k in sd if k.startswith("visual.transformer.resblocks.")})
+        vision = {"image_size": patch * grid, "layers": layers, "width": width, "patch_size": patch}
+    else:  # ModifiedResNet: blocks per stage, stem width, attention-pool grid (stride 32)
+        stages = [[k for k in sd if k.startswith(f"visual.layer{b}.")] for b in (1, 2, 3, 4)]
+        blocks = [len({k.split(".")[2] for k in keys}) for keys in stages]
+        grid = round((sd["visual.attnpool.positional_embedding"].shape[0] - 1) ** 0.5)
+        width = int(sd["visual.layer1.0.conv1.weight"].shape[0])
+        vision = {"image_size": grid * 32, "layers": blocks, "width": width, "patch_size": None}
     text_width = int(sd["ln_final.weight"].shape[0])
     text_layers = len({k.split(".")[2] for k in sd if k.startswith("transformer.resblocks.")})
     return {
         "embed_dim": int(sd["text_projection"].shape[1]),
         "quick_gelu": True,
-        "vision_cfg": {
-            "image_size": patch * grid,
-            "layers": vision_layers,
-            "width": width,
-            "patch_size": patch,
-        },
+        "vision_cfg": vision,
         "text_cfg": {
             "context_length": int(sd["positional_embedding"].shape[0]),
             "vocab_size": int(sd["token_embedding.weight"].shape[0]),

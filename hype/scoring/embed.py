@@ -143,11 +143,23 @@ class _EmbedBase(ShardStage):
         return prep.batch([it.pixels[prep.geometry] for it in batch], self.device)
 
     def _tokens(self, batch: list[Decoded], role: str, cache: dict) -> torch.Tensor:
-        # One BPE for every model: tokenize once per context length.
         tok = self._models[role].tokenizer()
-        if tok.context_length not in cache:
-            cache[tok.context_length] = tok([it.text for it in batch]).to(self.device)
-        return cache[tok.context_length]
+        key = _token_key(tok)
+        if key not in cache:
+            cache[key] = tok([it.text for it in batch]).to(self.device)
+        return cache[key]
+
+
+def _token_key(tok) -> tuple:
+    """Tokenizers that give the same ids share one tokenization per batch: open_clip's CLIP BPE (every hype
+    model, and open_clip models without a tokenizer of their own) by context length, cleaning and special
+    tokens; any other tokenizer (Hugging Face's, random token reduction) is its own."""
+    from open_clip.tokenizer import SimpleTokenizer
+
+    if type(tok) is SimpleTokenizer and tok.reduction_fn is None:
+        special = tuple(tok.decoder[i] for i in tok.all_special_ids)
+        return ("clip-bpe", tok.context_length, tok.clean_fn, tok.vocab_size, special)
+    return ("own", id(tok))
 
 
 class EmbedStage(_EmbedBase):

@@ -247,7 +247,7 @@ class Trainer:
         from hype.checkpoint import load_model_file
 
         try:
-            src = load_model_file(path)
+            src = load_model_file(path, hype_towers=True)
         except (ValueError, OSError) as e:
             raise InitError(f"init {path}: {e}") from None
         theirs, ours = src.state_dict(), self.model.state_dict()
