@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -200,3 +201,31 @@ def test_transient_errors_are_told_apart():
     before = storage.retry_count()
     assert storage.with_retries(flaky, "s3://b/k") == "ok"
     assert storage.retry_count() - before == 2
+
+
+def test_a_vanished_shard_is_counted_missing_and_a_dead_store_is_raised_not_counted(
+    s3, tmp_path, monkeypatch
+):
+    from hype.io.tar import MISSING_SHARD, UNREADABLE_SHARD
+
+    url = f"s3://{s3.bucket()}/pool/00000.tar"
+    problems = Problems()
+    assert list(read_samples(url, problems)) == []
+    assert [r for r, _ in problems.seen] == [MISSING_SHARD] and url in problems.seen[0][1]
+
+    # A store that does not answer: after the retries the error leaves the reader (the shard fails and
+    # is retried by the executor) instead of being recorded as a damaged shard that was read.
+    local = tmp_path / "00000.tar"
+    write_tar(local, _tar_members(3))
+    storage.upload(local, storage.location(url))
+    monkeypatch.setitem(storage._RETRIES, "attempts", 2)
+    monkeypatch.setitem(storage._RETRIES, "base_s", 0.05)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    storage.configure({**s3.options, "endpoint_url": f"http://127.0.0.1:{dead}"})
+    before, problems = storage.retry_count(), Problems()
+    with pytest.raises(storage.StorageError, match="did not answer"):
+        list(read_samples(url, problems))
+    assert not [r for r, _ in problems.seen if r == UNREADABLE_SHARD]
+    assert storage.retry_count() > before
