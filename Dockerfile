@@ -28,7 +28,7 @@ COPY pipelines pipelines
 COPY filters filters
 # faiss: faiss-gpu-cu12 is the only GPU build on PyPI and torch here is CUDA 13, so the image keeps
 # faiss-cpu (k-means for c_IN runs on the CPU; clusters.gpu must stay false).
-RUN pip install -c docker/constraints.txt '.[cluster]'
+RUN pip install -c docker/constraints.txt '.[s3,cluster]'
 
 # ---------------------------------------------------------------------------------------------------
 # CPU. torch and torchvision come from PyTorch's CPU index (same versions as the constraints: a `+cpu`
@@ -48,7 +48,7 @@ COPY pyproject.toml README.md ./
 COPY hype hype
 COPY pipelines pipelines
 COPY filters filters
-RUN pip install -c docker/constraints.txt '.[cluster]'
+RUN pip install -c docker/constraints.txt '.[s3,cluster]'
 
 # ---------------------------------------------------------------------------------------------------
 FROM nvidia/cuda:13.0.2-runtime-ubuntu24.04 AS gpu
