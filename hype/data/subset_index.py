@@ -7,14 +7,17 @@ so training on shards + subset sees exactly the samples the resharded subset wou
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from os import PathLike
-from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
-import pyarrow.parquet as pq
 
-from hype.data.uids import UID_DTYPE, UidError, load_uid_file, uids_to_array
+from hype.data.errors import SelectError
+from hype.data.uids import UID_DTYPE, UidError, load_subset, load_uid_file, uids_to_array
+from hype.io import local_file, read_parquet, read_parquet_schema, storage
+
+T = TypeVar("T")
 
 
 class SubsetError(ValueError):
@@ -31,7 +34,7 @@ class SubsetIndex:
     @classmethod
     def load(cls, path: str | PathLike) -> SubsetIndex:
         """A non-empty subset file, `.npy` or raw memmap (`SelectError` naming `--subset` otherwise)."""
-        return cls(load_uid_file(path, "--subset"), str(path))
+        return cls(load_uid_file_at(path, "--subset"), str(path))
 
     def __len__(self) -> int:
         return len(self.uids)
@@ -72,13 +75,11 @@ def count_matches_from_parquet(
         unique = [unique[int(i * step)] for i in range(max_shards)]
     matched = checked = shards_checked = 0
     for shard in unique:
-        pq_path = Path(shard).with_suffix(".parquet")
-        if not pq_path.is_file():
-            continue
+        pq_path = storage.location(shard).with_suffix(".parquet")
         try:
-            names = pq.read_schema(pq_path).names
+            names = read_parquet_schema(pq_path).names
             cols = ["uid", "status"] if "status" in names else ["uid"]
-            table = pq.read_table(pq_path, columns=cols)
+            table = read_parquet(pq_path, cols)
         except Exception:  # a missing column or an unreadable file: this shard simply stays unchecked
             continue
         col = table.column("uid").to_pylist()
@@ -122,3 +123,34 @@ def check_subset_matches(shards: Sequence[str], index: SubsetIndex, data_spec: s
 
 def resolve_subset(path: str | PathLike | None) -> SubsetIndex | None:
     return None if path is None else SubsetIndex.load(path)
+
+
+# --- subset files on any storage ---------------------------------------------------------------------
+
+
+def load_subset_at(path: str | PathLike) -> np.ndarray:
+    """`hype.data.uids.load_subset` of a local path or a URL (`UidError` naming the path as given)."""
+    return _on_local_copy(load_subset, path)
+
+
+def load_uid_file_at(path: str | PathLike, option: str) -> np.ndarray:
+    """`hype.data.uids.load_uid_file` of a local path or a URL (`SelectError` naming `option` and the
+    path as given)."""
+    try:
+        return _on_local_copy(load_uid_file, path, option)
+    except UidError as e:  # only a missing URL gets here: load_uid_file turns the rest into SelectError
+        raise SelectError(f"{option}: {e}") from None
+
+
+def _on_local_copy(read: Callable[..., T], path: str | PathLike, *args) -> T:
+    # The uid readers open files by name (magic bytes, then np.load or np.fromfile), and a subset file is
+    # at most a few hundred MB: a URL is downloaded whole first.
+    if not storage.is_url(path):
+        return read(path, *args)
+    if not storage.is_file(path):
+        raise UidError(f"{path}: subset file not found")
+    with local_file(path) as tmp:
+        try:
+            return read(tmp, *args)
+        except (UidError, SelectError) as e:
+            raise type(e)(str(e).replace(str(tmp), str(path))) from None
