@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from hype.data.errors import SelectError
-from hype.data.uids import UidError, UidMultiset, load_subset, splitmix64
+from hype.data.subset_index import load_subset_at
+from hype.data.uids import UidError, UidMultiset, splitmix64
 from hype.select.stats import RunningStats
 from hype.select.table import ScoresTable
 
@@ -72,7 +73,7 @@ def collect(
     data = ReportData(run_dir=str(run_dir), metrics=metrics, pool_rows=table.num_rows)
     if subset is not None:
         try:
-            arr = load_subset(subset)
+            arr = load_subset_at(subset)
         except UidError as e:
             raise SelectError(f"--subset: {e}") from None
         members = UidMultiset(arr)
