@@ -28,7 +28,6 @@ import math
 import shutil
 from datetime import UTC, datetime
 from os import PathLike
-from pathlib import Path
 
 import numpy as np
 
@@ -38,7 +37,7 @@ from hype.data.errors import SelectError
 from hype.data.uids import UidMultiset, load_uid_file
 from hype.eval.report import aggregate
 from hype.eval.tasks import Suite, TaskSpec, load_suite
-from hype.io import atomic_path, file_digest, read_json, write_json
+from hype.io import AnyPath, atomic_path, file_digest, open_input, read_bytes, read_json, storage, write_json
 
 SCALES = ("debug", "small", "medium", "large", "xlarge")
 # DataComp records the architecture by open_clip's name (scale_configs.py: ViT-B-32 for debug, small and
@@ -113,8 +112,8 @@ def check_in_scores(
 
 def check_results(path: str | PathLike) -> list[dict]:
     """The lines of an eval_results.jsonl, validated as DataComp reads them (module docstring)."""
-    path = Path(path)
-    if not path.is_file():
+    path = storage.location(path)
+    if not storage.is_file(path):
         raise SelectError(f"--eval-results {path}: no such file; run hype eval (or DataComp's evaluate.py)")
     numbered = _read_lines(path)
     if not numbered:
@@ -123,10 +122,10 @@ def check_results(path: str | PathLike) -> list[dict]:
     return [line for _, line in numbered]
 
 
-def _read_lines(path: Path) -> list[tuple[int, dict]]:
+def _read_lines(path: AnyPath) -> list[tuple[int, dict]]:
     """(line number, line) for each result line, each checked for DataComp's format on its own."""
     try:
-        text = path.read_text(encoding="utf-8", errors="strict")
+        text = read_bytes(path).decode("utf-8", errors="strict")
     except UnicodeDecodeError as e:
         raise SelectError(
             f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); write it with hype eval"
@@ -190,7 +189,7 @@ def _has_non_finite(value: object) -> bool:
     return False
 
 
-def _check_tasks(path: Path, numbered: list[tuple[int, dict]], suite: Suite) -> None:
+def _check_tasks(path: AnyPath, numbered: list[tuple[int, dict]], suite: Suite) -> None:
     """Every line is a DataComp task under DataComp's name and main metric; every scored task is there."""
     tasks = {t.key: t for t in suite.tasks}
     synthetic = {t.key for t in load_suite("synthetic").tasks}
@@ -249,7 +248,7 @@ def _check_main_metric(where: str, task: TaskSpec, metrics: dict) -> None:
         )
 
 
-def _not_datacomp(path: Path, keys: list[str], synthetic: set[str], scored: int) -> str:
+def _not_datacomp(path: AnyPath, keys: list[str], synthetic: set[str], scored: int) -> str:
     shown = ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
     if all(k in synthetic for k in keys):
         return (
@@ -276,20 +275,22 @@ def make_submission(
     progress: bool = True,
 ) -> dict:
     """Check the subset and the results (module docstring) and write OUT/<scale>_scale; returns the
-    contents of submission.json plus `folder`. Nothing is written when a check fails."""
+    contents of submission.json plus `folder`. Nothing is written when a check fails. Each path may be a
+    URL (`hype.io.storage`)."""
     cfg = scale_config(scale)
-    subset = Path(subset)
+    storage.check_reachable(out)  # a missing bucket or refused credentials: before the checks, not after
+    subset = storage.location(subset)
     arr, facts = check_subset(subset, cfg["pool_size"])
     pool_check = check_in_scores(arr, scores, workers, progress) if scores is not None else None
     results = check_results(eval_results)
     suite = load_suite("datacomp")
-    folder = Path(out) / f"{scale}_scale"
-    if folder.exists() and any(folder.iterdir()):
+    folder = storage.join(out, f"{scale}_scale")
+    if _holds_files(folder):
         if not overwrite:
             raise SelectError(
                 f"--out {out}: {folder} already holds a submission; pass --overwrite or another --out"
             )
-        shutil.rmtree(folder)
+        storage.remove_tree(folder)
     selection = read_json(subset.with_suffix(".json"))
     aggregates = {row["name"]: row["value"] for row in aggregate(suite, {r["key"]: r for r in results})}
     meta = {
@@ -315,9 +316,9 @@ def make_submission(
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "hype_version": __version__,
     }
-    (folder / "samples").mkdir(parents=True, exist_ok=True)
+    storage.makedirs(folder / "samples")
     _copy(subset, folder / "samples" / subset.name)
-    _copy(Path(eval_results), folder / "results.jsonl")
+    _copy(eval_results, folder / "results.jsonl")
     write_json(folder / "submission.json", meta, sort_keys=False)
     meta["folder"] = str(folder)
     return meta
@@ -328,9 +329,16 @@ def _default_name(selection: dict | None) -> str:
     return "hype" if preset in (None, "hype") else f"hype ({preset})"
 
 
-def _copy(src: Path, dst: Path) -> None:
-    with atomic_path(dst) as tmp:
-        shutil.copyfile(src, tmp)
+def _holds_files(folder: AnyPath) -> bool:
+    if storage.is_url(folder):
+        return storage.is_dir(folder)  # a prefix is a folder only while objects are under it
+    return folder.is_dir() and any(folder.iterdir())
+
+
+def _copy(src: str | PathLike | AnyPath, dst: AnyPath) -> None:
+    """Byte for byte, between any two of local disk and object storage."""
+    with atomic_path(dst) as tmp, open_input(src, stream=True) as f, open(tmp, "wb") as g:
+        shutil.copyfileobj(f, g, 1 << 20)
 
 
 def _selection_settings(s: dict | None) -> dict | None:

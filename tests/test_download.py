@@ -423,3 +423,50 @@ def test_behind_a_proxy_the_target_is_checked_not_the_proxy(server, monkeypatch)
     with pytest.raises(urllib.error.HTTPError):  # the proxy (our server) gets the request and answers 404
         opener.open("http://203.0.114.1/x.jpg", timeout=5)
     assert handler.requests == ["http://203.0.114.1/x.jpg"]
+
+
+@pytest.mark.slow
+def test_download_to_object_storage_holds_the_local_shards(world, server, tmp_path, s3):
+    """--out on S3 (credentials only in --storage-options, so img2dataset's worker gets them from hype):
+    the same samples, parquet rows and stats as a local --out; a rerun skips the finished shards."""
+    from hype.io import read_bytes, read_parquet, storage
+
+    (src,) = sorted((world / "pool" / "metadata").glob("*.parquet"))
+    (tmp_path / "meta").mkdir()
+    pq.write_table(pq.read_table(src, columns=["uid", "url", "text"]), tmp_path / "meta" / "a.parquet")
+    root = f"s3://{s3.bucket()}"
+    args = ["download", "--metadata", str(tmp_path / "meta"), "--allow-private-network", *FAST]
+    args += ["--samples-per-shard", "20", "--json"]
+    options = ["--storage-options", json.dumps(s3.options)]
+    summaries = {}
+    for out in (str(tmp_path / "out"), f"{root}/out"):
+        res = CliRunner().invoke(main, [*options, *args, "--out", out], catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+        summaries[out] = json.loads(res.output)
+    local, remote = summaries.values()
+    assert remote["shards"] == local["shards"] == {
+        "total": 2, "done": 2, "already_done": 0, "downloaded_now": 2, "failed": []
+    }  # fmt: skip
+    assert remote["samples"] == local["samples"] and local["samples"]["successes"] == 40
+    assert json.loads(read_bytes(f"{root}/out/_hype/summary.json")) == remote
+    assert (
+        read_bytes(f"{root}/out/_hype/layout.json")
+        == (tmp_path / "out" / "_hype" / "layout.json").read_bytes()
+    )
+    assert b"--- hype download" in read_bytes(f"{root}/out/_hype/img2dataset.log")
+    for shard in ("00000000", "00000001"):
+        tar = tmp_path / "remote.tar"
+        storage.download(storage.location(f"{root}/out/{shard}.tar"), tar)
+        assert _members(tar) == _members(tmp_path / "out" / f"{shard}.tar")
+        # Rows in the order the downloads finished: compared by key.
+        ours = pq.read_table(tmp_path / "out" / f"{shard}.parquet").sort_by("key")
+        assert read_parquet(f"{root}/out/{shard}.parquet").sort_by("key").equals(ours)
+    res = CliRunner().invoke(main, [*options, *args, "--out", f"{root}/out"], catch_exceptions=False)
+    assert res.exit_code == 0 and json.loads(res.output)["shards"]["already_done"] == 2
+
+
+def test_a_missing_bucket_is_named(world, tmp_path, s3):
+    (src,) = sorted((world / "pool" / "metadata").glob("*.parquet"))
+    args = ["download", "--metadata", str(src), "--out", "s3://no-such-bucket-hype/out", *FAST]
+    res = CliRunner().invoke(main, [*args, "--allow-private-network"])
+    assert res.exit_code == 1 and "s3://no-such-bucket-hype/out: the bucket does not exist" in res.output

@@ -146,3 +146,50 @@ def test_cli_missing_shards_and_errors(report, tmp_path):
         write_report(run, tmp_path / "r.pdf", progress=False)
     with pytest.raises(SelectError, match="no scores found"):
         write_report(tmp_path, tmp_path / "r.html", progress=False)
+
+
+def test_a_report_from_and_to_object_storage_is_the_local_one(report, tmp_path, s3):
+    """Subset, pool shards and --out on S3 (shards found through --pool, or named by URL in the scores):
+    the page is the one a local run writes, but for the paths in its header."""
+    from hype.io import read_bytes, storage
+
+    root = f"s3://{s3.bucket()}"
+    shards = report["world"] / "pool" / "shards"
+    for tar in sorted(shards.glob("*.tar")):
+        storage.upload(tar, storage.location(f"{root}/pool/{tar.name}"))
+    for name in ("subset.npy", "subset.json"):
+        storage.upload(report["root"] / name, storage.location(f"{root}/{name}"))
+    df = report["df"].copy()
+    names = [s.rsplit("/", 1)[1] for s in df["shard"]]
+    df["shard"] = ["gone/" + n for n in names]
+    moved = write_scores(df, tmp_path / "moved", parts=2, row_group_size=128)
+    df["shard"] = [f"{root}/pool/{n}" for n in names]
+    on_s3 = write_scores(df, tmp_path / "on_s3", parts=2, row_group_size=128)
+
+    def page(data: bytes) -> str:
+        return re.sub(r"<div class='muted'>scores .*?</div>", "", data.decode("utf-8"), count=1)
+
+    local = write_report(
+        moved, tmp_path / "r.html", subset=report["root"] / "subset.npy", pool=str(shards), progress=False
+    )
+    expected = page((tmp_path / "r.html").read_bytes())
+    for run, pool in ((moved, f"{root}/pool"), (on_s3, None)):
+        info = write_report(run, f"{root}/r.html", subset=f"{root}/subset.npy", pool=pool, progress=False)
+        assert info["thumbnails"] == local["thumbnails"] and local["thumbnails"]["shown"] == 60
+        assert page(read_bytes(f"{root}/r.html")) == expected
+
+
+def test_a_missing_bucket_is_named(report, s3):
+    res = CliRunner().invoke(
+        main,
+        [
+            "report",
+            "--scores",
+            str(report["run"]),
+            "--out",
+            "s3://no-such-bucket-hype/r.html",
+            "--no-progress",
+        ],
+    )
+    assert res.exit_code == 1
+    assert "s3://no-such-bucket-hype/r.html: the bucket does not exist; create it" in res.output

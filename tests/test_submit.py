@@ -349,3 +349,49 @@ def test_results_that_are_not_utf8_are_refused(prepared, tmp_path):
     path.write_bytes(b"\xff\xfe{}\n")
     with pytest.raises(SelectError, match="not UTF-8 text"):
         make_submission("small", prepared["subset"], path, tmp_path / "out", progress=False)
+
+
+def test_a_submission_from_and_to_object_storage_is_the_local_one(prepared, tmp_path, s3):
+    """Subset, results and --out on S3: the folder holds the bytes a local run writes."""
+    from hype.io import read_bytes, storage
+
+    p = prepared
+    root = f"s3://{s3.bucket()}"
+    storage.upload(p["subset"], storage.location(f"{root}/in/hype20.npy"))
+    storage.upload(p["root"] / "hype20.json", storage.location(f"{root}/in/hype20.json"))
+    storage.upload(p["results"], storage.location(f"{root}/in/eval_results.jsonl"))
+    args = ["submit", "--scale", "small", "--scores", str(p["run"]), "--no-progress"]
+    local = CliRunner().invoke(
+        main,
+        [*args, "--subset", str(p["subset"]), "--eval-results", str(p["results"]), "--out", str(tmp_path)],
+    )
+    remote = CliRunner().invoke(
+        main,
+        [
+            *args,
+            "--subset",
+            f"{root}/in/hype20.npy",
+            "--eval-results",
+            f"{root}/in/eval_results.jsonl",
+            "--out",
+            f"{root}/sub",
+        ],
+    )
+    assert local.exit_code == 0 and remote.exit_code == 0, local.output + remote.output
+    assert f"written to {root}/sub/small_scale" in remote.output
+    for name in ("samples/hype20.npy", "results.jsonl"):
+        assert read_bytes(f"{root}/sub/small_scale/{name}") == (tmp_path / "small_scale" / name).read_bytes()
+    meta = [
+        json.loads(read_bytes(f"{folder}/small_scale/submission.json"))
+        for folder in (str(tmp_path), root + "/sub")
+    ]
+    for m in meta:
+        m.pop("created")
+    assert meta[0] == meta[1] and meta[1]["selection"]["preset"] == "no-c-in"
+    with pytest.raises(SelectError, match="--overwrite"):
+        make_submission("small", p["subset"], p["results"], f"{root}/sub", progress=False)
+
+
+def test_a_missing_bucket_is_named(prepared, s3):
+    with pytest.raises(Exception, match="s3://no-such-bucket-hype/sub.*bucket does not exist"):
+        make_submission("small", prepared["subset"], prepared["results"], "s3://no-such-bucket-hype/sub")

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 from test_select_helpers import save_memmap_subset
 from train_helpers import MICRO, TINY_GEOMETRIES
@@ -274,3 +275,65 @@ def test_init_from_an_open_clip_model(world, tmp_path):
         + ["--out", str(tmp_path / "bad"), "--init", str(src), "--no-progress"]
     )
     assert code != 0 and "not the architecture of model config 'tiny-clip'" in output
+
+
+def _safetensors(data: bytes) -> tuple[dict, dict]:
+    """(metadata, tensors) of a safetensors file's bytes. The bytes themselves differ between two saves of
+    the same weights: safetensors writes the metadata keys in a random (hash map) order."""
+    from safetensors.torch import load
+
+    size = int.from_bytes(data[:8], "little")
+    return json.loads(data[8 : 8 + size])["__metadata__"], load(data)
+
+
+def test_data_subset_and_run_on_object_storage_match_a_local_run(world, tmp_path, s3):
+    """Shards, subset and --out on S3, stopped at a checkpoint and resumed from it: the same checkpoints,
+    weights and metrics as the same run on local disk (shards streamed in a DataLoader worker)."""
+    import pyarrow.parquet as pq
+
+    from hype.io import read_bytes, storage
+
+    root = f"s3://{s3.bucket()}"
+    shards = world / "clean" / "shards"
+    for path in sorted(shards.iterdir()):
+        storage.upload(path, storage.location(f"{root}/shards/{path.name}"))
+    uids = pq.read_table(shards / "00000000.parquet").column("uid").to_pylist()
+    subset = save_subset(tmp_path / "subset.npy", uids[:20] + uids[:4])
+    storage.upload(subset, storage.location(f"{root}/subset.npy"))
+    common = [*overrides("data.workers=1", "checkpoint.every_steps=2", "checkpoint.keep=1", steps=4)]
+    runs = {
+        "local": (shards, subset, tmp_path / "run"),
+        "s3": (f"{root}/shards", f"{root}/subset.npy", f"{root}/run"),
+    }
+    for data, sub, out in runs.values():
+        for extra in (["max_steps=2"], []):
+            cfg = load_train_config(
+                "tiny-clip", [*common, *extra, f"data.train={data}", f"data.subset={sub}", f"out={out}"]
+            )
+            summary = train(cfg, progress=False)
+        assert summary["status"] == "completed" and summary["resumed_from_step"] == 2
+        assert summary["subset"]["matched_samples"] == 24 and summary["subset"]["complete"]
+    local, remote = (tmp_path / "run"), f"{root}/run"
+    assert [c.step for c in list_checkpoints(remote)] == [c.step for c in list_checkpoints(local)] == [4]
+    for name in ("model.safetensors", "checkpoints/step-00000004.safetensors"):
+        theirs, ours = _safetensors(read_bytes(f"{remote}/{name}")), _safetensors((local / name).read_bytes())
+        assert theirs[0] == ours[0] and theirs[1].keys() == ours[1].keys()
+        assert all(torch.equal(theirs[1][k], ours[1][k]) for k in ours[1])
+    keys = ("step", "lr", "loss", "samples_seen", "shards_read")
+    rows = [
+        [
+            {k: r[k] for k in keys}
+            for r in read_metrics(p / "metrics.jsonl" if isinstance(p, Path) else f"{p}/metrics.jsonl")
+        ]
+        for p in (local, remote)
+    ]
+    assert rows[0] == rows[1] and [r["step"] for r in rows[0]] == [1, 2, 3, 4]
+    assert json.loads(read_bytes(f"{remote}/summary.json"))["model"] == f"{remote}/model.safetensors"
+
+
+def test_a_missing_bucket_is_named(world, s3):
+    from hype.cli import main
+
+    args = ["train", "--config", "tiny-clip", "--data", str(world / "clean" / "shards"), "--no-progress"]
+    res = CliRunner().invoke(main, [*args, "--out", "s3://no-such-bucket-hype/run", *overrides()])
+    assert res.exit_code == 1 and "s3://no-such-bucket-hype/run: the bucket does not exist" in res.output

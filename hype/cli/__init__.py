@@ -65,6 +65,16 @@ class LazyGroup(click.Group):
         importlib.import_module("filters")  # the bundled rules register themselves (here: --help stays fast)
         return getattr(importlib.import_module(module), attr)
 
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except OSError as e:
+            from hype.io.storage import StorageError  # here, not at the top: `hype --help` stays fast
+
+            if isinstance(e, StorageError):  # a missing bucket, refused credentials: the message is the fix
+                raise click.ClickException(str(e)) from None
+            raise
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):

@@ -16,7 +16,12 @@ EXIT_FAILED_SHARDS = 2
     metavar="DIR_OR_PARQUET",
     help="DataComp metadata: a folder of .parquet files (uid, url, text, ...) or one .parquet file.",
 )
-@click.option("--out", metavar="DIR", help="Shard folder (created; a rerun skips finished shards).")
+@click.option(
+    "--out",
+    metavar="DIR",
+    help="Shard folder (created; a rerun skips finished shards). May be a URL (s3://...): img2dataset writes "
+    "there with hype's --storage-options.",
+)
 @click.option(
     "--distributor",
     type=click.Choice(["multiprocessing", "ray"]),

@@ -27,7 +27,9 @@ import click
     "--data-dir",
     required=True,
     type=click.Path(file_okay=False),
-    help="Folder holding the evaluation sets (wds_<task>_test/ ...); a synthetic world's root also works.",
+    help="Folder holding the evaluation sets (wds_<task>_test/ ...); a synthetic world's root also works. "
+    "May be a URL (s3://...), like --out: tars are streamed, and on object storage the results file is "
+    "rewritten whole after each task (no appends there).",
 )
 @click.option(
     "--out",

@@ -18,7 +18,10 @@ import click
     help="Subset file (.npy) to compare with the pool.",
 )
 @click.option(
-    "--out", required=True, type=click.Path(dir_okay=False), help="HTML file to write, e.g. report.html."
+    "--out",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="HTML file to write, e.g. report.html or s3://bucket/report.html.",
 )
 @click.option(
     "--pool", default=None, help="Folder of the pool shards, if they moved since scoring (thumbnails)."

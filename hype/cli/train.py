@@ -33,7 +33,7 @@ def _clean(e: BaseException) -> str:
     "--data",
     metavar="DIR_OR_PATTERN",
     help="Webdataset shards: a folder of .tar, 'dir/{00000000..00000127}.tar' or a glob; join several "
-    "with '::'.",
+    "with '::'. Any of them may be a URL (s3://...): the tars are streamed.",
 )
 @click.option(
     "--subset",
@@ -41,7 +41,11 @@ def _clean(e: BaseException) -> str:
     help="DataComp subset file (.npy or raw memmap): train only on these uids.",
 )
 @click.option(
-    "--out", type=click.Path(file_okay=False), help="Output folder [default: runs/train/<preset name>]."
+    "--out",
+    type=click.Path(file_okay=False),
+    help="Output folder [default: runs/train/<preset name>]. A URL works too: checkpoints are uploaded "
+    "whole once written (the state file last) and metrics.jsonl with each checkpoint; resuming reads "
+    "the latest checkpoint from there.",
 )
 @click.option(
     "--resume",

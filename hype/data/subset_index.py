@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from os import PathLike
-from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from hype.data.uids import UID_DTYPE, UidError, load_uid_file, uids_to_array
+from hype.io import read_parquet, read_parquet_schema, storage
 
 
 class SubsetError(ValueError):
@@ -31,7 +30,7 @@ class SubsetIndex:
     @classmethod
     def load(cls, path: str | PathLike) -> SubsetIndex:
         """A non-empty subset file, `.npy` or raw memmap (`SelectError` naming `--subset` otherwise)."""
-        return cls(load_uid_file(path, "--subset"), str(path))
+        return cls(load_uid_file(path, "--subset"), str(path))  # a local path or a URL
 
     def __len__(self) -> int:
         return len(self.uids)
@@ -72,13 +71,11 @@ def count_matches_from_parquet(
         unique = [unique[int(i * step)] for i in range(max_shards)]
     matched = checked = shards_checked = 0
     for shard in unique:
-        pq_path = Path(shard).with_suffix(".parquet")
-        if not pq_path.is_file():
-            continue
+        pq_path = storage.location(shard).with_suffix(".parquet")
         try:
-            names = pq.read_schema(pq_path).names
+            names = read_parquet_schema(pq_path).names
             cols = ["uid", "status"] if "status" in names else ["uid"]
-            table = pq.read_table(pq_path, columns=cols)
+            table = read_parquet(pq_path, cols)
         except Exception:  # a missing column or an unreadable file: this shard simply stays unchecked
             continue
         col = table.column("uid").to_pylist()

@@ -14,6 +14,10 @@ img2dataset does the downloading; hype adds what a pool needs around it:
   ids are positions in the metadata, so anything else would mix two downloads in one folder;
 - the outcome is read back from the shards' `_stats.json` into one summary, `OUT/_hype/summary.json`.
   It lives in a sub-folder because img2dataset treats every `OUT/*.json` as a shard's stats file.
+
+OUT may be a URL (s3://...): img2dataset writes there itself through fsspec (hype's storage options
+reach it, and its worker processes, as fsspec's `FSSPEC_<PROTOCOL>` variables); hype reads the stats
+and markers back through `hype.io`, and its log is written locally and uploaded at the end.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import IO, Any
 from hype.download.config import DownloadConfig, load_download_config
 from hype.download.metadata import DownloadError, MetadataPlan, plan_metadata
 from hype.download.network import REFUSED, NetworkPolicy
-from hype.io import write_json
+from hype.io import AnyPath, read_bytes, storage, write_bytes, write_json
 
 # img2dataset arguments hype depends on: scoring reads webdataset shards with `uid` in each json.
 FIXED: dict[str, Any] = {
@@ -50,12 +54,13 @@ RUN_SETTINGS += ("wandb_project", "user_agent_token")
 HYPE_DIR = "_hype"  # summary, log and the config used; not `OUT/*.json` (see the module docstring)
 
 
-def stats_path(out: Path, shard: int, digits: int) -> Path:
+def stats_path(out: AnyPath, shard: int, digits: int) -> AnyPath:
     return out / f"{shard:0{digits}d}_stats.json"
 
 
-def done_shards(out: Path, plan: MetadataPlan, digits: int) -> set[int]:
-    return {s for s, _ in plan.shards if stats_path(out, s, digits).is_file()}
+def done_shards(out: AnyPath, plan: MetadataPlan, digits: int) -> set[int]:
+    present = storage.list_sizes(out)  # one listing, also on object storage
+    return {s for s, _ in plan.shards if stats_path(out, s, digits).name in present}
 
 
 def download(
@@ -93,8 +98,13 @@ def run_download(cfg: DownloadConfig) -> dict:
     i2d = cfg.img2dataset
     policy = NetworkPolicy(cfg.allow_private_network, cfg.networks())
     plan = plan_metadata(cfg.metadata, i2d.number_sample_per_shard, i2d.bbox_col, policy)
-    out = Path(cfg.out).resolve()
-    if any(out == f.parent.resolve() for f in plan.files) and Path(cfg.metadata).is_dir():
+    out = storage.location(storage.absolute(cfg.out))
+    storage.check_reachable(out)  # a missing bucket or refused credentials: before any download
+    if (
+        not storage.is_url(out)
+        and any(out == f.parent.resolve() for f in plan.files)
+        and Path(cfg.metadata).is_dir()
+    ):
         raise DownloadError(
             f"{out}: --out is the metadata folder; shard parquet files would be read as metadata"
         )
@@ -106,7 +116,7 @@ def run_download(cfg: DownloadConfig) -> dict:
             "(e.g. a local server)"
         )
     hype_dir = out / HYPE_DIR
-    hype_dir.mkdir(parents=True, exist_ok=True)
+    storage.makedirs(hype_dir)
     digits = i2d.oom_shard_count
     before = done_shards(out, plan, digits)
     _check_layout(hype_dir, cfg, plan, resuming=bool(before))
@@ -116,8 +126,11 @@ def run_download(cfg: DownloadConfig) -> dict:
     if todo:
         kwargs = {**i2d.kwargs(), **FIXED, "distributor": cfg.distributor}
         kwargs["bbox_col"] = i2d.bbox_col if plan.has_bbox else None
-        log = hype_dir / "img2dataset.log"
-        with _output_to(log) as terminal, _progress(out, todo, digits, cfg.progress, terminal):
+        with (
+            _log_file(hype_dir / "img2dataset.log") as log,
+            _output_to(log) as terminal,
+            _progress(out, todo, digits, cfg.progress, terminal),
+        ):
             _run_img2dataset(str(cfg.metadata), out, kwargs, cfg, policy)
     seconds = time.perf_counter() - start
     summary = build_summary(cfg, plan, out, before, seconds)
@@ -125,15 +138,15 @@ def run_download(cfg: DownloadConfig) -> dict:
     return summary
 
 
-def _check_layout(hype_dir: Path, cfg: DownloadConfig, plan: MetadataPlan, resuming: bool) -> None:
+def _check_layout(hype_dir: AnyPath, cfg: DownloadConfig, plan: MetadataPlan, resuming: bool) -> None:
     """Shard ids are positions in the metadata and outputs depend on the resize settings: a rerun that
     changed either would mix two downloads in one folder, so it is refused."""
     settings = {k: v for k, v in cfg.img2dataset.kwargs().items() if k not in RUN_SETTINGS}
     layout = {"files": [[f.name, n] for f, n in zip(plan.files, plan.rows, strict=True)], **settings}
     layout = json.loads(json.dumps(layout))  # inf -> Infinity and back, tuples -> lists: compare as stored
     path = hype_dir / "layout.json"
-    if resuming and path.is_file():
-        stored = json.loads(path.read_text())
+    if resuming and storage.is_file(path):
+        stored = json.loads(read_bytes(path))
         changed = sorted(k for k in {*stored, *layout} if stored.get(k) != layout.get(k))
         if changed:
             raise DownloadError(
@@ -144,7 +157,7 @@ def _check_layout(hype_dir: Path, cfg: DownloadConfig, plan: MetadataPlan, resum
 
 
 def _run_img2dataset(
-    url_list: str, out: Path, kwargs: dict, cfg: DownloadConfig, policy: NetworkPolicy
+    url_list: str, out: AnyPath, kwargs: dict, cfg: DownloadConfig, policy: NetworkPolicy
 ) -> None:
     # albumentations (imported by img2dataset) asks PyPI for a newer version on import, in every worker
     os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
@@ -165,7 +178,7 @@ def _run_img2dataset(
         patches[(main, "LoggerProcess")] = _NoLogger
     sigint = signal.getsignal(signal.SIGINT)
     try:
-        with _patched(patches), _ray(cfg):
+        with _patched(patches), _ray(cfg), _fsspec_options(out):
             img2dataset.download(url_list=url_list, output_folder=str(out), **kwargs)
     except SystemExit as e:
         # img2dataset's SIGINT handler exits with status 0; an interrupted download is not a success
@@ -200,6 +213,55 @@ def _patched(patches: dict) -> Iterator[None]:
     finally:
         for (module, name), value in saved.items():
             setattr(module, name, value)
+
+
+@contextlib.contextmanager
+def _fsspec_options(out: AnyPath) -> Iterator[None]:
+    """hype's storage options for OUT's protocol, for img2dataset's own fsspec calls here and in the
+    processes it starts (fsspec reads `FSSPEC_<PROTOCOL>` when imported). Only in the environment, for
+    the download's duration: never written to a file."""
+    if not storage.is_url(out):
+        yield
+        return
+    import fsspec.config
+
+    protocol = out.protocol if isinstance(out.protocol, str) else out.protocol[0]
+    options = storage.options_for(protocol)
+    name = f"FSSPEC_{protocol.upper()}"
+    saved_env, saved_conf = os.environ.get(name), fsspec.config.conf.get(protocol)
+    os.environ[name] = json.dumps(options)
+    fsspec.config.conf[protocol] = options
+    try:
+        yield
+    finally:
+        if saved_env is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved_env
+        if saved_conf is None:
+            fsspec.config.conf.pop(protocol, None)
+        else:
+            fsspec.config.conf[protocol] = saved_conf
+
+
+@contextlib.contextmanager
+def _log_file(log: AnyPath) -> Iterator[Path]:
+    """A local file to append img2dataset's output to: `log` itself, or for a URL a local copy uploaded
+    (the earlier runs' lines first) when the download ends."""
+    if not storage.is_url(log):
+        yield log
+        return
+    import tempfile
+
+    fd, name = tempfile.mkstemp(prefix=".hype-img2dataset-", suffix=".log")
+    os.close(fd)
+    local = Path(name)
+    try:
+        yield local
+    finally:
+        before = read_bytes(log) if storage.is_file(log) else b""
+        write_bytes(log, before + local.read_bytes())
+        local.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -248,7 +310,7 @@ def _output_to(log: Path) -> Iterator[IO[str]]:
 
 
 @contextlib.contextmanager
-def _progress(out: Path, todo: list[tuple[int, int]], digits: int, enabled: bool, stream: IO[str]):
+def _progress(out: AnyPath, todo: list[tuple[int, int]], digits: int, enabled: bool, stream: IO[str]):
     """A bar over the samples of the shards to download, advanced as their `_stats.json` appear."""
     from tqdm import tqdm
 
@@ -266,7 +328,8 @@ def _progress(out: Path, todo: list[tuple[int, int]], digits: int, enabled: bool
 
     def poll() -> None:
         nonlocal ok
-        for shard in [s for s in pending if stats_path(out, s, digits).is_file()]:
+        present = storage.list_sizes(out)
+        for shard in [s for s in pending if stats_path(out, s, digits).name in present]:
             stats = _read_stats(stats_path(out, shard, digits))
             if stats is None:
                 continue  # being written; next poll
@@ -276,7 +339,7 @@ def _progress(out: Path, todo: list[tuple[int, int]], digits: int, enabled: bool
             bar.update(n)
 
     def loop(step: Callable[[], None]) -> None:
-        while not stop.wait(0.25):
+        while not stop.wait(2.0 if storage.is_url(out) else 0.25):  # a listing per poll on object storage
             step()
 
     thread = threading.Thread(target=loop, args=(poll,), daemon=True)
@@ -292,15 +355,15 @@ def _progress(out: Path, todo: list[tuple[int, int]], digits: int, enabled: bool
         bar.close()
 
 
-def _read_stats(path: Path) -> dict | None:
+def _read_stats(path: AnyPath) -> dict | None:
     try:
-        return json.loads(path.read_text())
+        return json.loads(read_bytes(path))
     except (OSError, ValueError):
         return None
 
 
 def build_summary(
-    cfg: DownloadConfig, plan: MetadataPlan, out: Path, before: set[int], seconds: float
+    cfg: DownloadConfig, plan: MetadataPlan, out: AnyPath, before: set[int], seconds: float
 ) -> dict:
     digits = cfg.img2dataset.oom_shard_count
     totals = {"count": 0, "successes": 0, "failed_to_download": 0, "failed_to_resize": 0}

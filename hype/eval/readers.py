@@ -1,4 +1,5 @@
-"""Readers for evaluation sets on local disk. DESIGN §3 "Evaluation sets".
+"""Readers for evaluation sets, on local disk or object storage (URLs, `hype.io.storage`). DESIGN §3
+"Evaluation sets".
 
 Webdataset tasks (DataComp / CLIP_benchmark layout), one folder per task:
 
@@ -29,7 +30,6 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,6 +37,7 @@ import torch
 from PIL import Image
 
 from hype.data.imageprep import Preprocess
+from hype.io import AnyPath, read_bytes, storage
 
 IMAGE_EXTS = ("webp", "png", "jpg", "jpeg")  # CLIP_benchmark's order of preference
 MAX_ERROR_EXAMPLES = 5
@@ -80,11 +81,11 @@ class ReadStats:
 # --- task folder files ----------------------------------------------------------------------------
 
 
-def read_lines(path: Path, what: str) -> list[str]:
-    if not path.is_file():
+def read_lines(path: AnyPath, what: str) -> list[str]:
+    if not storage.is_file(path):
         raise TaskDataError(f"{path}: missing; the task folder needs its {what} (DataComp layout)")
     try:
-        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+        lines = [line.strip() for line in read_bytes(path).decode("utf-8").splitlines()]
     except UnicodeDecodeError as e:
         raise TaskDataError(f"{path}: not UTF-8 text ({e})") from None
     while lines and not lines[-1]:
@@ -92,7 +93,7 @@ def read_lines(path: Path, what: str) -> list[str]:
     return lines
 
 
-def read_classnames(folder: Path) -> list[str]:
+def read_classnames(folder: AnyPath) -> list[str]:
     """Class names, one per line; the line number is the class index of `.cls` labels."""
     path = folder / "classnames.txt"
     names = read_lines(path, "class names")
@@ -103,7 +104,7 @@ def read_classnames(folder: Path) -> list[str]:
     return names
 
 
-def read_templates(folder: Path) -> list[str]:
+def read_templates(folder: AnyPath) -> list[str]:
     """Zero-shot prompt templates with the `{c}` placeholder (str.format, like CLIP_benchmark)."""
     path = folder / "zeroshot_classification_templates.txt"
     templates = [t for t in read_lines(path, "prompt templates") if t]
@@ -117,21 +118,22 @@ def read_templates(folder: Path) -> list[str]:
     return templates
 
 
-def shard_paths(folder: Path, split: str = "test") -> list[Path]:
+def shard_paths(folder: AnyPath, split: str = "test") -> list[AnyPath]:
     """`<folder>/<split>/{0..n-1}.tar` from `nshards.txt`; every listed shard must exist."""
+    present = storage.list_sizes(folder / split)  # one listing, not a request per shard
     nshards_file = folder / split / "nshards.txt"
-    if not nshards_file.is_file():
+    if "nshards.txt" not in present:
         raise TaskDataError(
             f"{nshards_file}: missing; write the number of shards (e.g. `echo 4 > {nshards_file}`)"
         )
     try:
-        n = int(nshards_file.read_text().strip())
+        n = int(read_bytes(nshards_file).decode("utf-8", "replace").strip())
     except ValueError:
         raise TaskDataError(f"{nshards_file}: expected an integer number of shards") from None
     if n < 1:
         raise TaskDataError(f"{nshards_file}: {n} shards; the task has no data")
     paths = [folder / split / f"{i}.tar" for i in range(n)]
-    missing = [p.name for p in paths if not p.is_file()]
+    missing = [p.name for p in paths if p.name not in present]
     if missing:
         raise TaskDataError(
             f"{folder / split}: {len(missing)} of {n} shards listed in nshards.txt are missing "
@@ -140,7 +142,7 @@ def shard_paths(folder: Path, split: str = "test") -> list[Path]:
     return paths
 
 
-def count_samples(shards: Sequence[Path]) -> int | None:
+def count_samples(shards: Sequence[AnyPath]) -> int | None:
     """Number of samples with an image in the shards, from their tar headers (cheap: no data is read), for
     progress totals of tasks whose size the registry does not give; None when a tar cannot be listed."""
     from hype.io.tar import index_samples
@@ -201,7 +203,7 @@ class WdsBatches(torch.utils.data.IterableDataset):
     `captions` list of caption lists, and `stats` (ReadStats of this batch, including skipped samples).
     """
 
-    def __init__(self, shards: Sequence[Path], transform: Preprocess, spec: WdsSpec, batch_size: int):
+    def __init__(self, shards: Sequence[AnyPath], transform: Preprocess, spec: WdsSpec, batch_size: int):
         super().__init__()
         self.shards = [str(s) for s in shards]
         self.transform = transform
@@ -304,7 +306,7 @@ class WdsBatches(torch.utils.data.IterableDataset):
 
 
 def wds_loader(
-    folder: Path,
+    folder: AnyPath,
     *,
     transform: Preprocess,
     spec: WdsSpec,
@@ -338,26 +340,27 @@ class WinoItem:
     cue: str
     candidates: tuple[str, ...]
     associations: tuple[str, ...]
-    images: tuple[Path, ...]
+    images: tuple[str, ...]  # paths or URLs as text: a URL's filesystem object must not cross a fork
 
 
-def read_winogavil(folder: Path) -> tuple[list[WinoItem], ReadStats]:
+def read_winogavil(folder: AnyPath) -> tuple[list[WinoItem], ReadStats]:
     """Items of `<folder>/items.jsonl`; malformed lines are skipped and counted."""
     path = folder / "items.jsonl"
-    if not path.is_file():
+    if not storage.is_file(path):
         raise TaskDataError(f"{path}: missing; WinoGAViL needs items.jsonl (see hype/eval/readers.py)")
     stats, items = ReadStats(), []
-    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    images = set(storage.list_sizes(folder / "images"))  # one listing, not a request per candidate
+    for number, raw in enumerate(read_bytes(path).decode("utf-8").splitlines(), 1):
         if not raw.strip():
             continue
         try:
-            items.append(_wino_item(json.loads(raw), folder))
+            items.append(_wino_item(json.loads(raw), folder, images))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             stats.skip(f"{path}:{number}: {type(e).__name__}: {e}")
     return items, stats
 
 
-def _wino_item(obj: Any, folder: Path) -> WinoItem:
+def _wino_item(obj: Any, folder: AnyPath, images_present: set[str]) -> WinoItem:
     if not isinstance(obj, dict):
         raise TypeError("not a JSON object")
     candidates = tuple(str(c) for c in obj["candidates"])
@@ -368,19 +371,18 @@ def _wino_item(obj: Any, folder: Path) -> WinoItem:
     if stray:
         raise ValueError(f"associations not among the candidates: {stray}")
     if "candidate_images" in obj:
-        images = tuple(folder / str(p) for p in obj["candidate_images"])
+        images = tuple(str(folder / str(p)) for p in obj["candidate_images"])
         if len(images) != len(candidates):
             raise ValueError(f"{len(images)} candidate_images for {len(candidates)} candidates")
     else:
-        images = tuple(_find_image(folder / "images", c) for c in candidates)
+        images = tuple(str(_find_image(folder / "images", c, images_present)) for c in candidates)
     return WinoItem(str(obj["cue"]), candidates, associations, images)
 
 
-def _find_image(folder: Path, name: str) -> Path:
+def _find_image(folder: AnyPath, name: str, present: set[str]) -> AnyPath:
     for ext in IMAGE_EXTS:
-        path = folder / f"{name}.{ext}"
-        if path.is_file():
-            return path
+        if f"{name}.{ext}" in present:
+            return folder / f"{name}.{ext}"
     return folder / f"{name}.jpg"  # reported as unreadable when the item is loaded
 
 
@@ -398,7 +400,8 @@ class WinoDataset(torch.utils.data.Dataset):
         item = self.items[index]
         try:
             pixels = [
-                self.transform.pixels(decode_image(p.read_bytes(), p.suffix[1:].lower())) for p in item.images
+                self.transform.pixels(decode_image(read_bytes(p), os.path.splitext(p)[1][1:].lower()))
+                for p in item.images
             ]
             images = self.transform.batch(pixels, "cpu")
         except Exception as e:  # a missing or corrupt candidate image makes the item unusable

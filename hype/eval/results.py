@@ -3,7 +3,9 @@
 Each line is `{"key": <task key>, "dataset": <display name>, "metrics": {..., "main_metric": ...}}`.
 Lines are appended one at a time and fsynced, so a crash loses at most the task in progress; a
 half-written last line (no newline, not JSON) is cut off before the next append. Results of tasks this
-project does not know (e.g. from DataComp's own evaluate.py) are kept and ignored.
+project does not know (e.g. from DataComp's own evaluate.py) are kept and ignored. On object storage,
+which cannot append, each finished task rewrites the whole (small) file in one upload, with the same
+guarantee: the object holds every finished task or every one but the last.
 
 Next to it, `<file>.model.json` records which model produced the results, so that a rerun with another
 model cannot silently mix two models' numbers in one file.
@@ -13,26 +15,26 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
+from os import PathLike
 from typing import Any
 
-from hype.io import sync, write_json
+from hype.io import AnyPath, read_bytes, storage, sync, write_bytes, write_json
 
 
 class ResultsFileError(ValueError):
     """A results file that cannot be extended safely; the message names the file and the fix."""
 
 
-def read_results(path: str | Path, *, repair: bool = False) -> dict[str, dict]:
+def read_results(path: str | PathLike, *, repair: bool = False) -> dict[str, dict]:
     """Finished tasks in `path` as key -> line (a later line for the same key wins).
 
     A last line without a newline that is not valid JSON is the trace of an interrupted write: it is
     ignored, and with `repair=True` cut from the file. Any other invalid line is an error.
     """
-    path = Path(path)
-    if not path.exists():
+    path = storage.location(path)
+    if not storage.exists(path):
         return {}
-    data = path.read_bytes()
+    data = read_bytes(path)
     lines = data.split(b"\n")
     tail = lines.pop()  # b"" when the file ends with a newline
     results: dict[str, dict] = {}
@@ -43,18 +45,36 @@ def read_results(path: str | Path, *, repair: bool = False) -> dict[str, dict]:
         try:
             _add(results, _parse(tail, path, len(lines) + 1), path, len(lines) + 1)
             if repair:  # complete JSON, only the newline is missing
-                with open(path, "ab") as f:
-                    f.write(b"\n")
-                    sync(f)
+                _append(path, b"\n", data)
         except ResultsFileError:
             if repair:
-                with open(path, "r+b") as f:
-                    f.truncate(len(data) - len(tail))
-                    sync(f)
+                _truncate(path, len(data) - len(tail))
     return results
 
 
-def _parse(raw: bytes, path: Path, number: int) -> Any:
+def _append(path: AnyPath, text: bytes, before: bytes | None = None) -> None:
+    """Add `text` at the end of `path` (`before`: its current bytes, when already read)."""
+    if storage.is_url(path):  # no append on object stores: one upload of the whole file
+        if before is None:
+            before = read_bytes(path) if storage.exists(path) else b""
+        write_bytes(path, before + text)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab") as f:
+        f.write(text)
+        sync(f)
+
+
+def _truncate(path: AnyPath, size: int) -> None:
+    if storage.is_url(path):
+        write_bytes(path, read_bytes(path)[:size])
+        return
+    with open(path, "r+b") as f:
+        f.truncate(size)
+        sync(f)
+
+
+def _parse(raw: bytes, path: AnyPath, number: int) -> Any:
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -63,7 +83,7 @@ def _parse(raw: bytes, path: Path, number: int) -> Any:
         ) from None
 
 
-def _add(results: dict, line: Any, path: Path, number: int) -> None:
+def _add(results: dict, line: Any, path: AnyPath, number: int) -> None:
     if not (
         isinstance(line, dict) and isinstance(line.get("key"), str) and isinstance(line.get("metrics"), dict)
     ):
@@ -73,14 +93,10 @@ def _add(results: dict, line: Any, path: Path, number: int) -> None:
     results[line["key"]] = line
 
 
-def append_result(path: str | Path, line: dict) -> None:
+def append_result(path: str | PathLike, line: dict) -> None:
     """Append one result line and make it durable before returning."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(_json_safe(line), allow_nan=False) + "\n"
-    with open(path, "ab") as f:
-        f.write(text.encode("utf-8"))
-        sync(f)
+    _append(storage.location(path), text.encode("utf-8"))
 
 
 def _json_safe(value: Any) -> Any:
@@ -101,19 +117,19 @@ def result_line(key: str, dataset: str, metrics: dict, main_metric: str | None) 
     return {"key": key, "dataset": dataset, "metrics": metrics}
 
 
-def identity_path(path: str | Path) -> Path:
-    path = Path(path)
+def identity_path(path: str | PathLike) -> AnyPath:
+    path = storage.location(path)
     return path.with_name(path.name + ".model.json")
 
 
-def check_identity(path: str | Path, identity: dict) -> None:
+def check_identity(path: str | PathLike, identity: dict) -> None:
     """Record the model behind `path`'s results, or refuse when they belong to another model.
 
     Results without a record (e.g. written by DataComp's evaluate.py) are adopted by this model."""
     side = identity_path(path)
-    if side.exists():
+    if storage.exists(side):
         try:
-            stored = json.loads(side.read_text())
+            stored = json.loads(read_bytes(side))
         except (json.JSONDecodeError, UnicodeDecodeError):
             stored = None
         if stored != identity:

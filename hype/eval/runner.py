@@ -30,6 +30,7 @@ from hype.eval.zeroshot import (
     run_retrieval,
     run_winogavil,
 )
+from hype.io import AnyPath, storage
 
 
 class EvalError(ValueError):
@@ -55,18 +56,22 @@ def default_workers(device: torch.device) -> int:
     return max(1, min(8, cores))
 
 
-def resolve_data_dir(data_dir: str | Path) -> Path:
+def resolve_data_dir(data_dir: str | Path) -> AnyPath:
     """The folder holding the task folders; a synthetic world's root resolves to its `eval/`."""
-    path = Path(data_dir)
-    if not path.is_dir():
+    path = storage.location(data_dir)
+    if not storage.is_dir(path):
         raise EvalError(f"--data-dir {path}: not a folder; point it at the folder holding wds_<task>_test/")
-    has_tasks = any(p.is_dir() and p.name.startswith("wds_") for p in path.iterdir())
-    if not has_tasks and (path / "eval").is_dir():
+    if not _task_folders(path, "wds_*") and storage.is_dir(path / "eval"):
         return path / "eval"
     return path
 
 
-def locate(task: TaskSpec, data_dir: Path) -> tuple[Path | None, str | None]:
+def _task_folders(data_dir: AnyPath, pattern: str) -> bool:
+    """Whether folders matching `pattern` hold files (one listing on object storage)."""
+    return bool(storage.glob(f"{data_dir}/{pattern}/*"))
+
+
+def locate(task: TaskSpec, data_dir: AnyPath) -> tuple[AnyPath | None, str | None]:
     """The task's folder and None, or None and why it is not usable."""
     folder = task.find(data_dir)
     if folder is None:
@@ -76,7 +81,7 @@ def locate(task: TaskSpec, data_dir: Path) -> tuple[Path | None, str | None]:
             R.shard_paths(folder)
         except R.TaskDataError as e:
             return None, str(e)
-    elif not (folder / "items.jsonl").is_file():
+    elif not storage.is_file(folder / "items.jsonl"):
         return None, f"{folder / 'items.jsonl'} missing"
     return folder, None
 
@@ -90,10 +95,12 @@ def run_eval(
     *,
     identity: dict | None = None,
 ) -> dict:
-    """Evaluate `model` on `tasks`, appending one line per finished task to `out` (eval_results.jsonl)."""
+    """Evaluate `model` on `tasks`, appending one line per finished task to `out` (eval_results.jsonl).
+    `data_dir` and `out` may be URLs (`hype.io.storage`)."""
     opts = options or RunOptions()
     start = time.perf_counter()
-    data_dir, out = resolve_data_dir(data_dir), Path(out)
+    data_dir, out = resolve_data_dir(data_dir), storage.location(out)
+    storage.check_reachable(out)  # a missing bucket: before the first task, not after it
     device = torch.device(opts.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     workers = default_workers(device) if opts.workers is None else opts.workers
     if identity is not None:  # before touching the results file: it may belong to another model
@@ -144,7 +151,7 @@ def run_eval(
 
     counts = {s: sum(r["status"] == s for r in rows) for s in ("done", "cached", "missing", "failed")}
     hint = None
-    if tasks and counts["missing"] == len(tasks) and any(data_dir.glob("wds_synth-*_test")):
+    if tasks and counts["missing"] == len(tasks) and _task_folders(data_dir, "wds_synth-*_test"):
         hint = (
             f"none of the selected datasets is in {data_dir}; its synthetic tasks run with --tasks synthetic"
         )
@@ -164,7 +171,7 @@ def run_eval(
     }
 
 
-def _bar(task: TaskSpec, folder: Path, enabled: bool):
+def _bar(task: TaskSpec, folder: AnyPath, enabled: bool):
     from tqdm import tqdm
 
     total, unit = task.size, "img"
@@ -178,7 +185,7 @@ def _bar(task: TaskSpec, folder: Path, enabled: bool):
 
 
 def evaluate_task(
-    model, task: TaskSpec, folder: Path, encode: EncodeOptions, workers: int, progress: bool = True
+    model, task: TaskSpec, folder: AnyPath, encode: EncodeOptions, workers: int, progress: bool = True
 ) -> tuple[dict, R.ReadStats]:
     """Metrics of one task (without main_metric, with the reader's counts) and what was skipped."""
     evaluate = _EVALUATORS.get(task.type)
@@ -262,13 +269,13 @@ def _needed_fields(task: TaskSpec) -> tuple[str, ...] | None:
     return task.metadata_fields[: max(used) + 1] if used else None
 
 
-def _need_samples(stats: R.ReadStats, folder: Path) -> None:
+def _need_samples(stats: R.ReadStats, folder: AnyPath) -> None:
     if stats.num_samples == 0:
         why = "; ".join(stats.examples[:3]) or "the shards hold no samples"
         raise R.TaskDataError(f"{folder}: no usable samples ({why})")
 
 
-def _objectives(folder: Path, objectives: tuple[str, ...]) -> list[tuple[list[str], list[str]]]:
+def _objectives(folder: AnyPath, objectives: tuple[str, ...]) -> list[tuple[list[str], list[str]]]:
     """Per objective, its class names and templates from "<objective>:<text>" lines (FairFace/UTKFace)."""
     names = _split_objectives(R.read_classnames(folder), folder / "classnames.txt")
     templates = _split_objectives(

@@ -14,6 +14,7 @@ from typing import Any
 
 from hype.config import ConfigError, build, list_presets, preset_dir, read_yaml
 from hype.eval.metrics import GROUP_EVALUATORS
+from hype.io import AnyPath, storage
 
 TASK_TYPES = ("zeroshot_classification", "retrieval", "winogavil", "multi_objective_classification")
 SUITE_ALIASES = {"all": "datacomp"}  # `--tasks all` = DataComp's 40 tasks
@@ -45,11 +46,11 @@ class TaskSpec:
     metadata_fields: tuple[str, ...] | None = None
     evaluator: str | None = None  # group-metric evaluator over the .npy metadata (metrics.GROUP_EVALUATORS)
 
-    def find(self, data_dir: str | Path) -> Path | None:
+    def find(self, data_dir: str | Path | AnyPath) -> AnyPath | None:
         """The task's dataset folder under `data_dir` (first of `folders` that exists), or None."""
         for name in self.folders:
-            path = Path(data_dir) / name
-            if path.is_dir():
+            path = storage.join(data_dir, name)
+            if storage.is_dir(path):
                 return path
         return None
 

@@ -7,10 +7,9 @@ per 20% percentile bucket of ε_i and ε_t (HYPE Fig. 3), and the run's and the 
 from __future__ import annotations
 
 from os import PathLike
-from pathlib import Path
 
 from hype.data.errors import SelectError
-from hype.io import read_json, write_text
+from hype.io import read_json, storage, write_text
 from hype.report.collect import collect
 from hype.report.page import render
 from hype.report.thumbs import attach_thumbnails
@@ -27,15 +26,17 @@ def write_report(
     workers: int = 2,
     progress: bool = True,
 ) -> dict:
-    """Write the report to `out`; returns what it holds (counts) for the CLI summary."""
-    out = Path(out)
+    """Write the report to `out`; returns what it holds (counts) for the CLI summary. Each path may be a
+    URL (`hype.io.storage`)."""
+    out = storage.location(out)
     if out.suffix.lower() not in (".html", ".htm"):
         raise SelectError(f"--out {out}: the report is an HTML page; name it e.g. report.html")
+    storage.check_reachable(out)  # a missing bucket: before the passes over the scores, not after
     data = collect(run_dir, subset, bins=bins, per_bucket=per_bucket, workers=workers, progress=progress)
     samples = [s for buckets in data.buckets.values() for bucket in buckets for s in bucket]
     thumbs = attach_thumbnails(samples, run_dir, pool)
-    run_summary = read_json(Path(run_dir) / "summary.json")
-    subset_summary = read_json(Path(subset).with_suffix(".json")) if subset else None
+    run_summary = read_json(storage.join(run_dir, "summary.json"))
+    subset_summary = read_json(storage.location(subset).with_suffix(".json")) if subset else None
     page = render(data, run_summary=run_summary, subset_summary=subset_summary, thumbs=thumbs)
     write_text(out, page)
     return {

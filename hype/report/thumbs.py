@@ -1,7 +1,8 @@
 """Thumbnails of a few samples, read straight from the pool tars (headers, then only the wanted images).
 
 A sample's tar is the scores table's `shard` column, as given to `hype score`: used as is, else relative
-to the run directory, else (with `--pool`) looked up by file name in the pool folder(s).
+to the run directory, else (with `--pool`) looked up by file name in the pool folder(s). Any of them may
+be a URL; a tar on object storage is read by ranges (its headers, then only the wanted images).
 """
 
 from __future__ import annotations
@@ -10,29 +11,30 @@ import base64
 import io
 from collections import defaultdict
 from collections.abc import Iterable
-from pathlib import Path
+from os import PathLike
 
 from hype.data.samples import IMAGE_EXTS, ImageDecodeError, SkipStats, decode_image
-from hype.io import open_input
+from hype.io import AnyPath, open_input, storage
 from hype.io.tar import index_samples
 
 THUMB_PX = 160
 
 
-def resolve_shard(shard: str, run_dir: Path, pool_dirs: list[Path]) -> Path | None:
-    p = Path(shard)
-    for candidate in (p, run_dir / p, *(d / p.name for d in pool_dirs)):
-        if candidate.is_file():
+def resolve_shard(shard: str, run_dir: AnyPath, pool_dirs: list[AnyPath]) -> AnyPath | None:
+    p = storage.location(shard)
+    relative = [] if storage.is_url(p) or p.is_absolute() else [storage.join(run_dir, shard)]
+    for candidate in (p, *relative, *(d / p.name for d in pool_dirs)):
+        if storage.is_file(candidate):
             return candidate
     return None
 
 
-def attach_thumbnails(samples: Iterable, run_dir: str | Path, pool: str | None = None) -> dict:
+def attach_thumbnails(samples: Iterable, run_dir: str | PathLike, pool: str | None = None) -> dict:
     """Set `sample.image` (a data: URL) for every sample whose image can be read; returns counts."""
-    run_dir = Path(run_dir)
-    pool_dirs = [Path(p) for p in (pool.split("::") if pool else [])]
-    pool_dirs = [p if p.is_dir() else p.parent for p in pool_dirs]
-    by_shard: dict[Path | None, list] = defaultdict(list)
+    run_dir = storage.location(run_dir)
+    pool_dirs = [storage.location(p) for p in (pool.split("::") if pool else [])]
+    pool_dirs = [p if storage.is_dir(p) else p.parent for p in pool_dirs]
+    by_shard: dict[AnyPath | None, list] = defaultdict(list)
     for s in samples:
         by_shard[resolve_shard(s.shard, run_dir, pool_dirs) if s.shard else None].append(s)
     counts = {"shown": 0, "missing_shard": 0, "missing_sample": 0, "undecodable": 0}

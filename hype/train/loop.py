@@ -31,7 +31,7 @@ from hype.data.pipeline import CAPTION_TRANSFORM_FAILED, TrainStream, make_loade
 from hype.data.samples import EMPTY_SHARD, SKIP_REASONS, SkipStats
 from hype.data.shards import ShardList, expand_shards
 from hype.data.subset_index import SubsetError, SubsetIndex, check_subset_matches, resolve_subset
-from hype.io import write_text
+from hype.io import AnyPath, cached_copy, storage, write_text
 from hype.losses import ContrastiveEntailmentLoss
 from hype.models import ConfigError, ContrastiveModel, ModelConfig, create_model, load_model_config
 from hype.train.captions import make_caption_transform
@@ -78,8 +78,8 @@ def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
 
-def default_out(cfg: TrainConfig) -> Path:
-    return Path(cfg.out) if cfg.out else Path("runs") / "train" / (cfg.name or "run")
+def default_out(cfg: TrainConfig) -> AnyPath:
+    return storage.location(cfg.out) if cfg.out else Path("runs") / "train" / (cfg.name or "run")
 
 
 def effective_model_config(cfg: TrainConfig) -> ModelConfig:
@@ -138,6 +138,8 @@ class Trainer:
         self.progress = progress and info.is_main
         self._echo = echo or (lambda msg: tqdm.write(msg, file=sys.stderr))
         self.out = default_out(cfg)
+        storage.check_reachable(self.out)  # a missing bucket: now, not at the first checkpoint
+        self.metrics: MetricsLog | None = None  # rank 0's log, once `run` opened it
         self.total_steps = cfg.total_steps
         self.end_step = min(self.total_steps, cfg.max_steps) if cfg.max_steps else self.total_steps
 
@@ -247,7 +249,7 @@ class Trainer:
         from hype.checkpoint import load_model_file
 
         try:
-            src = load_model_file(path, hype_towers=True)
+            src = load_model_file(cached_copy(path), hype_towers=True)  # a URL: downloaded once
         except (ValueError, OSError) as e:
             raise InitError(f"init {path}: {e}") from None
         theirs, ours = src.state_dict(), self.model.state_dict()
@@ -389,6 +391,8 @@ class Trainer:
                 extra={"samples_seen": step * self.cfg.batch_size, "train_config": self.cfg.name},
             )
             prune_checkpoints(self.out, self.cfg.checkpoint.keep)
+            if self.metrics is not None:
+                self.metrics.sync()  # on object storage the log is uploaded with each checkpoint
         barrier(self.info)
         return paths
 
@@ -420,12 +424,13 @@ class Trainer:
         """Train from the start (or resumed) step to the end step; returns the summary."""
         cfg, info = self.cfg, self.info
         if info.is_main:
-            self.out.mkdir(parents=True, exist_ok=True)
+            storage.makedirs(self.out)
             # Written only now, after a resume has been validated, so a refused resume leaves it alone.
             write_text(self.out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         barrier(info)
         metrics_path = self.out / "metrics.jsonl"
         metrics = MetricsLog(metrics_path, self.start_step) if info.is_main else None
+        self.metrics = metrics
         summary: dict[str, Any] = {"status": "running", "error": None}
         self.last_row: dict[str, Any] = {}
         self.global_terms = torch.zeros(3)
@@ -638,7 +643,7 @@ class Trainer:
             if self.info.is_main:
                 publish_final(last_ckpt, model_path)
         ran = step - self.start_step
-        if not self.last_row and (self.out / "metrics.jsonl").is_file():
+        if not self.last_row and storage.is_file(self.out / "metrics.jsonl"):
             rows = read_metrics(self.out / "metrics.jsonl")
             self.last_row = rows[-1] if rows else {}
         rate = ran * cfg.batch_size / train_time if train_time > 0 else 0.0

@@ -1,7 +1,8 @@
 """Training metrics: one JSON object per logged step in `OUT/metrics.jsonl`, and the end summary.
 
 On resume the file is cut back to the steps up to the checkpoint being resumed, so every step appears
-once and the file reads like one uninterrupted run.
+once and the file reads like one uninterrupted run. Object storage cannot append: for a URL the log is
+kept in a local file and uploaded whole at every checkpoint (`sync`) and at the end.
 """
 
 from __future__ import annotations
@@ -9,39 +10,57 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from hype.io import write_json, write_text
+from hype.io import read_bytes, storage, write_bytes, write_json, write_text
 
 
 class MetricsLog:
     """Append-only JSON-lines log (rank 0 only)."""
 
     def __init__(self, path: str | os.PathLike, resume_step: int):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = storage.location(path)
+        self._remote = storage.is_url(self.path)
         kept = []
-        if resume_step > 0 and self.path.is_file():
-            for line in self.path.read_text().splitlines():
+        if resume_step > 0 and storage.is_file(self.path):
+            for line in read_bytes(self.path).decode("utf-8").splitlines():
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError:
                     continue  # a line cut short by a kill
                 if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= resume_step:
                     kept.append(line)
-        write_text(self.path, "".join(line + "\n" for line in kept))
-        self._f = open(self.path, "a", buffering=1)
+        text = "".join(line + "\n" for line in kept)
+        write_text(self.path, text)
+        local = self.path
+        if self._remote:
+            fd, name = tempfile.mkstemp(prefix=".hype-metrics-", suffix=".jsonl")
+            os.close(fd)
+            local = Path(name)
+            local.write_text(text)
+        self._f = open(local, "a", buffering=1)
 
     def write(self, row: dict[str, Any]) -> None:
         self._f.write(json.dumps(_finite(row), sort_keys=False) + "\n")
 
+    def sync(self) -> None:
+        """Make the rows written so far visible at `path` (a URL: one upload of the whole log)."""
+        if self._remote and not self._f.closed:
+            self._f.flush()
+            write_bytes(self.path, Path(self._f.name).read_bytes())
+
     def close(self) -> None:
+        self.sync()
         self._f.close()
+        if self._remote:
+            Path(self._f.name).unlink(missing_ok=True)
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    text = read_bytes(path).decode("utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def _finite(value: Any) -> Any:

@@ -9,8 +9,10 @@ Layout of `OUT/checkpoints/` for a checkpoint at step N:
 
 Both are written atomically (temporary file, fsync, rename), the weights first: the state file is the
 commit marker, so a checkpoint counts only once both exist and a run killed while saving resumes from
-the previous one. Resuming is refused when the recipe differs (`config_differences`); settings that do not
-change the experiment (`RESUME_MAY_DIFFER`: workers, logging, checkpoint cadence, ...) may change.
+the previous one. OUT may be a URL (`hype.io.storage`): each file is then uploaded whole once written,
+the state file last, and read back through a local copy (safetensors and torch.load open files by name).
+Resuming is refused when the recipe differs (`config_differences`); settings that do not change the
+experiment (`RESUME_MAY_DIFFER`: workers, logging, checkpoint cadence, ...) may change.
 """
 
 from __future__ import annotations
@@ -19,14 +21,13 @@ import os
 import re
 import shutil
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_model
 
 from hype.checkpoint import read_checkpoint_metadata, save_checkpoint
-from hype.io import atomic_path, atomic_write
+from hype.io import AnyPath, atomic_path, atomic_write, local_file, open_input, storage
 
 STATE_FORMAT = "hype-train-state/1"
 
@@ -56,29 +57,27 @@ class ResumeError(ValueError):
 
 @dataclass(frozen=True)
 class CheckpointPaths:
-    model: Path
-    state: Path
+    model: AnyPath
+    state: AnyPath
     step: int
 
 
-def checkpoint_paths(out: str | os.PathLike, step: int) -> CheckpointPaths:
-    folder = Path(out) / "checkpoints"
+def checkpoint_paths(out: str | os.PathLike | AnyPath, step: int) -> CheckpointPaths:
+    folder = storage.join(out, "checkpoints")
     return CheckpointPaths(
         folder / f"step-{step:08d}.safetensors", folder / f"step-{step:08d}.state.pt", step
     )
 
 
-def list_checkpoints(out: str | os.PathLike) -> list[CheckpointPaths]:
+def list_checkpoints(out: str | os.PathLike | AnyPath) -> list[CheckpointPaths]:
     """Complete checkpoints (weights and state both present), oldest first."""
-    folder = Path(out) / "checkpoints"
-    if not folder.is_dir():
-        return []
+    names = storage.list_sizes(storage.join(out, "checkpoints"))  # one listing, also on object storage
     found = []
-    for p in folder.iterdir():
-        m = _STATE_RE.match(p.name)
+    for name in names:
+        m = _STATE_RE.match(name)
         if m:
             paths = checkpoint_paths(out, int(m.group(1)))
-            if paths.model.is_file():
+            if paths.model.name in names:
                 found.append(paths)
     return sorted(found, key=lambda c: c.step)
 
@@ -88,7 +87,7 @@ def latest_checkpoint(out: str | os.PathLike) -> CheckpointPaths | None:
     return found[-1] if found else None
 
 
-def _atomic_torch_save(obj: Any, path: Path) -> None:
+def _atomic_torch_save(obj: Any, path: AnyPath) -> None:
     with atomic_write(path) as f:
         torch.save(obj, f)
 
@@ -103,7 +102,12 @@ def save_training_checkpoint(
 ) -> CheckpointPaths:
     """Write the weights, then the state (the commit marker). `model` must be unwrapped (not DDP)."""
     paths = checkpoint_paths(out, step)
-    save_checkpoint(paths.model, model, extra={"step": step, **(extra or {})})
+    extra = {"step": step, **(extra or {})}
+    if storage.is_url(paths.model):  # hype.checkpoint writes a local file: uploaded whole once written
+        with atomic_path(paths.model) as tmp:
+            save_checkpoint(tmp, model, extra=extra)
+    else:
+        save_checkpoint(paths.model, model, extra=extra)
     _atomic_torch_save({"format": STATE_FORMAT, **state, "model_checkpoint": paths.model.name}, paths.state)
     return paths
 
@@ -111,7 +115,8 @@ def save_training_checkpoint(
 def load_training_state(paths: CheckpointPaths) -> dict[str, Any]:
     """Read a state file without unpickling arbitrary objects."""
     try:
-        state = torch.load(paths.state, map_location="cpu", weights_only=True)
+        with local_file(paths.state) as path:
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise ResumeError(
             f"{paths.state}: unreadable training state ({type(e).__name__}: {e}); delete it to resume from "
@@ -124,15 +129,16 @@ def load_training_state(paths: CheckpointPaths) -> dict[str, Any]:
 
 def load_model_weights(model: torch.nn.Module, paths: CheckpointPaths) -> None:
     """Load a checkpoint's weights into `model` in place (strict: same architecture)."""
-    meta = read_checkpoint_metadata(paths.model)
-    if meta["model_config"] != model.config.to_dict():
-        raise ResumeError(
-            f"{paths.model}: the checkpoint's model config differs from the configured model; resume with "
-            "the same model config or start a new run in another --out"
+    with local_file(paths.model) as path:
+        meta = read_checkpoint_metadata(path)
+        if meta["model_config"] != model.config.to_dict():
+            raise ResumeError(
+                f"{paths.model}: the checkpoint's model config differs from the configured model; resume "
+                "with the same model config or start a new run in another --out"
+            )
+        missing, unexpected = load_model(
+            model, str(path), strict=False, device=str(next(model.parameters()).device)
         )
-    missing, unexpected = load_model(
-        model, str(paths.model), strict=False, device=str(next(model.parameters()).device)
-    )
     if missing or unexpected:
         raise ResumeError(
             f"{paths.model}: weights do not match the model "
@@ -140,23 +146,28 @@ def load_model_weights(model: torch.nn.Module, paths: CheckpointPaths) -> None:
         )
 
 
-def prune_checkpoints(out: str | os.PathLike, keep: int) -> list[Path]:
+def prune_checkpoints(out: str | os.PathLike | AnyPath, keep: int) -> list[AnyPath]:
     """Delete all but the newest `keep` checkpoints; returns the removed files."""
     removed = []
     for old in list_checkpoints(out)[:-keep] if keep > 0 else []:
         for p in (old.state, old.model):  # state first: a half-deleted checkpoint is never "complete"
-            p.unlink(missing_ok=True)
+            storage.remove(p)
             removed.append(p)
     return removed
 
 
-def publish_final(paths: CheckpointPaths, target: Path) -> Path:
-    """Expose the final weights at `target` (e.g. OUT/model.safetensors): a hard link when possible."""
+def publish_final(paths: CheckpointPaths, target: AnyPath) -> AnyPath:
+    """Expose the final weights at `target` (e.g. OUT/model.safetensors): a hard link when possible (a
+    copy on object storage)."""
     with atomic_path(target) as tmp:
-        try:
-            os.link(paths.model, tmp)
-        except OSError:
-            shutil.copyfile(paths.model, tmp)
+        if storage.is_url(paths.model):
+            with open_input(paths.model, stream=True) as f, open(tmp, "wb") as g:
+                shutil.copyfileobj(f, g, 1 << 20)
+        else:
+            try:
+                os.link(paths.model, tmp)
+            except OSError:
+                shutil.copyfile(paths.model, tmp)
     return target
 
 
@@ -180,7 +191,7 @@ def config_differences(saved: dict, current: dict) -> list[str]:
     ]
 
 
-def resolve_resume(resume: str, out: Path) -> CheckpointPaths | None:
+def resolve_resume(resume: str, out: AnyPath) -> CheckpointPaths | None:
     """The checkpoint to continue from: `auto` (latest in OUT, if any), `never` (refuse an existing run),
     a run folder, or a step-*.state.pt / .safetensors file."""
     if resume in ("auto", "never"):
@@ -191,8 +202,8 @@ def resolve_resume(resume: str, out: Path) -> CheckpointPaths | None:
                 "choose another --out"
             )
         return found
-    path = Path(resume)
-    if path.is_dir():
+    path = storage.location(resume)
+    if storage.is_dir(path):
         found = latest_checkpoint(path.parent if path.name == "checkpoints" else path)
         if found is None:
             raise ResumeError(
@@ -204,7 +215,7 @@ def resolve_resume(resume: str, out: Path) -> CheckpointPaths | None:
         if name.endswith(suffix) and name.startswith("step-"):
             step = int(name[len("step-") : -len(suffix)])
             paths = checkpoint_paths(path.parent.parent, step)
-            if not (paths.state.is_file() and paths.model.is_file()):
+            if not (storage.is_file(paths.state) and storage.is_file(paths.model)):
                 raise ResumeError(f"{path}: needs both {paths.state.name} and {paths.model.name} next to it")
             return paths
     raise ResumeError(f"--resume {resume}: expected auto, never, a run folder or a step-*.state.pt file")
