@@ -98,6 +98,11 @@ def bench_embed(args, tmp: Path, bucket: str) -> dict:
         "bucket_samples_per_s": round(statistics.median(remote), 1),
         "bucket_with_run_dir_in_bucket_samples_per_s": round(statistics.median(remote_run), 1),
         "ratio": round(statistics.median(r / loc for r, loc in zip(remote, local, strict=True)), 3),
+        "runs": {
+            "local": [round(r, 1) for r in local],
+            "bucket": [round(r, 1) for r in remote],
+            "bucket_run_dir_in_bucket": [round(r, 1) for r in remote_run],
+        },
         "ratio_run_dir_in_bucket": round(
             statistics.median(r / loc for r, loc in zip(remote_run, local, strict=True)), 3
         ),

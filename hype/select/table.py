@@ -123,14 +123,7 @@ class ScoresTable:
         self.units: list[_Unit] = []
         self.schemas: dict[str, pa.Schema] = {}
         row = 0
-        for path in self.files:
-            try:
-                part = parquet_file(path)
-                meta, schema = part.metadata, part.schema_arrow
-            except (pa.ArrowInvalid, OSError) as e:
-                raise SelectError(
-                    f"{path}: not a readable Parquet file ({e}); delete it and rescore that part"
-                ) from None
+        for path, (meta, schema) in zip(self.files, _footers(self.files), strict=True):
             self.schemas[str(path)] = schema
             for g in range(meta.num_row_groups):
                 n = meta.row_group(g).num_rows
@@ -223,7 +216,8 @@ class ScoresTable:
 
 def _read_unit(unit: _Unit, columns: list[str]) -> pa.Table:
     try:
-        return parquet_file(unit.path).read_row_group(unit.row_group, columns=columns, use_threads=False)
+        with _open_part(unit.path, columns, unit.row_group) as f:
+            return pq.ParquetFile(f).read_row_group(unit.row_group, columns=columns, use_threads=False)
     except (pa.ArrowInvalid, OSError) as e:
         raise SelectError(
             f"{unit.path}: row group {unit.row_group} cannot be read ({e}); rescore it"
@@ -232,6 +226,8 @@ def _read_unit(unit: _Unit, columns: list[str]) -> pa.Table:
 
 def _prefetch(units: list[_Unit], columns: list[str], workers: int) -> Iterator[tuple[_Unit, pa.Table]]:
     """Read units on `workers` threads, at most `workers + 1` ahead, yielding them in order."""
+    if units and storage.is_url(units[0].path):
+        workers = max(workers, REMOTE_READERS)  # waiting on the network, not on the CPU
     if workers == 1:
         for u in units:
             yield u, _read_unit(u, columns)
@@ -294,9 +290,46 @@ def _parts(folder: AnyPath) -> dict[str, dict]:
     return {n: files[n] for n in sorted(files) if n.startswith("part-") and n.endswith(".parquet")}
 
 
-def parquet_file(path: str | AnyPath) -> pq.ParquetFile:
-    """A part of the scores table, open for reading. A URL is fetched whole in one request (a part is one
-    shard's rows, a few MB): fewer round trips than reading its footer and row groups by ranges."""
-    if storage.is_url(path):
-        return pq.ParquetFile(pa.BufferReader(read_bytes(path)))
-    return pq.ParquetFile(path)
+REMOTE_READERS = 8  # concurrent part reads from a bucket
+FOOTER_SAMPLE = 64 << 10  # bytes read from a part's end for its footer (a scores part's is a few KB)
+
+
+def _footers(files: list[AnyPath]) -> list[tuple[pq.FileMetaData, pa.Schema]]:
+    """(metadata, Arrow schema) of every part; from a bucket, footers only, read concurrently."""
+
+    def read(path: AnyPath) -> tuple[pq.FileMetaData, pa.Schema]:
+        try:
+            with _open_part(str(path), None, None) as f:
+                part = pq.ParquetFile(f)
+                return part.metadata, part.schema_arrow
+        except (pa.ArrowInvalid, OSError) as e:
+            raise SelectError(
+                f"{path}: not a readable Parquet file ({e}); delete it and rescore that part"
+            ) from None
+
+    if not files or not storage.is_url(files[0]):
+        return [read(p) for p in files]
+    with ThreadPoolExecutor(max_workers=REMOTE_READERS * 2, thread_name_prefix="hype-footer") as pool:
+        return list(pool.map(read, files))
+
+
+def _open_part(path: str, columns: list[str] | None, row_group: int | None):
+    """A part open for reading. Locally the file itself; from a bucket only what is read (fsspec's
+    Parquet-aware opener fetches the footer, then the byte ranges of `columns` in `row_group` in one
+    concurrent request: the other columns, e.g. captions, never leave the bucket)."""
+    if not storage.is_url(path):
+        return open(path, "rb")
+    import fsspec.parquet
+
+    loc = storage.location(path)
+    return storage.with_retries(
+        lambda: fsspec.parquet.open_parquet_file(
+            loc.path,
+            fs=loc.fs,
+            columns=columns if columns is not None else [],
+            row_groups=[row_group] if row_group is not None else [],
+            engine="pyarrow",
+            footer_sample_size=FOOTER_SAMPLE,
+        ),
+        path,
+    )
