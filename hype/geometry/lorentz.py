@@ -343,11 +343,12 @@ def mean_entailment_energy(
         torch.addcmul(yt, m, pick(k, True, r, cs), out=den)  # W
         torch.addcmul(pick(neg_t2, True, r, cs), den, den, out=den)  # W^2 - x_t^2 = x_t^2 (w^2 - 1)
         # No clamps: a negative square or a cosine beyond ±1 fails these checks and is recomputed.
-        near = bool(den.amin() < _near_floor(row_max[r.start // tile_r], col_max[cs.start // tile_c], c))
+        floor = _near_floor(row_max[r.start // tile_r], col_max[cs.start // tile_c], c)
+        near = bool(den.amin() < floor)
         cos = m.div_(den.sqrt_())
         lo, hi = (float(v) for v in torch.aminmax(cos))
         if near or not (lo >= -_EDGE_COS and hi <= _EDGE_COS):  # written so that NaN fails it
-            ext = _resolve(cos, den, xt, yt, (r, cs), apex_rows, apex.x, points.x, c)
+            ext = _resolve(cos, den, floor**0.5, xt, yt, (r, cs), apex_rows, apex.x, points.x, c)
         else:
             ext = cos.acos_()
         if hinge:
@@ -365,6 +366,7 @@ def mean_entailment_energy(
 def _resolve(
     cos: Tensor,
     den: Tensor,
+    den_floor: float,
     xt: Tensor,
     yt: Tensor,
     tile: tuple[slice, slice],
@@ -373,9 +375,21 @@ def _resolve(
     point_x: Tensor,
     c: float,
 ) -> Tensor:
-    """acos of a tile's cosines, in place, with its ill-conditioned pairs taken from `exterior_angle`."""
-    ok = (den * den >= _near_floor(xt, yt, c)) & (cos >= -_EDGE_COS) & (cos <= _EDGE_COS)
-    i, j = (~ok).nonzero(as_tuple=True)
+    """acos of a tile's cosines, in place, with its ill-conditioned pairs taken from `exterior_angle`.
+
+    Flagged pairs are few: rows holding one are found by three row reductions, candidates in those rows
+    against the tile's bound `den_floor`, and the per-pair bound sorts out the candidates. NaN (from a
+    negative square) fails every test.
+    """
+    bad_rows = ~((den.amin(1) >= den_floor) & (cos.amin(1) >= -_EDGE_COS) & (cos.amax(1) <= _EDGE_COS))
+    rows = bad_rows.nonzero().flatten()
+    d, cs = den[rows], cos[rows]
+    i, j = (~((d >= den_floor) & (cs >= -_EDGE_COS) & (cs <= _EDGE_COS))).nonzero(as_tuple=True)
+    i = rows[i]
+    d, cs = den[i, j], cos[i, j]
+    near = ~(d * d >= _near_floor(xt.expand_as(den)[i, j], yt.expand_as(den)[i, j], c))
+    keep = near | ~((cs >= -_EDGE_COS) & (cs <= _EDGE_COS))
+    i, j = i[keep], j[keep]
     ext = cos.acos_()
     rows, cols = i + tile[0].start, j + tile[1].start
     ai, pj = (rows, cols) if apex_rows else (cols, rows)
