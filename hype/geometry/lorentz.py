@@ -216,9 +216,9 @@ CPU_TILE = (512, 1024)
 # Pairs whose one-matmul cosine is ill-conditioned, recomputed by the row-wise `exterior_angle` (a few ulps):
 # - NEAR: (w^2 - 1)/w < NEAR * c x_t y_t, with w = -c<x,y>_L. w comes from a sum of terms of size c x_t y_t,
 #   so its rounding error is a few eps * c x_t y_t; below this bound it costs (w^2 - 1) more than ~1e-5 of
-#   its value (near-identical points, or any pair once the norms reach ~1e3), and above it the matmul form
-#   is as accurate as the authors' (same conditioning, fewer roundings). Trained embeddings (c x_t y_t of a
-#   few units) only reach it for pairs closer than ~0.3 (near-duplicates).
+#   its value (near-identical points, or any pair once the norms reach ~1e3); above it the matmul form has
+#   the conditioning of the authors' form. Trained embeddings (c x_t y_t of a few units) only reach it for
+#   near-duplicates (sqrt(c) d_L below ~0.1-0.2).
 # - EDGE_ANGLE: angles within this of 0 or π (a point inside a narrow cone); acos of a rounded cosine
 #   has resolution eps / angle there, 3.5e-4 rad at worst in fp32.
 NEAR = 1e-2
@@ -243,8 +243,8 @@ class PreparedPoints:
         num = c (x_t x·y - |x|^2 y_t) the numerator of cos ext.
 
         apex x: (x_t/|x|) [c x_t x, -c|x|^2]; point y: [y, y_t]. The numerator comes out of the matmul
-        directly: derived from -c<x,y>_L (MERU's and HYPE's route) it costs one more rounding of a
-        larger quantity. Cached per (role, c).
+        directly, which measures more accurate than deriving it from -c<x,y>_L (HYPE's route; 0.7x the
+        error far apart, bench/RESULTS.md). Cached per (role, c).
         """
         key = (role, curv)
         if key not in self._cache:
