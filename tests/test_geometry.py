@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from reference import (
+    mp_aper,
     mp_dist,
     mp_euc_ext,
     mp_ext,
@@ -259,6 +260,60 @@ def test_lorentz_rowwise_fp32_is_accurate_where_the_product_form_cancels(regime,
     meru_pd = np.abs((torch.acosh(w) / c**0.5).diagonal().numpy() / ref_d - 1)
     pd = np.abs(lorentz.pairwise_distance(x, y, c).diagonal().numpy() / ref_d - 1)
     assert pd.max() <= 1.01 * meru_pd.max() + 1e-7, (pd.max(), meru_pd.max())
+
+
+def _hype_energy(x, y, c):  # HYPE's E = oxy_angle - half_aperture (MERU's aperture form), in fp32
+    aper = torch.asin(
+        torch.clamp(2 * lorentz.DEFAULT_K / (x.norm(dim=-1) * c**0.5 + 1e-8), -1 + 1e-8, 1 - 1e-8)
+    )
+    return _meru_exterior_angle(x, y, c) - aper
+
+
+def _kernel_energy(x, y, c):  # E(x_i -> y_i) as `hype score` computes it: the tiled kernel, pair by pair
+    prep = lorentz.prepare
+    return torch.cat(
+        [
+            lorentz.mean_entailment_energy(prep(x[i : i + 1], c), prep(y[i : i + 1], c), c, dim=1)
+            for i in range(len(x))
+        ]
+    )
+
+
+@pytest.mark.parametrize("regime", sorted(HARD))
+@pytest.mark.parametrize("c", [0.1, 1.0])
+def test_entailment_kernel_fp32_is_at_least_as_accurate_as_hype(regime, c):
+    # The ε kernel gets the numerator of cos ext from its matmul and hands the pairs whose cosine is
+    # ill-conditioned (near-identical points, angles near 0 or π) to the row-wise form.
+    x64, y64 = HARD[regime]
+    x, y = t(x64), t(y64)
+    ref = mp_ext(x64, y64, c) - mp_aper(x64, c, lorentz.DEFAULT_K)
+    ours = np.abs(_kernel_energy(x, y, c).double().numpy() - ref)
+    hype = np.abs(_hype_energy(x, y, c).double().numpy() - ref)
+    assert np.isfinite(ours).all() and ours.max() <= hype.max(), (ours.max(), hype.max())
+    # Inside the cone the numerator itself cancels (y_t ~ λ x_t): both forms lose digits there, ours fewer.
+    assert ours.max() < (5e-4 if regime == "cone" else 1e-6), (ours.max(), hype.max())
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_entailment_kernel_resolves_ill_conditioned_pairs_among_others(monkeypatch, dim):
+    # Small tiles mixing ordinary pairs with near-identical ones, points deep inside a cone and norms of
+    # 1e3; every mean matches the 50-digit reference, with and without the hinge.
+    monkeypatch.setattr(lorentz, "CPU_TILE", (3, 5))
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(7, 8)) * 0.4
+    y = np.concatenate(
+        [x[:3] + 1e-5 * rng.normal(size=(3, 8)), 4 * x[3:5], rng.normal(size=(4, 8)), 1e3 * x[5:]]
+    )
+    x, y = x.astype(np.float32).astype(np.float64), y.astype(np.float32).astype(np.float64)
+    xi, yj = np.repeat(x, len(y), axis=0), np.tile(y, (len(x), 1))
+    energy = (mp_ext(xi, yj, 0.5) - mp_aper(xi, 0.5, lorentz.DEFAULT_K)).reshape(len(x), len(y))
+    hype = _hype_energy(t(xi), t(yj), 0.5).double().numpy().reshape(len(x), len(y))
+    apex, pts = lorentz.prepare(t(x), 0.5), lorentz.prepare(t(y), 0.5)
+    for hinge in (False, True):
+        ref = (np.maximum(energy, 0) if hinge else energy).mean(1 - dim)
+        theirs = np.abs((np.maximum(hype, 0) if hinge else hype).mean(1 - dim) - ref).max()
+        got = lorentz.mean_entailment_energy(apex, pts, 0.5, dim=1 - dim, hinge=hinge).double().numpy()
+        assert np.abs(got - ref).max() < 1e-6 < theirs, (np.abs(got - ref).max(), theirs)
 
 
 @pytest.mark.parametrize("regime", sorted(HARD))

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import torch
 
 from hype.geometry._numerics import (
-    DEN_FLOOR,
     SINH_MAX,
+    TINY,
     Tensor,
     acos_resolved,
     acosh1p,
@@ -213,6 +213,20 @@ def entailment_loss(x: Tensor, y: Tensor, curv: Curv, K: float = DEFAULT_K) -> T
 CPU_TILE = (512, 1024)
 
 
+# Pairs whose one-matmul cosine is ill-conditioned, recomputed by the row-wise `exterior_angle` (a few ulps):
+# - NEAR: (w^2 - 1)/w < NEAR * c x_t y_t, with w = -c<x,y>_L. w comes from a sum of terms of size c x_t y_t,
+#   so its rounding error is a few eps * c x_t y_t; below this bound it costs (w^2 - 1) more than ~1e-5 of
+#   its value (near-identical points, or any pair once the norms reach ~1e3); above it the matmul form has
+#   the conditioning of the authors' form. Trained embeddings (c x_t y_t of a few units) only reach it for
+#   near-duplicates (sqrt(c) d_L below ~0.1-0.2).
+# - EDGE_ANGLE: angles within this of 0 or π (a point inside a narrow cone); acos of a rounded cosine
+#   has resolution eps / angle there, 3.5e-4 rad at worst in fp32.
+NEAR = 1e-2
+EDGE_ANGLE = 0.03
+_EDGE_COS = math.cos(EDGE_ANGLE)
+_FALLBACK_CHUNK = 1 << 16  # flagged pairs per `exterior_angle` call: bounds the gathered (k, n) rows
+
+
 @dataclass(frozen=True, eq=False)
 class PreparedPoints:
     """Per-point quantities of `mean_entailment_energy`, computed once for a reused set (references)."""
@@ -221,24 +235,39 @@ class PreparedPoints:
     t: Tensor  # time components
     norm: Tensor  # |x|, floored at 1e-15 so no quotient is 0/0
     aper: Tensor  # half-aperture
-    _operands: dict = field(default_factory=dict, repr=False)
+    sq: Tensor  # |x|^2 in float64: the per-point constants below are derived from it, rounded once
+    _cache: dict = field(default_factory=dict, repr=False)
 
     def operand(self, role: str, curv: float) -> Tensor:
-        """Matmul operand (N, n+1): the product of an apex's and a point's rows is |x| (-c<x,y>_L).
+        """Matmul operand (N, n+1): the product of an apex's and a point's rows is (x_t/|x|) num, with
+        num = c (x_t x·y - |x|^2 y_t) the numerator of cos ext.
 
-        apex x: [-c|x| x, c|x| x_t]; point y: [y, y_t]. Folding the time coordinate and the constants
-        into one extra column gives the Lorentz product from the matmul alone; the factor |x| moves the
-        apex norm of the exterior angle's denominator into the matmul too. Cached per (role, c).
+        apex x: (x_t/|x|) [c x_t x, -c|x|^2]; point y: [y, y_t]. The numerator comes out of the matmul
+        directly, which measures more accurate than deriving it from -c<x,y>_L (HYPE's route; 0.7x the
+        error far apart, bench/RESULTS.md). Cached per (role, c).
         """
         key = (role, curv)
-        if key not in self._operands:
+        if key not in self._cache:
             if role == "apex":
-                scale = (curv * self.norm)[:, None]
-                op = torch.cat([self.x * -scale, self.t[:, None] * scale], dim=1)
+                xt, norm = self._exact(curv)
+                scale, last = (curv * xt * xt / norm).to(self.x.dtype), (-curv * norm * xt).to(self.x.dtype)
+                op = torch.cat([self.x * scale[:, None], last[:, None]], dim=1)
             else:
                 op = torch.cat([self.x, self.t[:, None]], dim=1)
-            self._operands[key] = op
-        return self._operands[key]
+            self._cache[key] = op
+        return self._cache[key]
+
+    def constants(self, curv: float) -> dict[str, Tensor]:
+        """Per-apex constants of the epilogue, each rounded once from float64: -|x|/x_t, -x_t^2, x_t."""
+        key = ("constants", curv)
+        if key not in self._cache:
+            xt, norm = self._exact(curv)
+            exact = {"k": -norm / xt, "neg_t2": -xt * xt, "t": xt}
+            self._cache[key] = {name: v.to(self.x.dtype) for name, v in exact.items()}
+        return self._cache[key]
+
+    def _exact(self, curv: float) -> tuple[Tensor, Tensor]:
+        return torch.sqrt(1.0 / curv + self.sq), torch.sqrt(self.sq.clamp(min=TINY))
 
 
 @torch.no_grad()
@@ -246,7 +275,13 @@ class PreparedPoints:
 def prepare(x: Tensor, curv: Curv, K: float = DEFAULT_K) -> PreparedPoints:
     sq = sq_norm(x)  # once: on a 20,000-point reference set each pass over x costs milliseconds
     norm = safe_sqrt(sq)
-    return PreparedPoints(x, torch.sqrt(1.0 / curv + sq), norm, _aperture_of_norm(norm, curv, K))
+    return PreparedPoints(x, torch.sqrt(1.0 / curv + sq), norm, _aperture_of_norm(norm, curv, K), sq.double())
+
+
+def _near_floor(xt: Tensor | float, yt: Tensor | float, curv: float) -> Tensor | float:
+    """x_t^2 (w^2 - 1) at the NEAR bound, (w^2 - 1)/w = T with T = NEAR c x_t y_t (increasing in both)."""
+    big_t = NEAR * curv * xt * yt
+    return xt * xt * big_t * (big_t + (big_t * big_t + 4.0) ** 0.5) / 2.0
 
 
 @torch.no_grad()
@@ -256,16 +291,17 @@ def mean_entailment_energy(
     """Mean over `dim` of E(apex_i -> point_j) (or of max(0, E) with `hinge`), for all pairs.
 
     The formula of `pairwise_entailment_energy`, arranged for inference on large (N, M) blocks. Per
-    pair, with w' = |x| (-c<x,y>_L) from one matmul of `PreparedPoints.operand`s:
+    pair, with m = (x_t/|x|) num from one matmul of `PreparedPoints.operand`s and W = x_t (-c<x,y>_L):
 
-        cos ext = (y_t - x_t (-c<x,y>_L)) / (|x| sqrt((c<x,y>_L)^2 - 1))
-                = (y_t - (x_t/|x|) w') / sqrt(w'^2 - |x|^2)
+        W = y_t - (|x|/x_t) m,   cos ext = num / (|x| sqrt((c<x,y>_L)^2 - 1)) = m / sqrt(W^2 - x_t^2)
 
-    i.e. two `addcmul`s with per-row / per-column constants, a clamp, a sqrt and a division, then acos
-    and a row sum: every pass runs in place on a slice that stays in cache (`CPU_TILE`, one tile per
-    core, `_tiles.run_tiles`); on GPU the whole block is one tile. The denominator is floored at DEN_FLOOR
-    like `safe_div` in the pairwise form. Without the hinge the aperture leaves the loop
-    (mean(ext - aper) = mean(ext) - mean(aper)). No autograd; use the pairwise functions for training.
+    i.e. two `addcmul`s with per-row / per-column constants, a sqrt and a division, then acos and a row
+    sum: every pass runs in place on a slice that stays in cache (`CPU_TILE`, one tile per core,
+    `_tiles.run_tiles`); on GPU the whole block is one tile. Two reductions per tile check that no pair
+    is ill-conditioned (NEAR, EDGE_ANGLE); where one is, `_resolve` recomputes those pairs with the
+    row-wise `exterior_angle`, so every value is at least as accurate as HYPE's own form (bench/RESULTS.md).
+    Without the hinge the aperture leaves the loop (mean(ext - aper) = mean(ext) - mean(aper)). No
+    autograd; use the pairwise functions for training.
     """
     c = float(curv)
     # The output is indexed by rows, the mean runs along columns: rows are the apexes for dim=1.
@@ -278,11 +314,10 @@ def mean_entailment_energy(
     def along(v: Tensor, apex_side: bool) -> Tensor:  # a per-point vector as a broadcastable row/column
         return v[:, None] if apex_side == apex_rows else v[None, :]
 
-    neg_sq_norm = along(-(apex.norm * apex.norm), True)
-    t_over_norm = along(-apex.t / apex.norm, True)
+    const = apex.constants(c)
+    k, neg_t2, apex_t = along(const["k"], True), along(const["neg_t2"], True), along(const["t"], True)
     point_t = along(points.t, False)
     aper = along(apex.aper, True)
-    floor = DEN_FLOOR * DEN_FLOOR  # floor of sqrt(w'^2 - |x|^2) at DEN_FLOOR, as in the pairwise form
 
     on_cpu = rows_op.device.type == "cpu"
     tiles, (tile_r, tile_c) = tile_grid(n_rows, n_cols, *(CPU_TILE if on_cpu else (n_rows, n_cols)))
@@ -291,18 +326,31 @@ def mean_entailment_energy(
     def pick(v: Tensor, apex_side: bool, r: slice, cs: slice) -> Tensor:
         return v[r] if apex_side == apex_rows else v[:, cs]
 
+    # Largest x_t and y_t of each row / column tile: a per-tile bound on the NEAR floor, for one reduction.
+    t_rows, t_cols = (apex_t, point_t) if apex_rows else (point_t, apex_t)
+    row_max = [float(v.max()) for v in t_rows.flatten().split(tile_r)] if tiles else []
+    col_max = [float(v.max()) for v in t_cols.flatten().split(tile_c)] if tiles else []
+
     def work(r: slice, cs: slice, scratch: dict) -> None:
         if "w" not in scratch:
             scratch["w"] = rows_op.new_empty(tile_r * tile_c)
             scratch["s"] = rows_op.new_empty(tile_r * tile_c)
         shape = (r.stop - r.start, cs.stop - cs.start)
-        w = scratch["w"][: shape[0] * shape[1]].view(shape)
+        m = scratch["w"][: shape[0] * shape[1]].view(shape)
         den = scratch["s"][: shape[0] * shape[1]].view(shape)
-        torch.mm(rows_op[r], cols_op[cs].T, out=w)  # w' = |x| (-c<x,y>_L)
-        torch.addcmul(pick(neg_sq_norm, True, r, cs), w, w, out=den).clamp_(min=floor).sqrt_()
-        # numerator y_t - x_t (-c<x,y>_L), in place of w'
-        torch.addcmul(pick(point_t, False, r, cs), pick(t_over_norm, True, r, cs), w, out=w)
-        ext = w.div_(den).clamp_(-1.0, 1.0).acos_()  # no autograd here, so no margin below ±1
+        xt, yt = pick(apex_t, True, r, cs), pick(point_t, False, r, cs)
+        torch.mm(rows_op[r], cols_op[cs].T, out=m)  # (x_t/|x|) num
+        torch.addcmul(yt, m, pick(k, True, r, cs), out=den)  # W
+        torch.addcmul(pick(neg_t2, True, r, cs), den, den, out=den)  # W^2 - x_t^2 = x_t^2 (w^2 - 1)
+        # No clamps: a negative square or a cosine beyond ±1 fails these checks and is recomputed.
+        floor = _near_floor(row_max[r.start // tile_r], col_max[cs.start // tile_c], c)
+        near = bool(den.amin() < floor)
+        cos = m.div_(den.sqrt_())
+        lo, hi = (float(v) for v in torch.aminmax(cos))
+        if near or not (lo >= -_EDGE_COS and hi <= _EDGE_COS):  # written so that NaN fails it
+            ext = _resolve(cos, den, floor**0.5, xt, yt, (r, cs), apex_rows, apex.x, points.x, c)
+        else:
+            ext = cos.acos_()
         if hinge:
             ext.sub_(pick(aper, True, r, cs)).clamp_(min=0.0)
         torch.sum(ext, dim=1, out=partial[cs.start // tile_c, r])
@@ -313,3 +361,39 @@ def mean_entailment_energy(
         if hinge:
             return mean
         return mean - (apex.aper if apex_rows else apex.aper.mean())
+
+
+def _resolve(
+    cos: Tensor,
+    den: Tensor,
+    den_floor: float,
+    xt: Tensor,
+    yt: Tensor,
+    tile: tuple[slice, slice],
+    apex_rows: bool,
+    apex_x: Tensor,
+    point_x: Tensor,
+    c: float,
+) -> Tensor:
+    """acos of a tile's cosines, in place, with its ill-conditioned pairs taken from `exterior_angle`.
+
+    Flagged pairs are few: rows holding one are found by three row reductions, candidates in those rows
+    against the tile's bound `den_floor`, and the per-pair bound sorts out the candidates. NaN (from a
+    negative square) fails every test.
+    """
+    bad_rows = ~((den.amin(1) >= den_floor) & (cos.amin(1) >= -_EDGE_COS) & (cos.amax(1) <= _EDGE_COS))
+    rows = bad_rows.nonzero().flatten()
+    d, cs = den[rows], cos[rows]
+    i, j = (~((d >= den_floor) & (cs >= -_EDGE_COS) & (cs <= _EDGE_COS))).nonzero(as_tuple=True)
+    i = rows[i]
+    d, cs = den[i, j], cos[i, j]
+    near = ~(d * d >= _near_floor(xt.expand_as(den)[i, j], yt.expand_as(den)[i, j], c))
+    keep = near | ~((cs >= -_EDGE_COS) & (cs <= _EDGE_COS))
+    i, j = i[keep], j[keep]
+    ext = cos.acos_()
+    rows, cols = i + tile[0].start, j + tile[1].start
+    ai, pj = (rows, cols) if apex_rows else (cols, rows)
+    for s in range(0, i.numel(), _FALLBACK_CHUNK):
+        part = slice(s, s + _FALLBACK_CHUNK)
+        ext[i[part], j[part]] = exterior_angle(apex_x[ai[part]], point_x[pj[part]], c)
+    return ext
