@@ -229,3 +229,14 @@ def test_a_vanished_shard_is_counted_missing_and_a_dead_store_is_raised_not_coun
         list(read_samples(url, problems))
     assert not [r for r, _ in problems.seen if r == UNREADABLE_SHARD]
     assert storage.retry_count() > before
+
+
+def test_no_credentials_at_all_is_a_clear_error(s3, tmp_path, monkeypatch):
+    for var in [v for v in os.environ if v.startswith("AWS_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.aws
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance role to ask for
+    storage.configure({"endpoint_url": s3.endpoint})
+    with pytest.raises(storage.StorageError, match="no credentials found") as err:
+        storage.list_sizes(f"s3://{s3.bucket()}/pool")
+    assert "s3://" in str(err.value)

@@ -244,6 +244,11 @@ def friendly_error(error: BaseException, url: str) -> BaseException:
             f"{url}: access refused by the storage server ({text}); check the credentials "
             "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, ~/.aws, or --storage-options)"
         )
+    if "unable to locate credentials" in low or "nocredentials" in low:
+        return StorageError(
+            f"{url}: no credentials found for this store; set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or "
+            "~/.aws, an instance role), pass --storage-options, or '{\"anon\": true}' for a public bucket"
+        )
     if isinstance(error, FileNotFoundError):
         return FileNotFoundError(f"{url}: no such object")
     if is_transient(error):
