@@ -262,6 +262,22 @@ def test_lorentz_rowwise_fp32_is_accurate_where_the_product_form_cancels(regime,
     assert pd.max() <= 1.01 * meru_pd.max() + 1e-7, (pd.max(), meru_pd.max())
 
 
+@pytest.mark.parametrize("regime", sorted(HARD))
+@pytest.mark.parametrize("c", [0.1, 1.0])
+def test_pairwise_exterior_angle_fp32_is_at_least_as_accurate_as_meru(regime, c):
+    # The one-matmul angle hands the pairs it cannot resolve to the row-wise form, differentiably.
+    x64, y64 = HARD[regime]
+    x, y = t(x64).requires_grad_(), t(y64).requires_grad_()
+    ref = mp_ext(x64, y64, c)
+    pairwise = lorentz.pairwise_exterior_angle(x, y, c)
+    ours = np.abs(pairwise.diagonal().detach().double().numpy() - ref)
+    meru = np.abs(_meru_exterior_angle(x, y, c).detach().double().numpy() - ref)
+    assert np.isfinite(ours).all() and ours.max() <= meru.max(), (ours.max(), meru.max())
+    assert ours.max() < (5e-4 if regime == "cone" else 1e-6), (ours.max(), meru.max())
+    pairwise.sum().backward()
+    assert torch.isfinite(x.grad).all() and torch.isfinite(y.grad).all()
+
+
 def _hype_energy(x, y, c):  # HYPE's E = oxy_angle - half_aperture (MERU's aperture form), in fp32
     aper = torch.asin(
         torch.clamp(2 * lorentz.DEFAULT_K / (x.norm(dim=-1) * c**0.5 + 1e-8), -1 + 1e-8, 1 - 1e-8)

@@ -178,14 +178,23 @@ def exterior_angle(x: Tensor, y: Tensor, curv: Curv) -> Tensor:
 
 @geometry_op
 def pairwise_exterior_angle(x: Tensor, y: Tensor, curv: Curv) -> Tensor:
-    """Exterior angle at x_i towards y_j for all pairs, shape (N, M): x are apexes, y points."""
+    """Exterior angle at x_i towards y_j for all pairs, shape (N, M): x are apexes, y points.
+
+    One matmul gives every cosine; the pairs it cannot resolve (near-identical points, angles near 0 or π:
+    the NEAR and EDGE_ANGLE bounds below) are recomputed by the row-wise `exterior_angle`, differentiably,
+    so the result is never less accurate than MERU's `oxy_angle` on the same pairs."""
     xt, yt = time_component(x, curv), time_component(y, curv)
-    return _exterior_from_inner(
-        xt[:, None],
-        yt[None, :],
-        torch.linalg.vector_norm(x, dim=-1)[:, None],
-        -curv * pairwise_inner(x, y, curv),
-    )
+    w = -curv * pairwise_inner(x, y, curv)
+    ext = _exterior_from_inner(xt[:, None], yt[None, :], torch.linalg.vector_norm(x, dim=-1)[:, None], w)
+    with torch.no_grad():
+        c = float(curv)
+        wd = w.detach()
+        near = (wd * wd - 1.0) < NEAR * c * (xt.detach()[:, None] * yt.detach()[None, :]) * wd
+        edge = (ext.detach() < EDGE_ANGLE) | (ext.detach() > math.pi - EDGE_ANGLE)
+        i, j = (near | edge).nonzero(as_tuple=True)
+    if i.numel():
+        ext = ext.index_put((i, j), exterior_angle(x[i], y[j], curv))
+    return ext
 
 
 @geometry_op
