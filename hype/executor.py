@@ -111,6 +111,11 @@ def stage_resources(stage: object) -> Resources:
     return _hook(stage, "resources")()
 
 
+def driver_storage_options() -> dict[str, Any]:
+    """The storage options an executor hands to its workers' `start_stage` (the driver's, in memory)."""
+    return storage.snapshot()
+
+
 def start_stage(stage: object, cpus: float | None, storage_options: Mapping[str, Any] | None = None) -> None:
     """Worker side: prepare the process for `stage` and set it up; any error is a `StageSetupError`.
     `storage_options`: the driver's (`hype.io.storage.snapshot()`), for a worker in another process."""
@@ -389,7 +394,7 @@ class PoolExecutor(Executor):
             n,
             mp_context=context,
             initializer=_install,
-            initargs=(pickle.dumps(stage), cpus, env, storage.snapshot()),
+            initargs=(pickle.dumps(stage), cpus, env, driver_storage_options()),
         )
         try:
             inflight: dict[Future, Job] = {}

@@ -33,11 +33,11 @@ from hype.executor import (
     Job,
     StageSetupError,
     Tally,
+    driver_storage_options,
     stage_resources,
     start_stage,
     stop_stage,
 )
-from hype.io import storage
 
 
 class _Worker:
@@ -193,7 +193,7 @@ class RayExecutor(Executor):
             self._workers.append(self._new_worker())
         key = uuid.uuid4().hex
         stage_ref = ray.put(stage)
-        options = storage.snapshot()  # credentials go as an argument, never in a runtime_env
+        options = driver_storage_options()  # credentials go as an argument, never in a runtime_env
         idle = list(self._workers[:want])
         for worker in idle:
             worker.install.remote(key, stage_ref, options)  # actor calls run in submission order

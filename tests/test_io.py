@@ -21,6 +21,7 @@ from webdataset.tariterators import base_plus_ext
 
 import hype.io as hio
 from hype.io.tar import (
+    MISSING_SHARD,
     TRUNCATED,
     UNREADABLE_SHARD,
     group_members,
@@ -309,10 +310,10 @@ def test_truncated_tars_are_reported_and_keep_the_samples_before(tmp_path, where
 def test_unreadable_and_missing_tars_are_reported(tmp_path):
     bad = tmp_path / "bad.tar"
     bad.write_bytes(b"not a tar at all" * 100)
-    for p in (bad, tmp_path / "missing.tar"):
+    for p, reason in ((bad, UNREADABLE_SHARD), (tmp_path / "missing.tar", MISSING_SHARD)):
         sp, ip = Problems(), Problems()
         assert list(read_samples(p, sp)) == [] and list(index_samples(p, ip)) == []
-        assert sp.reasons == ip.reasons == [UNREADABLE_SHARD]
+        assert sp.reasons == ip.reasons == [reason]
 
 
 def test_tars_of_webdataset_tarwriter_read_back_the_same_samples(tmp_path):
