@@ -109,18 +109,27 @@ def bench_embed(args, tmp: Path, bucket: str) -> dict:
     }
 
 
-def bench_select(args, tmp: Path, bucket: str, options: dict) -> dict:
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_select(args, tmp: Path, bucket: str, options: dict, server_pid: int) -> dict:
     from click.testing import CliRunner
 
     from hype.cli import main
     from hype.io import read_bytes
+    from hype.io.storage import is_url as storage_url
 
     table = tmp / "table"
     _import_bench("select_reducer").generate(table, args.rows, args.files)
     upload_tree(table, f"{bucket}/table")
 
+    cpu = {"local": [], "bucket": [], "server": []}
+
     def run(scores: str, out: str) -> float:
-        t0 = time.perf_counter()
+        t0, c0, s0 = time.perf_counter(), time.process_time(), _cpu_s(server_pid)
         r = CliRunner().invoke(
             main,
             [
@@ -138,6 +147,9 @@ def bench_select(args, tmp: Path, bucket: str, options: dict) -> dict:
             catch_exceptions=False,
         )
         assert r.exit_code == 0, r.output
+        cpu["bucket" if storage_url(scores) else "local"].append(time.process_time() - c0)
+        if storage_url(scores):
+            cpu["server"].append(_cpu_s(server_pid) - s0)
         return time.perf_counter() - t0
 
     local_out, remote_out = str(tmp / "subset.npy"), f"{bucket}/subset.npy"
@@ -153,6 +165,10 @@ def bench_select(args, tmp: Path, bucket: str, options: dict) -> dict:
         "local_s": round(statistics.median(local), 2),
         "bucket_s": round(statistics.median(remote), 2),
         "ratio": round(statistics.median(r / loc for r, loc in zip(remote, local, strict=True)), 3),
+        # Where the time goes on a 2-core machine: the S3 server runs on the same cores as the client.
+        "client_cpu_s_local": round(statistics.median(cpu["local"]), 2),
+        "client_cpu_s_bucket": round(statistics.median(cpu["bucket"]), 2),
+        "server_cpu_s_bucket": round(statistics.median(cpu["server"]), 2),
     }
 
 
@@ -185,7 +201,7 @@ def main() -> None:
             if args.only in (None, "embed"):
                 out["embed"] = bench_embed(args, tmp, bucket)
             if args.only in (None, "select"):
-                out["select"] = bench_select(args, tmp, bucket, server.options)
+                out["select"] = bench_select(args, tmp, bucket, server.options, server.proc.pid)
         finally:
             server.stop()
     print(json.dumps(out, indent=2))
