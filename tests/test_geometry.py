@@ -273,7 +273,9 @@ def test_pairwise_exterior_angle_fp32_is_at_least_as_accurate_as_meru(regime, c)
     ours = np.abs(pairwise.diagonal().detach().double().numpy() - ref)
     meru = np.abs(_meru_exterior_angle(x, y, c).detach().double().numpy() - ref)
     assert np.isfinite(ours).all() and ours.max() <= meru.max(), (ours.max(), meru.max())
-    assert ours.max() < (5e-4 if regime == "cone" else 1e-6), (ours.max(), meru.max())
+    # A ceiling, not the contract (that is the line above): the matmul's summation order, and so the last
+    # bits of a cosine, depends on the BLAS kernel the machine picks (1.5e-6 seen on a loaded CI runner).
+    assert ours.max() < (5e-4 if regime == "cone" else 5e-6), (ours.max(), meru.max())
     pairwise.sum().backward()
     assert torch.isfinite(x.grad).all() and torch.isfinite(y.grad).all()
 
