@@ -1,19 +1,25 @@
 """Quality benchmark: does a HYPE subset train a better CLIP than the baselines, at equal samples seen?
+A paired design with a verdict.
 
 On the synthetic world (DESIGN §5):
-1. a world (`hype synth --size 4000 --clean-size 4000`), unless --world is given;
-2. tiny MERU and tiny CLIP scorers trained on its clean set (`hype train`), `hype score` on the pool;
-3. the detection AUROC of every HYPE term for every noise kind (`hype.scoring.quality`);
-4. `hype select --frac 0.2` for each arm: HYPE, the paper's ablations (cos θ only = CLIP score,
-   specificity only, each with and without c_IN, HYPE without c_IN) and random; plus the whole pool;
+1. a world (`hype synth --size 4000 --clean-size 8000 --seed WORLD_SEED`), unless --world is given;
+2. tiny MERU and tiny CLIP scorers trained on its clean set (`hype train`, the presets' recipes),
+   `hype score` on the pool with reference sets smaller than the pool (`--config tiny`: N = M = 2,000);
+3. the detection AUROC of every term and of the Eq. 1 sum (raw, zscore, rank) for every noise kind,
+   the per-term spread over the pool, mean ε_t vs mean ε_i;
+4. `hype select --frac 0.2` for each arm: HYPE, the CLIP score, random, the paper's ablations (each
+   term alone, specificity only, without c_IN, without cos θ) and Eq. 1 under zscore / rank normalization;
 5. a tiny CLIP trained on each arm for every seed at the same samples seen, `hype eval` on the synthetic
-   tasks; mean ± std over seeds of the average and of each task.
+   tasks. Seed s is the same for every arm (same initialisation, same data order: paired), so arms are
+   compared by their per-seed differences: the mean difference with its 95% Student-t interval
+   (`hype.eval.compare`). Tasks at chance for every arm are left out of the average, and named.
 
-    python bench/quality.py [--out runs/bench-quality] [--seeds 0,1,2] [--samples-seen 4800]
-        [--arms hype,clip-score,random,pool] [--world DIR]
+    python bench/quality.py [--out runs/bench-quality] [--world-seed 0] [--seeds 0,1,2,3,4]
+        [--arms hype,clip-score,random,...] [--world DIR]
 
 Prints the tables and writes OUT/quality.json and OUT/quality.md. Every step is a `hype` command; a
-rerun reuses finished steps.
+rerun reuses finished steps. The recipe (scorer presets, arms, seeds) is fixed before it runs; the
+world's truth table is read only to measure (AUROC, clean share), never to choose.
 """
 
 from __future__ import annotations
@@ -39,40 +45,36 @@ import numpy as np  # noqa: E402
 # arm -> `hype select` arguments; None = the whole pool (no subset).
 ARMS: dict[str, list[str] | None] = {
     "hype": ["--preset", "hype"],
-    "hype-no-c_in": ["--preset", "no-c-in"],
     "clip-score": ["--preset", "cos-only"],
-    "clip-score+c_in": ["--weights", "cos_theta=1,c_in=1"],
-    "specificity": ["--preset", "specificity-only"],
-    "specificity+c_in": ["--weights", "eps_i=1,eps_t=1,c_in=1"],
     "random": ["--preset", "random"],
+    # HYPE Table 3 and Fig. 5: each term alone, specificity only, without c_IN, without cos θ.
+    "eps_i-only": ["--preset", "eps-i-only"],
+    "eps_t-only": ["--preset", "eps-t-only"],
+    "neg_d_l-only": ["--weights", "neg_d_l=1"],
+    "specificity-only": ["--preset", "specificity-only"],
+    "hype-no-c_in": ["--preset", "no-c-in"],
+    "hype-no-cos": ["--preset", "no-cos"],
+    # Scale of the terms: Eq. 1 over normalized terms.
+    "hype-zscore": ["--preset", "hype", "--normalize", "zscore"],
+    "hype-rank": ["--preset", "hype", "--normalize", "rank"],
     "pool": None,
 }
+DEFAULT_ARMS = [a for a in ARMS if a != "pool"]
+BASELINES = ("clip-score", "random")  # HYPE - baseline: the benchmark's two questions
 
 
 def main() -> None:
-    from hype.data.uids import load_subset
-    from hype.workflow import (
-        Runner,
-        average,
-        eval_args,
-        format_table,
-        read_eval,
-        select_args,
-        subset_composition,
-        train_args,
-    )
-
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=Path("runs/bench-quality"))
     p.add_argument("--world", type=Path, help="an existing world [default: OUT/world, generated]")
+    p.add_argument("--world-seed", type=int, default=0, help="seed of the generated world")
     p.add_argument("--size", type=int, default=4000)
-    p.add_argument("--clean-size", type=int, default=4000)
-    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--clean-size", type=int, default=8000)
+    p.add_argument("--seeds", default="0,1,2,3,4")
     p.add_argument("--frac", type=float, default=0.2)
     p.add_argument("--samples-seen", type=int, default=4800, help="per arm and seed (equal for all arms)")
-    p.add_argument("--scorer-samples", type=int, default=9600)
     p.add_argument("--num-clusters", type=int, default=64)
-    p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"known: {', '.join(ARMS)}")
     p.add_argument("--progress", action="store_true", help="show the commands' progress bars")
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -80,94 +82,152 @@ def main() -> None:
     unknown = sorted(set(arms) - set(ARMS))
     if unknown:
         p.error(f"unknown arms {unknown}; known: {', '.join(ARMS)}")
+    if len(seeds) < 2:
+        p.error("a paired comparison needs at least 2 seeds (5 or more for a useful interval)")
+
+    from hype.workflow import Runner
 
     out = args.out.resolve()
     world = (args.world or out / "world").resolve()
     run = Runner(out / "logs", progress=args.progress)
     t0 = time.perf_counter()
+    score = _scores(run, args, out, world)
+    detection = _detection(score, world)
+    per_arm = {arm: _train_arm(run, args, out, world, score, arm, seeds) for arm in arms}
+    result = _compare(per_arm, seeds, _chance_levels(world))
+    result.update(
+        args={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        world=str(world),
+        seeds=seeds,
+        detection=detection,
+        elapsed_s=round(time.perf_counter() - t0, 1),
+    )
+    (out / "quality.json").write_text(json.dumps(result, indent=2) + "\n")
+    text = _markdown(result, args)
+    (out / "quality.md").write_text(text)
+    print("\n" + text)
+    print(f"wrote {out / 'quality.md'} and {out / 'quality.json'} ({result['elapsed_s'] / 60:.1f} min)")
+
+
+def _scores(run, args, out: Path, world: Path) -> Path:
+    """The world, its two scorers and the scored pool (each step skipped when its output exists)."""
+    from hype.workflow import train_args
+
     if not (world / "world.json").is_file():
         run.hype("synth", "synth", "--out", str(world), "--size", str(args.size),
-                 "--clean-size", str(args.clean_size), "--no-progress")  # fmt: skip
-    pool = world / "pool" / "shards"
+                 "--clean-size", str(args.clean_size), "--seed", str(args.world_seed),
+                 "--no-progress")  # fmt: skip
     models = out / "scorers"
-    for name, preset in (("meru", "tiny-hyperbolic"), ("clip", "tiny-clip")):
+    for name, preset in (("meru", "tiny-hyperbolic-scorer"), ("clip", "tiny-clip")):
         if not (models / name / "model.safetensors").is_file():
-            ov = [f"samples_seen={args.scorer_samples}"]
-            run.hype(
-                f"train-{name}", *train_args(preset, world / "clean" / "shards", models / name, overrides=ov)
-            )
+            run.hype(f"train-{name}", *train_args(preset, world / "clean" / "shards", models / name))
     score = out / "score"
     run.hype(
         "score",
-        "score", "--pool", str(pool), "--meru", str(models / "meru" / "model.safetensors"),
+        "score", "--pool", str(world / "pool" / "shards"),
+        "--meru", str(models / "meru" / "model.safetensors"),
         "--clip", str(models / "clip" / "model.safetensors"),
         "--class-images", str(world / "eval" / "reference" / "train"), "--out", str(score),
         "--config", "tiny", "--num-clusters", str(args.num_clusters), "--no-progress",
     )  # fmt: skip
-    auroc = _auroc(score, world)
+    return score
 
+
+def _train_arm(run, args, out: Path, world: Path, score: Path, arm: str, seeds: list[int]) -> dict:
+    """Select the arm's subset, then train and evaluate one tiny CLIP per seed; per-seed metrics."""
+    from hype.data.uids import load_subset
+    from hype.workflow import eval_args, read_eval, select_args, subset_composition, train_args
+
+    info = json.loads((world / "world.json").read_text())
+    subset, samples = None, info["counts"]["pool"]
+    composition = {k: v / samples for k, v in info["noise_counts"].items()}
+    if ARMS[arm] is not None:
+        subset = out / "subsets" / f"{arm}.npy"
+        if not subset.is_file():
+            subset.parent.mkdir(parents=True, exist_ok=True)
+            run.hype(f"select-{arm}", *select_args(score, args.frac, subset, ARMS[arm]))
+        samples = len(load_subset(subset))
+        composition = subset_composition(subset, world / "truth.parquet")
+    per_seed = []
+    for seed in seeds:
+        model = out / "train" / f"{arm}-seed{seed}" / "model.safetensors"
+        if not model.is_file():
+            overrides = [f"samples_seen={args.samples_seen}", f"seed={seed}"]
+            pool = world / "pool" / "shards"
+            run.hype(f"train-{arm}-{seed}", *train_args("tiny-clip", pool, model.parent, subset=subset,
+                                                          overrides=overrides))  # fmt: skip
+        results = out / "eval" / f"{arm}-seed{seed}.jsonl"
+        if not (results.is_file() and results.read_text().strip()):
+            results.parent.mkdir(parents=True, exist_ok=True)
+            run.hype(f"eval-{arm}-{seed}", *eval_args(model, world, results), "--no-progress")
+        per_seed.append(read_eval(results))
+    return {"samples": samples, "composition": composition, "per_seed": per_seed}
+
+
+def _chance_levels(world: Path) -> dict[str, float]:
+    """Each synthetic task's chance level: 1 / classes for classification (balanced classes, accuracy),
+    1 / images for retrieval R@1."""
+    from hype.synth.eval_tasks import RETRIEVAL_TASK, TASK_NAMES, task_folder
+
+    info = json.loads((world / "world.json").read_text())
+    chance = {}
+    for task in TASK_NAMES:
+        if task == RETRIEVAL_TASK:
+            chance[task] = 1.0 / info["counts"]["eval_per_task"]
+        else:
+            classes = (world / "eval" / task_folder(task) / "classnames.txt").read_text().split("\n")
+            chance[task] = 1.0 / len([c for c in classes if c.strip()])
+    return chance
+
+
+def _compare(per_arm: dict[str, dict], seeds: list[int], chance: dict[str, float]) -> dict:
+    """Per-arm mean ± std over seeds (average over the informative tasks, and per task), and the paired
+    differences HYPE - arm for every other arm."""
+    from hype.eval.compare import informative_tasks, paired_difference, task_average
+
+    by_task = {
+        arm: {t: [m[t] for m in d["per_seed"]] for t in d["per_seed"][0]} for arm, d in per_arm.items()
+    }
+    kept, left_out = informative_tasks(by_task, chance)
     rows = []
-    for arm in arms:
-        subset = None
-        info = json.loads((world / "world.json").read_text())
-        samples = info["counts"]["pool"]
-        comp = {k: v / samples for k, v in info["noise_counts"].items()}
-        if ARMS[arm] is not None:
-            subset = out / "subsets" / f"{arm}.npy"
-            if not subset.is_file():
-                subset.parent.mkdir(parents=True, exist_ok=True)
-                run.hype(f"select-{arm}", *select_args(score, args.frac, subset, ARMS[arm]))
-            samples = len(load_subset(subset))
-            comp = subset_composition(subset, world / "truth.parquet")
-        per_seed = []
-        for seed in seeds:
-            model = out / "train" / f"{arm}-seed{seed}" / "model.safetensors"
-            if not model.is_file():
-                ov = [f"samples_seen={args.samples_seen}", f"seed={seed}"]
-                run.hype(
-                    f"train-{arm}-{seed}",
-                    *train_args("tiny-clip", pool, model.parent, subset=subset, overrides=ov),
-                )
-            results = out / "eval" / f"{arm}-seed{seed}.jsonl"
-            if not (results.is_file() and results.read_text().strip()):
-                results.parent.mkdir(parents=True, exist_ok=True)
-                run.hype(f"eval-{arm}-{seed}", *eval_args(model, world, results), "--no-progress")
-            per_seed.append(read_eval(results))
-        tasks = sorted(per_seed[0])
-        mat = np.array([[m[t] for t in tasks] for m in per_seed])
-        avgs = np.array([average(m) for m in per_seed])
-        spread = len(seeds) > 1
+    averages = {}
+    for arm, d in per_arm.items():
+        avg = np.array([task_average(m, kept) for m in d["per_seed"]])
+        averages[arm] = avg
         rows.append(
             {
                 "name": arm,
-                "samples": samples,
-                "clean": comp.get("clean", 0.0),
-                "composition": comp,
-                "average": float(avgs.mean()),
-                "average_std": float(avgs.std(ddof=1)) if spread else None,
-                "metrics": dict(zip(tasks, mat.mean(0).tolist(), strict=True)),
-                "metrics_std": dict(zip(tasks, mat.std(0, ddof=1).tolist(), strict=True)) if spread else None,
-                "per_seed_average": avgs.tolist(),
+                "samples": d["samples"],
+                "clean": d["composition"].get("clean", 0.0),
+                "composition": d["composition"],
+                "average": float(avg.mean()),
+                "average_std": float(avg.std(ddof=1)),
+                "per_seed_average": avg.tolist(),
+                "metrics": {t: float(np.mean(v)) for t, v in by_task[arm].items()},
+                "metrics_std": {t: float(np.std(v, ddof=1)) for t, v in by_task[arm].items()},
             }
         )
-
-    tasks = sorted(rows[0]["metrics"])
-    table = format_table(rows, tasks)
-    result = {
-        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "seeds": seeds,
+    differences = {}
+    if "hype" in per_arm:
+        for arm in per_arm:
+            if arm != "hype":
+                differences[arm] = {
+                    "average": paired_difference(averages["hype"], averages[arm]).to_dict(),
+                    "tasks": {
+                        t: paired_difference(by_task["hype"][t], by_task[arm][t]).to_dict() for t in kept
+                    },
+                }
+    return {
         "rows": rows,
-        "auroc": auroc,
-        "elapsed_s": round(time.perf_counter() - t0, 1),
+        "tasks": kept,
+        "tasks_left_out": left_out,
+        "chance": chance,
+        "hype_minus": differences,
     }
-    (out / "quality.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "quality.md").write_text(_markdown(rows, tasks, auroc, args, seeds))
-    print(f"\nmean ± std over seeds {seeds}; {args.samples_seen:,} samples seen per run\n{table}\n")
-    print(_auroc_text(auroc))
-    print(f"\nwrote {out / 'quality.md'} and {out / 'quality.json'} ({result['elapsed_s'] / 60:.1f} min)")
 
 
-def _auroc(score: Path, world: Path) -> dict:
+def _detection(score: Path, world: Path) -> dict:
+    """AUROC of clean vs each noise kind for every term and Eq. 1 (raw, zscore, rank); spreads; means."""
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
@@ -177,43 +237,73 @@ def _auroc(score: Path, world: Path) -> dict:
     truth = pq.read_table(world / "truth.parquet", columns=["uid", "noise"]).to_pandas()
     df = scores.merge(truth, on="uid", how="inner")
     return {
-        "table": noise_auroc_table(df),
+        "table": noise_auroc_table(df, normalizations=("zscore", "rank")),
+        "std": {m: float(df[m].std()) for m in ("eps_i", "eps_t", "neg_d_l", "cos_theta")},
         "mean_eps_t": float(df.eps_t.mean()),
         "mean_eps_i": float(df.eps_i.mean()),
         "c_in_share": float((df.c_in > 0).mean()),
     }
 
 
-def _auroc_text(auroc: dict) -> str:
-    table = auroc["table"]
+def _detection_md(det: dict) -> list[str]:
+    table = det["table"]
     kinds = sorted({k for v in table.values() for k in v})
-    lines = ["detection AUROC, clean vs each noise kind (1.0 = every clean sample scores higher)"]
-    lines.append(f"{'metric':<12}" + "".join(f"{k:>22}" for k in kinds))
-    for metric, row in table.items():
-        lines.append(f"{metric:<12}" + "".join(f"{row.get(k, float('nan')):>22.3f}" for k in kinds))
-    lines.append(
-        f"mean eps_t {auroc['mean_eps_t']:.3f} vs mean eps_i {auroc['mean_eps_i']:.3f}; "
-        f"c_IN = 10 for {auroc['c_in_share']:.1%} of the pool"
-    )
-    return "\n".join(lines)
-
-
-def _markdown(rows: list[dict], tasks: list[str], auroc: dict, args, seeds: list[int]) -> str:
-    def cell(v, s):
-        return f"{v:.3f}" if s is None else f"{v:.3f} ± {s:.3f}"
-
     lines = [
-        f"Tiny CLIP, {args.samples_seen:,} samples seen per run, seeds {seeds}, {args.frac:.0%} subsets; "
-        "mean ± std over seeds.",
+        "| metric | " + " | ".join(k.replace("_", " ") for k in kinds) + " |",
+        "|" + "---|" * (1 + len(kinds)),
+    ]
+    for metric, row in table.items():
+        lines.append(f"| {metric} | " + " | ".join(f"{row[k]:.3f}" for k in kinds) + " |")
+    std = ", ".join(f"{k} {v:.3f}" for k, v in det["std"].items())
+    lines += [
         "",
-        "| arm | samples | clean share | average | " + " | ".join(t.split("/")[-1] for t in tasks) + " |",
+        f"Std over the pool: {std}. Mean ε_t {det['mean_eps_t']:.3f} vs mean ε_i {det['mean_eps_i']:.3f} "
+        f"(ε_t < ε_i: {'yes' if det['mean_eps_t'] < det['mean_eps_i'] else 'no'}); "
+        f"c_IN = 10 for {det['c_in_share']:.1%} of the pool.",
+    ]
+    return lines
+
+
+def _markdown(result: dict, args) -> str:
+    rows, tasks, seeds = result["rows"], result["tasks"], result["seeds"]
+
+    def short(t: str) -> str:
+        return t.split("/")[-1]
+
+    left = ", ".join(short(t) for t in result["tasks_left_out"]) or "none"
+    lines = [
+        f"Tiny CLIP, {args.samples_seen:,} samples seen per run, seeds {seeds} (paired), "
+        f"{args.frac:.0%} subsets; mean ± std over seeds. Average over {len(tasks)} tasks; "
+        f"left out as at chance for every arm: {left}.",
+        "",
+        "| arm | samples | clean share | average | " + " | ".join(short(t) for t in tasks) + " |",
         "|" + "---|" * (4 + len(tasks)),
     ]
     for r in rows:
-        cells = [r["name"], f"{r['samples']:,}", f"{r['clean']:.2f}", cell(r["average"], r["average_std"])]
-        cells += [cell(r["metrics"][t], (r["metrics_std"] or {}).get(t)) for t in tasks]
+        cells = [
+            r["name"],
+            f"{r['samples']:,}",
+            f"{r['clean']:.2f}",
+            f"{r['average']:.3f} ± {r['average_std']:.3f}",
+        ]
+        cells += [f"{r['metrics'][t]:.3f} ± {r['metrics_std'][t]:.3f}" for t in tasks]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "```", _auroc_text(auroc), "```"]
+    if result["hype_minus"]:
+        lines += [
+            "",
+            "HYPE − arm, paired over seeds: mean difference [95% interval] (Student t); verdict on the "
+            "average.",
+            "",
+            "| HYPE − | average | verdict | " + " | ".join(short(t) for t in tasks) + " |",
+            "|" + "---|" * (3 + len(tasks)),
+        ]
+        for arm, d in result["hype_minus"].items():
+            a = d["average"]
+            cells = [arm, f"{a['mean']:+.3f} [{a['low']:+.3f}, {a['high']:+.3f}]", a["verdict"]]
+            cells += [f"{d['tasks'][t]['mean']:+.3f}" for t in tasks]
+            lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Detection AUROC, clean vs each noise kind (1.0 = every clean sample scores higher):", ""]
+    lines += _detection_md(result["detection"])
     return "\n".join(lines) + "\n"
 
 

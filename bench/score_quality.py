@@ -1,7 +1,8 @@
 """Quality: how well each HYPE term detects each kind of noise of the synthetic world (DESIGN §5).
 
 1. a synthetic world (`hype synth --size 4000 --clean-size 8000`), unless --world is given;
-2. tiny MERU (`tiny-hyperbolic`) and tiny CLIP (`tiny-clip`) trained with `hype train` on its clean set,
+2. tiny MERU (`tiny-hyperbolic-scorer`) and tiny CLIP (`tiny-clip`) trained with `hype train` on its
+   clean set (the scorer set),
    unless --meru/--clip are given;
 3. `hype score` on the noisy pool with the reference-class images (`eval/reference`) for c_IN;
 4. AUROC of clean vs each noise kind for every metric (and the HYPE score, Eq. 1), from truth.parquet,
@@ -50,6 +51,11 @@ def main() -> None:
     p.add_argument("--meru")
     p.add_argument("--clip")
     p.add_argument("--score-args", default="", help="extra `hype score` arguments, e.g. '--hinge'")
+    p.add_argument(
+        "--meru-overrides",
+        default="",
+        help="key=value overrides of the MERU scorer's recipe, e.g. 'loss.K_start=0.3 loss.K_end=0.1'",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
 
@@ -71,7 +77,7 @@ def main() -> None:
         )
         timings["synth_s"] = round(time.perf_counter() - t, 1)
     models = {}
-    for role, preset in (("meru", "tiny-hyperbolic"), ("clip", "tiny-clip")):
+    for role, preset in (("meru", "tiny-hyperbolic-scorer"), ("clip", "tiny-clip")):
         given = getattr(args, role)
         if given:
             models[role] = given
@@ -80,6 +86,8 @@ def main() -> None:
         models[role] = str(train_dir / "model.safetensors")
         if not Path(models[role]).exists():
             extra = [f"samples_seen={args.samples_seen}"] if args.samples_seen else []
+            if role == "meru":
+                extra += args.meru_overrides.split()
             t = time.perf_counter()
             _hype(
                 "train",
@@ -140,6 +148,8 @@ def main() -> None:
         "mean_eps_i": float(df.eps_i.mean()),
         "mean_eps_t_clean": float(clean.eps_t.mean()),
         "mean_eps_i_clean": float(clean.eps_i.mean()),
+        "spread": {m: float(df[m].std()) for m in ("eps_i", "eps_t", "neg_d_l", "cos_theta")},
+        "origin_distance": origin_distances(run, df),
         "timings": timings,
         "summary": json.loads((run / "summary.json").read_text())["stages"],
     }
@@ -161,7 +171,43 @@ def main() -> None:
         f"ε_t < ε_i (HYPE Table 1)? {verdict}  "
         f"(clean only: ε_t {result['mean_eps_t_clean']:.4f}, ε_i {result['mean_eps_i_clean']:.4f})"
     )
+    d = result["origin_distance"]
+    print(
+        f"distance from the origin (clean pool pairs): texts {d['text_mean']:.3f}, "
+        f"images {d['image_mean']:.3f}; "
+        f"text nearer than its image for {d['text_nearer_fraction']:.1%} (MERU Fig. 4)"
+    )
+    print("std over the pool: " + ", ".join(f"{k} {v:.3f}" for k, v in result["spread"].items()))
     print(f"timings: {timings}")
+
+
+def origin_distances(run: Path, df) -> dict:
+    """Mean geodesic distance from the origin, asinh(sqrt(c)|x|)/sqrt(c) of the MERU space components, of
+    the clean pool samples' texts and images (MERU Fig. 4: texts sit nearer the origin)."""
+    import numpy as np
+    import pyarrow.dataset as ds
+
+    from hype.scoring.embed_format import fixed_list_to_numpy, model_scalars
+
+    files = sorted((run / "embed").glob("*.parquet"))
+    curv = model_scalars(files[0])[0]
+    table = ds.dataset([str(f) for f in files], format="parquet").to_table(
+        columns=["uid", "meru_img", "meru_txt"]
+    )
+    clean = set(df.loc[df.noise == "clean", "uid"])
+    keep = np.array([u in clean for u in table.column("uid").to_pylist()])
+
+    def dist(col: str) -> np.ndarray:
+        x = fixed_list_to_numpy(table.column(col)).astype(np.float64)[keep]
+        return np.arcsinh(np.sqrt(curv) * np.linalg.norm(x, axis=1)) / np.sqrt(curv)
+
+    d_img, d_txt = dist("meru_img"), dist("meru_txt")
+    return {
+        "pairs": int(keep.sum()),
+        "text_mean": float(d_txt.mean()),
+        "image_mean": float(d_img.mean()),
+        "text_nearer_fraction": float((d_txt < d_img).mean()),
+    }
 
 
 if __name__ == "__main__":

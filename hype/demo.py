@@ -73,7 +73,7 @@ def run_demo(cfg: DemoConfig) -> dict:
 
     _world_and_pool(run, cfg, world, pool)
 
-    scorers = {"meru": "tiny-hyperbolic", "clip": "tiny-clip"}
+    scorers = {"meru": "tiny-hyperbolic-scorer", "clip": "tiny-clip"}
     for name, preset in scorers.items():
         if (models / name / "model.safetensors").is_file():
             run.skip(f"train-{name}", "model exists")
@@ -85,6 +85,9 @@ def run_demo(cfg: DemoConfig) -> dict:
         )
 
     score = out / "score"
+    # Reference sets half the pool: with N = M >= the pool, mean ε_t equals mean ε_i by construction and
+    # HYPE Table 1's "ε_t < ε_i" would say nothing (DESIGN §2.3).
+    refs = max(1, cfg.size // 2)
     run.hype(
         "score",
         "score", "--pool", str(pool), "--meru", str(models / "meru" / "model.safetensors"),
@@ -92,6 +95,7 @@ def run_demo(cfg: DemoConfig) -> dict:
         "--class-images", str(world / "eval" / "reference" / "train"),
         "--out", str(score), "--config", "tiny", "--executor", cfg.executor,
         "--num-clusters", str(cfg.num_clusters), "--no-progress",
+        f"reference.n_top={refs}", f"reference.m={refs}",
     )  # fmt: skip
 
     rows = []

@@ -56,6 +56,14 @@ def test_noise_table_reports_every_metric_and_kind():
     assert set(table) == {"eps_i", "eps_t", "neg_d_l", "cos_theta", "c_in", "hype"}
     assert table["neg_d_l"]["misaligned"] == 1.0 and table["eps_t"]["underspecified_text"] == 1.0
     assert table["eps_i"]["misaligned"] == 0.5
+    # Normalized sums, as `hype select --normalize` ranks: zscore by hand (population std), and rank.
+    both = noise_auroc_table(df, normalizations=("zscore", "rank"))
+    assert set(both) == set(table) | {"hype_zscore", "hype_rank"}
+    z = sum(
+        (df[m] - df[m].mean()) / df[m].std(ddof=0) for m in ["eps_i", "eps_t", "neg_d_l", "cos_theta", "c_in"]
+    )
+    assert both["hype_zscore"] == noise_auroc_table(df.assign(eps_i=z))["eps_i"]
+    assert both["hype_rank"]["underspecified_text"] == 1.0  # lowest eps_t and mid-pack elsewhere
 
 
 # --- running selections ----------------------------------------------------------------------------

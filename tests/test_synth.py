@@ -20,7 +20,7 @@ from hype.cli import main
 from hype.data.uids import load_subset, validate_uid
 from hype.io.tar import write_tar
 from hype.synth import NOISE_KINDS, SynthError, make_world
-from hype.synth.captions import canonical_caption
+from hype.synth.captions import SHAPE_WORDS, canonical_caption
 from hype.synth.eval_tasks import OBJECT_CLASSES, TASK_NAMES
 from hype.synth.noise import allocate, parse_noise
 from hype.synth.render import EVAL_IMAGE_EXT
@@ -159,7 +159,7 @@ def test_truth_columns_and_world_json(world, truth):
     assert str(world) not in (world / "world.json").read_text()  # no absolute paths: worlds are portable
 
 
-def test_clean_set_is_clean_specific_and_mixed_levels(world):
+def test_clean_set_spans_specificity_tiers_and_shares_nothing_with_the_pool(world):
     tars = sorted((world / "clean" / "shards").glob("*.tar"))
     assert [t.name for t in tars] == ["00000000.tar"]
     groups = _read_tar(tars[0])
@@ -167,11 +167,26 @@ def test_clean_set_is_clean_specific_and_mixed_levels(world):
     assert json.loads((tars[0].parent / "00000000_stats.json").read_text())["count"] == ARGS["clean_size"]
     clean = pq.read_table(world / "clean" / "truth.parquet").to_pandas()
     assert set(clean["noise"]) == {"clean"}
-    assert set(clean["text_level"]) == {1, 2, 3, 4}
     assert (clean["caption"] == clean["true_caption"]).all()
-    assert clean["image_level"].min() >= 2
-    pool_uids = set(pq.read_table(world / "truth.parquet", columns=["uid"]).column("uid").to_pylist())
-    assert not pool_uids & set(clean["uid"])
+    # Both sides span specificity: generic images with generic captions (level 0), crops and single
+    # objects with short captions, detailed scenes with detailed ones.
+    assert set(clean["text_level"]) == {0, 1, 2, 3, 4}
+    assert set(clean["image_kind"]) == {"background", "crowd", "single", "multi", "mix", "crop"}
+    generic = clean["image_kind"].isin(["background", "crowd"])
+    assert (clean.loc[generic, "text_level"] == 0).all() and (clean.loc[generic, "image_level"] <= 1).all()
+    assert (clean.loc[clean["image_kind"] == "crop", "text_level"] <= 2).all()
+    assert (clean.loc[clean["image_kind"].isin(["multi", "mix"]), "text_level"] >= 3).all()
+    # A crop is square and captioned as the object it is centred on.
+    crops = clean[clean["image_kind"] == "crop"]
+    assert (crops["width"] == crops["height"]).all()
+    for _, row in crops.iterrows():
+        words = row["caption"].lower()
+        assert any(w in words for w in SHAPE_WORDS[row["shape"]]), row["caption"]
+    # None of the pool's noise recipes: no blank/noise/clutter image, no underspecified text.
+    pool = pq.read_table(world / "truth.parquet").to_pandas()
+    assert not set(clean["image_kind"]) & {"blank", "noise", "clutter"}
+    assert not set(clean["caption"]) & set(pool.loc[pool["noise"] == "underspecified_text", "caption"])
+    assert not set(clean["uid"]) & set(pool["uid"])
 
 
 def test_eval_tasks_follow_clip_benchmark_layout(world):

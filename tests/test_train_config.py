@@ -34,7 +34,14 @@ def test_every_preset_loads_and_builds_its_model_config():
         assert cfg.name == name and cfg.total_steps >= 1
         if name.startswith("tiny-"):
             assert model.name == name and cfg.precision == "fp32"
-            assert model.geometry == name[len("tiny-") :].replace("-multi", "")
+            assert model.geometry == name[len("tiny-") :].replace("-multi", "").replace("-scorer", "")
+    # The synthetic world's MERU scorer recipe (README "Quality"): EuCLIP's K schedule and an image tower
+    # without its final LayerNorm; otherwise the tiny MERU.
+    scorer, meru = load_train_config("tiny-hyperbolic-scorer"), load_train_config("tiny-hyperbolic")
+    assert (scorer.loss.K_start, scorer.loss.K_end) == (0.3, 0.1)
+    s_model, m_model = effective_model_config(scorer), effective_model_config(meru)
+    assert not s_model.vision.final_ln and m_model.vision.final_ln and s_model.text.final_ln
+    assert s_model.vision.width == m_model.vision.width and scorer.samples_seen == meru.samples_seen
 
 
 @pytest.mark.parametrize("scale", sorted(DATACOMP))

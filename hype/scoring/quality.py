@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from hype.scoring.schema import METRICS
-from hype.select.combine import hype_score
+from hype.select.combine import PAPER_WEIGHTS, Combiner, hype_score
 
 
 def average_ranks(x: np.ndarray) -> np.ndarray:
@@ -40,11 +40,26 @@ def auroc(scores: np.ndarray, positive: np.ndarray) -> float:
     return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
-def noise_auroc_table(df, noise_column: str = "noise", clean: str = "clean") -> dict[str, dict[str, float]]:
-    """metric (the five terms and `hype`) -> noise kind -> AUROC of clean vs that kind."""
+def normalized_hype_score(columns: dict[str, np.ndarray], normalize: str) -> np.ndarray:
+    """Eq. 1 over terms normalized across the given rows as `hype select --normalize` does (the same
+    `Combiner`: zscore with the population std, rank as the 22-bit-key mid-rank fraction)."""
+    combiner = Combiner(PAPER_WEIGHTS, normalize)
+    combiner.observe(columns)
+    combiner.finish_observe()
+    return combiner.score(columns)
+
+
+def noise_auroc_table(
+    df, noise_column: str = "noise", clean: str = "clean", normalizations: tuple[str, ...] = ()
+) -> dict[str, dict[str, float]]:
+    """metric (the five terms, `hype`, and `hype_<normalization>` for each of `normalizations`, e.g.
+    "zscore", "rank") -> noise kind -> AUROC of clean vs that kind."""
     kinds = sorted(k for k in df[noise_column].unique() if k != clean)
     columns = {m: df[m].to_numpy(np.float64) for m in METRICS}
-    columns["hype"] = hype_score(columns)
+    terms = dict(columns)
+    columns["hype"] = hype_score(terms)
+    for normalize in normalizations:
+        columns[f"hype_{normalize}"] = normalized_hype_score(terms, normalize)
     is_clean = (df[noise_column] == clean).to_numpy()
     table: dict[str, dict[str, float]] = {}
     for name, values in columns.items():

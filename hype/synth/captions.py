@@ -150,13 +150,60 @@ def _and(items: list[str]) -> str:
 
 
 def caption(scene: Scene, level: int, rng: Rng) -> str:
-    """A caption of `scene` at specificity `level` with a randomly chosen template and synonyms."""
+    """A caption of `scene` at specificity `level` with a randomly chosen template and synonyms; a crop
+    is captioned as the object it shows."""
     if level not in LEVELS:
         raise ValueError(f"caption level must be one of {LEVELS}, got {level}")
+    if scene.crop is not None:
+        target = scene.objects[scene.crop[0]]
+        scene = Scene("single", (target,), scene.background, scene.bg_params, scene.size)
     pick = rng.pick
     text = pick(PREFIXES).format(_phrase(scene, level, pick))
     if level > 0 and scene.kind in ("multi", "mix") and text.startswith("there is "):
         text = "there are " + text[len("there is ") :]
+    return _surface(text, rng)
+
+
+# The scorer set's generic captions: what its generic images show, said generically. Disjoint from the
+# pool's underspecified texts (GENERIC, boilerplate, file names), which no scorer may see.
+EMPTY_WORDS = (
+    "an empty background",
+    "a plain background",
+    "a background with nothing on it",
+    "an empty canvas",
+    "just a background",
+    "nothing but a background",
+)
+CROWD_WORDS = (
+    "a group of shapes",
+    "many shapes",
+    "lots of shapes",
+    "assorted shapes",
+    "a bunch of shapes",
+    "various shapes",
+)
+TINTED_WORDS = ("a colourful background", "a coloured gradient", "a gradient of colours")
+
+
+def generic_caption(scene: Scene, rng: Rng) -> str:
+    """A generic caption of a generic scene: a crowd is "many shapes"; a background-only scene is said to
+    be empty (half the time) or named ("a striped background")."""
+    if scene.kind == "crowd":
+        phrase = rng.pick(CROWD_WORDS)
+    elif rng.random() < 0.5:
+        phrase = rng.pick(EMPTY_WORDS)
+    elif scene.background == "tinted":
+        phrase = rng.pick(TINTED_WORDS)
+    else:
+        phrase = rng.pick(tuple(w for w in BACKGROUND_WORDS[scene.background] if w.startswith("a ")))
+    text = rng.pick(PREFIXES).format(phrase)
+    if scene.kind == "crowd" and text.startswith("there is "):
+        text = "there are " + text[len("there is ") :]
+    return _surface(text, rng)
+
+
+def _surface(text: str, rng: Rng) -> str:
+    """Surface variation of a caption: sometimes capitalised, sometimes a final full stop."""
     if rng.random() < 0.3:
         text = text[:1].upper() + text[1:]
     if rng.random() < 0.3:

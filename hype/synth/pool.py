@@ -24,6 +24,8 @@ from hype.synth.scenes import (
     SHAPES,
     Scene,
     same_content,
+    sample_crop,
+    sample_generic_scene,
     sample_scene,
     sample_underspecified_image,
 )
@@ -186,6 +188,40 @@ def render_sample(s: Sample) -> tuple[bytes, int, int]:
     return encode_jpeg(img, s.quality), img.width, img.height
 
 
+# The scorer set spans specificity on both sides, as web data does for MERU: generic images (empty
+# backgrounds, crowds of assorted shapes) with generic captions, single objects with short captions,
+# detailed scenes with detailed captions, and crops of one object of a scene with that object's short
+# caption. Shares of each tier:
+CLEAN_TIERS = {"generic": 0.15, "object": 0.25, "scene": 0.45, "crop": 0.15}
+SHORT_LEVEL_P = {1: 0.4, 2: 0.6}
+DETAILED_LEVEL_P = {3: 0.5, 4: 0.5}
+
+
+def _level(rng: Rng, levels: Mapping[int, float]) -> int:
+    return tuple(levels)[rng.weighted(tuple(levels.values()))]
+
+
+def _clean_sample(rng: Rng, index: int, uid: str) -> Sample:
+    tier = tuple(CLEAN_TIERS)[rng.weighted(tuple(CLEAN_TIERS.values()))]
+    if tier == "generic":
+        scene, level = sample_generic_scene(rng), 0
+        w, h = sample_image_size(rng, odd=False)
+        text = cap.generic_caption(scene, rng)
+    else:
+        if tier == "crop":
+            scene, level = sample_crop(rng), _level(rng, SHORT_LEVEL_P)
+            w = h = rng.integers(48, 161)  # crops are square
+        else:
+            kind = "single" if tier == "object" else None
+            scene = sample_scene(rng, kind)
+            level = _level(rng, SHORT_LEVEL_P if tier == "object" else DETAILED_LEVEL_P)
+            w, h = sample_image_size(rng, odd=False)
+        text = cap.caption(scene, level, rng)
+    return Sample(index, uid, "clean", scene, w, h, rng.integers(80, 96), text, level, text)
+
+
 def plan_clean(n: int, seed: int, rng: Rng) -> list[Sample]:
-    """Clean, aligned, specific samples at moderate sizes (no odd sizes) for training scorers."""
-    return [_specific(rng, i, make_uid(seed, "clean", i), "clean", odd=False) for i in range(n)]
+    """The scorer training set: clean, aligned pairs at moderate sizes (no odd sizes) across the
+    specificity tiers of `CLEAN_TIERS`. Built from its own RNG stream and none of the pool's noise
+    recipes (no blank, noise or clutter image, no underspecified text), so nothing of the pool leaks in."""
+    return [_clean_sample(rng, i, make_uid(seed, "clean", i)) for i in range(n)]

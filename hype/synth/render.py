@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+from dataclasses import replace
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageEnhance, features
@@ -25,6 +26,12 @@ def _background(scene: Scene, w: int, h: int) -> Image.Image:
         return Image.new("RGB", (w, h), (255, 255, 255))
     if bg == "black":
         return Image.new("RGB", (w, h), (0, 0, 0))
+    if bg == "tinted":  # the scorer set's generic images: a gradient between two colours
+        c0, c1, axis = scene.bg_params
+        t = np.linspace(0.0, 1.0, h if axis == 0 else w, dtype=np.float32)
+        ramp = (np.outer(1 - t, c0) + np.outer(t, c1)).round().astype(np.uint8)  # (n, 3)
+        arr = np.broadcast_to(ramp[:, None, :] if axis == 0 else ramp[None, :, :], (h, w, 3))
+        return Image.fromarray(np.ascontiguousarray(arr), "RGB")
     # Neutral backgrounds are built as one grey channel and expanded once: several times faster.
     if bg == "gradient":
         lo, hi, axis = scene.bg_params
@@ -99,6 +106,8 @@ def render(scene: Scene, width: int, height: int) -> Image.Image:
             0, 256, size=(int(rng.integers(3, 9)), int(rng.integers(3, 9)), 3), dtype=np.uint8
         )
         return Image.fromarray(small).resize((width, height), Image.BICUBIC)
+    if scene.crop is not None:
+        return _render_crop(scene, width, height)
     w, h = width * _SS, height * _SS
     # Backgrounds have no edges worth anti-aliasing: build them at 1x and upsample (2.5x faster).
     img = _background(scene, width, height)
@@ -107,6 +116,20 @@ def render(scene: Scene, width: int, height: int) -> Image.Image:
     for obj in scene.objects:
         _draw_obj(draw, obj, w, h)
     return img.reduce(_SS)
+
+
+def _render_crop(scene: Scene, width: int, height: int) -> Image.Image:
+    """The square crop around `scene.target`, `width` px a side: the whole scene is drawn at the size
+    that makes the crop that wide, then cut out (shifted inwards where it would leave the scene)."""
+    if width != height:
+        raise ValueError(f"crops are square, got {width}x{height}")
+    index, half = scene.crop
+    obj = scene.objects[index]
+    full = max(width, round(width / (2 * half * obj.r)))
+    img = render(replace(scene, crop=None), full, full)
+    x0 = min(max(0, round(obj.cx * full - width / 2)), full - width)
+    y0 = min(max(0, round(obj.cy * full - width / 2)), full - width)
+    return img.crop((x0, y0, x0 + width, y0 + width))
 
 
 def jitter(img: Image.Image, rng: np.random.Generator) -> Image.Image:

@@ -32,9 +32,14 @@ POSITIONS: tuple[str, ...] = ("left", "right", "top", "bottom", "center")
 BACKGROUNDS: tuple[str, ...] = ("white", "black", "gradient", "striped")
 COUNTS: tuple[int, ...] = (1, 2, 3, 4)
 
-# Scene kinds. "single"/"multi"/"mix" are specific images; the rest are underspecified images.
+# Scene kinds. "single"/"multi"/"mix" are specific images; "blank"/"noise"/"clutter" are the pool's
+# underspecified images; "background" (a background and nothing on it) and "crowd" (a group of assorted
+# shapes) are the scorer set's generic images, drawn by recipes of their own (never a pool recipe).
 SPECIFIC_KINDS: tuple[str, ...] = ("single", "multi", "mix")
 UNDERSPECIFIED_IMAGE_KINDS: tuple[str, ...] = ("blank", "noise", "clutter")
+GENERIC_KINDS: tuple[str, ...] = ("background", "crowd")
+# Backgrounds of the generic images only: a linear gradient between two colours.
+GENERIC_BACKGROUNDS: tuple[str, ...] = ("gradient", "striped", "tinted")
 
 _POSITION_XY = {
     "left": (0.28, 0.5),
@@ -71,18 +76,30 @@ class Scene:
     size: str | None = None
     position: str | None = None
     seed: int = 0
+    # A crop around one object: (object index, half-side of the square crop in units of its radius).
+    # Rendering draws the whole scene and cuts the crop out, so neighbours show at the edges.
+    crop: tuple[int, float] | None = None
+
+    @property
+    def target(self) -> Obj | None:
+        """The object a crop is centred on."""
+        return None if self.crop is None else self.objects[self.crop[0]]
 
     @property
     def shape(self) -> str | None:
+        if self.crop is not None:
+            return self.objects[self.crop[0]].shape
         if self.kind in ("single", "multi"):
             return self.objects[0].shape
-        return "mixed" if self.kind in ("mix", "clutter") else None
+        return "mixed" if self.kind in ("mix", "clutter", "crowd") else None
 
     @property
     def color(self) -> str | None:
+        if self.crop is not None:
+            return self.objects[self.crop[0]].color
         if self.kind in ("single", "multi"):
             return self.objects[0].color
-        return "mixed" if self.kind in ("mix", "clutter") else None
+        return "mixed" if self.kind in ("mix", "clutter", "crowd") else None
 
     @property
     def count(self) -> int | None:
@@ -95,8 +112,12 @@ class Scene:
     @property
     def image_level(self) -> int:
         """Ground-truth image specificity: nothing to see (0) .. one clear large object (4)."""
-        if self.kind in ("blank", "noise"):
+        if self.kind in ("blank", "noise", "background"):
             return 0
+        if self.kind == "crowd":
+            return 1
+        if self.crop is not None:
+            return 2  # one object, cut out of its scene: what it is, little of where
         if self.kind == "clutter":
             return 1
         if self.kind == "mix":
@@ -225,6 +246,57 @@ def sample_underspecified_image(rng: Rng, kind: str | None = None) -> Scene:
         for _ in range(n)
     )
     return Scene("clutter", objs, background, _bg_params(rng, background), None, None, rng.seed())
+
+
+def sample_generic_scene(rng: Rng) -> Scene:
+    """A generic image for the scorer set: a background with nothing on it (neutral gradient or stripes,
+    or a gradient between two colours), or a crowd of 6-10 assorted shapes. Plain one-colour canvases,
+    pixel noise and clutters of tiny shapes are the pool's noise recipes and are never drawn here."""
+    if rng.random() < 0.3:
+        return _crowd(rng)
+    background = rng.pick(GENERIC_BACKGROUNDS)
+    if background == "tinted":
+        c0, c1 = (tuple(rng.integers(0, 256) for _ in range(3)) for _ in range(2))
+        params = (c0, c1, rng.integers(0, 2))
+    else:
+        params = _bg_params(rng, background)
+    return Scene("background", (), background, params, None, None, rng.seed())
+
+
+def _crowd(rng: Rng) -> Scene:
+    """6-10 shapes of any kind and colour on a jittered 4x3 grid (no overlaps), medium-small."""
+    background = rng.pick(BACKGROUNDS)
+    n = rng.integers(6, 11)
+    cells = sorted(int(i) for i in rng.permutation(12)[:n])
+    objs = tuple(
+        Obj(
+            rng.pick(SHAPES),
+            rng.pick(COLOR_NAMES),
+            (cell % 4 + 0.5) / 4 + rng.uniform(-0.03, 0.03),
+            (cell // 4 + 0.5) / 3 + rng.uniform(-0.03, 0.03),
+            rng.uniform(0.07, 0.1),
+            rng.uniform(-12.0, 12.0),
+        )
+        for cell in cells
+    )
+    return Scene("crowd", objs, background, _bg_params(rng, background), None, None, rng.seed())
+
+
+def sample_crop(rng: Rng) -> Scene:
+    """A crop around one object of a multi-object scene (HyCoCLIP's boxes: a part of a scene is more
+    generic than the scene)."""
+    parent = sample_scene(rng, rng.pick(("multi", "mix")))
+    index = rng.integers(len(parent.objects))
+    return Scene(
+        parent.kind,
+        parent.objects,
+        parent.background,
+        parent.bg_params,
+        parent.size,
+        None,
+        parent.seed,
+        crop=(index, rng.uniform(1.4, 1.9)),
+    )
 
 
 def same_content(a: Scene, b: Scene) -> bool:

@@ -149,7 +149,7 @@ def _truth_row(s: Sample, key: str, shard: int, width: int, height: int) -> dict
         "caption": s.caption,
         "source_uid": s.source_uid,
         "true_caption": s.true_caption,
-        "image_kind": sc.kind,
+        "image_kind": "crop" if sc.crop is not None else sc.kind,
         "width": width,
         "height": height,
     }
