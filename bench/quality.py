@@ -17,7 +17,8 @@ On the synthetic world (DESIGN §5):
     python bench/quality.py [--out runs/bench-quality] [--world-seed 0] [--seeds 0,1,2,3,4]
         [--arms hype,clip-score,random,...] [--world DIR]
 
-Prints the tables and writes OUT/quality.json and OUT/quality.md. Every step is a `hype` command; a
+Prints the tables and writes OUT/quality.json and OUT/quality.md (`--name` changes the name: a second run
+in the same OUT with other arms or seeds reuses every finished model). Every step is a `hype` command; a
 rerun reuses finished steps. The recipe (scorer presets, arms, seeds) is fixed before it runs; the
 world's truth table is read only to measure (AUROC, clean share), never to choose.
 """
@@ -76,6 +77,12 @@ def main() -> None:
     p.add_argument("--num-clusters", type=int, default=64)
     p.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"known: {', '.join(ARMS)}")
     p.add_argument("--progress", action="store_true", help="show the commands' progress bars")
+    p.add_argument("--name", default="quality", help="report file names: OUT/NAME.md and OUT/NAME.json")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="run nothing: write the tables from the arms whose every seed is finished (a partial run)",
+    )
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -91,10 +98,16 @@ def main() -> None:
     world = (args.world or out / "world").resolve()
     run = Runner(out / "logs", progress=args.progress)
     t0 = time.perf_counter()
-    score = _scores(run, args, out, world)
+    score = out / "score" if args.report_only else _scores(run, args, out, world)
     detection = _detection(score, world)
-    per_arm = {arm: _train_arm(run, args, out, world, score, arm, seeds) for arm in arms}
+    per_arm = {}
+    for arm in arms:
+        if args.report_only and not _finished(out, arm, seeds):
+            print(f"= {arm}: not every seed is finished, left out of this report", flush=True)
+            continue
+        per_arm[arm] = _train_arm(run, args, out, world, score, arm, seeds)
     result = _compare(per_arm, seeds, _chance_levels(world))
+    result["arms_not_run"] = [a for a in arms if a not in per_arm]
     result.update(
         args={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         world=str(world),
@@ -102,11 +115,11 @@ def main() -> None:
         detection=detection,
         elapsed_s=round(time.perf_counter() - t0, 1),
     )
-    (out / "quality.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     text = _markdown(result, args)
-    (out / "quality.md").write_text(text)
+    (out / f"{args.name}.md").write_text(text)
     print("\n" + text)
-    print(f"wrote {out / 'quality.md'} and {out / 'quality.json'} ({result['elapsed_s'] / 60:.1f} min)")
+    print(f"wrote {out / args.name}.md and .json ({result['elapsed_s'] / 60:.1f} min)")
 
 
 def _scores(run, args, out: Path, world: Path) -> Path:
@@ -162,6 +175,11 @@ def _train_arm(run, args, out: Path, world: Path, score: Path, arm: str, seeds: 
             run.hype(f"eval-{arm}-{seed}", *eval_args(model, world, results), "--no-progress")
         per_seed.append(read_eval(results))
     return {"samples": samples, "composition": composition, "per_seed": per_seed}
+
+
+def _finished(out: Path, arm: str, seeds: list[int]) -> bool:
+    results = [out / "eval" / f"{arm}-seed{seed}.jsonl" for seed in seeds]
+    return all(r.is_file() and r.read_text().strip() for r in results)
 
 
 def _chance_levels(world: Path) -> dict[str, float]:
@@ -271,10 +289,11 @@ def _markdown(result: dict, args) -> str:
         return t.split("/")[-1]
 
     left = ", ".join(short(t) for t in result["tasks_left_out"]) or "none"
+    not_run = ", ".join(result.get("arms_not_run") or []) or "none"
     lines = [
         f"Tiny CLIP, {args.samples_seen:,} samples seen per run, seeds {seeds} (paired), "
         f"{args.frac:.0%} subsets; mean ± std over seeds. Average over {len(tasks)} tasks; "
-        f"left out as at chance for every arm: {left}.",
+        f"left out as at chance for every arm: {left}. Arms not run (yet): {not_run}.",
         "",
         "| arm | samples | clean share | average | " + " | ".join(short(t) for t in tasks) + " |",
         "|" + "---|" * (4 + len(tasks)),
