@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,s3]'
 	touch $(STAMP)
 
-# The whole pipeline offline on a synthetic world (about 7 minutes on 2 cores); a rerun resumes it.
+# The whole pipeline offline on a synthetic world (4-7 minutes on 2 cores); a rerun resumes it.
 demo: $(STAMP)
 	$(VENV)/bin/hype demo --out runs/demo
 

@@ -3,7 +3,7 @@
 Module map: `tasks` the task registry (configs/eval/*.yaml), `readers` evaluation sets on disk,
 `zeroshot` geometry-aware classification / retrieval / WinoGAViL scoring, `metrics` DataComp's metric
 definitions, `results` the eval_results.jsonl file, `report` aggregates and the summary table, `runner`
-the orchestration (`run_eval`). CLI: `hype eval`.
+the orchestration (`run_eval`), `compare` paired comparisons of rules over seeds. CLI: `hype eval`.
 """
 
 from __future__ import annotations
