@@ -185,16 +185,11 @@ def _finished(out: Path, arm: str, seeds: list[int]) -> bool:
 def _chance_levels(world: Path) -> dict[str, float]:
     """Each synthetic task's chance level: 1 / classes for classification (balanced classes, accuracy),
     1 / images for retrieval R@1."""
-    from hype.synth.eval_tasks import RETRIEVAL_TASK, TASK_NAMES, task_folder
+    from hype.synth.eval_tasks import RETRIEVAL_TASK, TASKS
 
     info = json.loads((world / "world.json").read_text())
-    chance = {}
-    for task in TASK_NAMES:
-        if task == RETRIEVAL_TASK:
-            chance[task] = 1.0 / info["counts"]["eval_per_task"]
-        else:
-            classes = (world / "eval" / task_folder(task) / "classnames.txt").read_text().split("\n")
-            chance[task] = 1.0 / len([c for c in classes if c.strip()])
+    chance = {t.name: 1.0 / len(t.classnames) for t in TASKS}
+    chance[RETRIEVAL_TASK] = 1.0 / info["counts"]["eval_per_task"]
     return chance
 
 

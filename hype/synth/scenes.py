@@ -8,7 +8,7 @@ Coordinates are normalised: x in units of the image width, y of the height, radi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hype.synth.rng import Rng
 
@@ -287,16 +287,7 @@ def sample_crop(rng: Rng) -> Scene:
     generic than the scene)."""
     parent = sample_scene(rng, rng.pick(("multi", "mix")))
     index = rng.integers(len(parent.objects))
-    return Scene(
-        parent.kind,
-        parent.objects,
-        parent.background,
-        parent.bg_params,
-        parent.size,
-        None,
-        parent.seed,
-        crop=(index, rng.uniform(1.4, 1.9)),
-    )
+    return replace(parent, crop=(index, rng.uniform(1.4, 1.9)))
 
 
 def same_content(a: Scene, b: Scene) -> bool:
