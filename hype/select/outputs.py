@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hype.data.uids import UID_DTYPE, is_sorted, load_subset, pair_to_uid, pairs_to_arrow, sorted_uids
-from hype.io import atomic_path, save_npy, storage
+from hype.io import atomic_path, storage
 from hype.io import write_json as _write_json
 from hype.io.storage import AnyPath
 from hype.select.errors import SelectError
@@ -119,10 +119,13 @@ def write_subset(path: Path, arr: np.ndarray) -> np.ndarray:
     """
     if arr.dtype != UID_DTYPE or not is_sorted(arr):
         raise AssertionError("write_subset expects a sorted 'u8,u8' array")
-    save_npy(path, arr)
-    back = load_subset(path)
-    if len(back) != len(arr):
-        raise AssertionError(f"{path}: wrote {len(arr)} uids, read back {len(back)}")
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.save(f, arr, allow_pickle=False)
+        # Checked before the file gets its name (for a URL: before the upload, not by downloading it back).
+        back = load_subset(tmp)
+        if len(back) != len(arr):
+            raise AssertionError(f"{path}: wrote {len(arr)} uids, read back {len(back)}")
     return back
 
 

@@ -127,11 +127,14 @@ def reduce(
     run = _Reduction(
         table, ranker, masks, target, sink, carry, pool_stats or {}, score_stats, workers, progress
     )
-    run.statistics_pass()
-    run.plan()
-    if target.ranked:
-        run.rank_pass()
-    run.select_pass()
+    try:
+        run.statistics_pass()
+        run.plan()
+        if target.ranked:
+            run.rank_pass()
+        run.select_pass()
+    finally:
+        table.release_spool()
     # Parquet decoding leaves freed buffers cached in Arrow's allocator; the caller is about to sort the
     # kept uids, the peak of a selection: give that memory back first.
     pa.default_memory_pool().release_unused()
@@ -175,10 +178,16 @@ class _Reduction:
         self.at_cut = 0
         self.rows_at_cut = 0
 
-    def _batches(self, name: str, columns: list[str], check: list[str]) -> Iterable[Batch]:
+    def _batches(
+        self, name: str, columns: list[str], check: list[str], last: bool = False
+    ) -> Iterable[Batch]:
+        """One pass over the table; every pass but the last keeps what it downloads from a bucket for the
+        passes after it (`ScoresTable.iter_batches`' spool)."""
         self.passes.append(name)
         label = f"{name} pass" if self.progress else None
-        return self.table.iter_batches(columns, workers=self.workers, progress=label, check=check)
+        return self.table.iter_batches(
+            columns, workers=self.workers, progress=label, check=check, spool=not last
+        )
 
     def statistics_pass(self) -> None:
         """Rules that normalize over the pool (zscore, rank) see every row first."""
@@ -240,7 +249,7 @@ class _Reduction:
             cols = _cols([cols, list(self.pool_stats), self.rule_cols])
         self.candidates = _Candidates(self.m_needed, self.carry)
         eligible_count = 0
-        for i, batch in enumerate(self._batches("select", cols, check=self.rule_cols)):
+        for i, batch in enumerate(self._batches("select", cols, check=self.rule_cols, last=True)):
             keep = self._keep(i, batch)
             score = _score(self.ranker, batch)
             if self.score_stats is not None and not ranked:

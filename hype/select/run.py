@@ -7,10 +7,10 @@ weights, normalization and filters; `rank`, `weights` and `normalize` replace th
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,8 +145,10 @@ def select_subset(req: SelectRequest) -> dict:
         hi, lo, info = union(arr["f0"], arr["f1"], path)
         arr = to_structured(hi, lo)
         unions.append(info)
-    arr = write_subset(npy, arr)
-    writer.close()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hype-upload") as pool:
+        closed = pool.submit(writer.close)  # the Parquet file's upload (to a bucket) overlaps the subset's
+        arr = write_subset(npy, arr)
+        closed.result()
     pool = cached or {m: st.to_dict() for m, st in pool_stats.items()}
     if not cached:
         _write_pool_cache(table, pool)
@@ -184,12 +186,9 @@ def select_subset(req: SelectRequest) -> dict:
 
 
 def _pool_cache_path(table: ScoresTable) -> AnyPath:
-    """Per-metric pool statistics depend only on the scores table: cache them next to it, keyed by the
-    part files' names, sizes and modification times, so repeated selections skip computing them."""
-    h = hashlib.sha256()
-    for name, f in table.listing.items():  # sizes and versions (mtime / ETag) from the table's listing
-        h.update(f"{name}\0{f['size']}\0{f['version']}\n".encode())
-    return table.folder.parent / "select_cache" / f"pool-stats-{h.hexdigest()[:20]}.json"
+    """Per-metric pool statistics depend only on the scores table: cached next to it, so repeated
+    selections skip computing them."""
+    return table.cache_path("pool-stats", ".json")
 
 
 def _read_pool_cache(table: ScoresTable) -> dict | None:

@@ -4,12 +4,20 @@ The table is read in units of one Parquet row group, a few at a time on a small 
 decoding releases the GIL), in a fixed order, so every pass over it sees the same rows in the same order
 whatever the thread count. Only the columns a pass needs are read. Each batch is checked as it arrives:
 metric values must be finite and non-null, and the error names the file, column, row and uid.
+
+A table in a bucket is read so that each column leaves the bucket once per selection: a pass asked to
+`spool` keeps the columns it downloaded in a local, memory-mapped Arrow IPC file (one record batch per
+unit; ~4 bytes per row and float32 column, under `TMPDIR`), and later passes take those columns from it
+and only the others (the uids) from the bucket. Footers are read once, when the table is opened. A local
+table is its own spool: nothing is copied.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
+import tempfile
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hype.data.uids import UidError, arrow_to_pairs
-from hype.io import read_bytes, storage
+from hype.io import parquet_bytes, read_bytes, storage, write_bytes
 from hype.io.storage import AnyPath
 from hype.scoring.schema import METRICS, SCHEMA, scores_dir
 from hype.select.errors import SelectError
@@ -120,11 +128,15 @@ class ScoresTable:
                 f"{self.run_dir}: no scores found (expected {folder}/part-*.parquet); run "
                 f"`hype score ... --out {self.run_dir}` first, or pass the run directory it wrote"
             )
+        self.remote = storage.is_url(self.folder)
+        self._spool: _Spool | None = None
         self.units: list[_Unit] = []
         self.schemas: dict[str, pa.Schema] = {}
+        self.footers: dict[str, pq.FileMetaData] = {}  # reused by every read: no footer request per unit
         row = 0
-        for path, (meta, schema) in zip(self.files, _footers(self.files), strict=True):
+        for path, (meta, schema) in zip(self.files, self._read_footers(), strict=True):
             self.schemas[str(path)] = schema
+            self.footers[str(path)] = meta
             for g in range(meta.num_row_groups):
                 n = meta.row_group(g).num_rows
                 if n:
@@ -133,6 +145,28 @@ class ScoresTable:
         self.num_rows = row
         if self.num_rows == 0:
             raise SelectError(f"{folder}: the scores table has no rows; rerun `hype score` (see its summary)")
+
+    def cache_path(self, kind: str, suffix: str) -> AnyPath:
+        """Where commands cache what depends only on the table's parts (`select_cache/` beside the scores),
+        keyed by the parts' names, sizes and versions (mtime / ETag) from the table's listing: rewriting
+        any part changes the key, so a stale cache is never read."""
+        h = hashlib.sha256()
+        for name, f in self.listing.items():
+            h.update(f"{name}\0{f['size']}\0{f['version']}\n".encode())
+        return self.folder.parent / "select_cache" / f"{kind}-{h.hexdigest()[:20]}{suffix}"
+
+    def _read_footers(self) -> list[tuple[pq.FileMetaData, pa.Schema]]:
+        """Every part's footer. From a bucket, all of them from one cached object when it is there (one
+        request instead of two per part), else read concurrently and cached for the next command."""
+        if not self.remote:
+            return _footers(self.files)
+        cache = self.cache_path("footers", ".parquet")
+        cached = _load_footer_cache(cache, list(self.listing))
+        if cached is not None:
+            return cached
+        footers = _footers(self.files)
+        _save_footer_cache(cache, list(self.listing), [meta for meta, _ in footers])
+        return footers
 
     def run_summary(self) -> dict | None:
         """The `summary.json` `hype score` keeps next to the scores (None when absent or unreadable)."""
@@ -194,30 +228,123 @@ class ScoresTable:
         workers: int = 2,
         progress: str | None = None,
         check: Iterable[str] | None = None,
+        spool: bool = False,
     ) -> Iterator[Batch]:
         """Every row once, in table order, with `columns` only. The metric columns among `check` (default:
-        every metric read) must be finite and non-null: the first bad value raises `SelectError`."""
+        every metric read) must be finite and non-null: the first bad value raises `SelectError`.
+        `spool`: a later pass will read these columns again; from a bucket, keep a local copy of them
+        (kept once the pass has read every row, until `release_spool`)."""
         columns = list(dict.fromkeys(columns))
         self.require(columns)
         checked = [c for c in (columns if check is None else check) if c in METRICS and c in columns]
+        local = self._spool.columns if self._spool is not None else {}
+        fetch = [c for c in columns if c not in local]
+        writer = None
+        if spool and self.remote and fetch:
+            if self._spool is None:
+                self._spool = _Spool()
+            writer = self._spool.writer(fetch)
         bar = _progress(progress, self.num_rows)
         try:
-            for unit, data in _prefetch(self.units, columns, max(1, workers)):
+            for i, (unit, data) in enumerate(_prefetch(self.units, fetch, max(1, workers), self.footers)):
+                if writer is not None:
+                    writer.add(data)
+                if local:
+                    data = self._spool.join(i, data, columns)  # type: ignore[union-attr]
                 batch = Batch(data, unit.path, unit.first_row)
                 for c in checked:
                     _check_finite(batch, c, unit)
                 yield batch
                 if bar is not None:
                     bar.update(unit.num_rows)
+            if writer is not None:
+                self._spool.commit(writer)  # type: ignore[union-attr]
+                writer = None
         finally:
+            if writer is not None:
+                writer.discard()
             if bar is not None:
                 bar.close()
 
+    def release_spool(self) -> None:
+        """Delete the local copy of the columns read from a bucket (a no-op for a local table)."""
+        if self._spool is not None:
+            self._spool.close()
+            self._spool = None
 
-def _read_unit(unit: _Unit, columns: list[str]) -> pa.Table:
+
+class _Spool:
+    """Local copies of columns read from a bucket: per spooling pass, one Arrow IPC file holding that pass's
+    downloaded columns as one record batch per unit, memory-mapped back (zero-copy) once complete."""
+
+    def __init__(self):
+        self._dir = tempfile.TemporaryDirectory(prefix="hype-select-spool-")
+        self.columns: dict[str, pa.ipc.RecordBatchFileReader] = {}
+        self._files = 0
+
+    def writer(self, columns: list[str]) -> _SpoolWriter:
+        self._files += 1
+        return _SpoolWriter(f"{self._dir.name}/pass-{self._files}.arrow", columns)
+
+    def commit(self, writer: _SpoolWriter) -> None:
+        reader = writer.finish()
+        for c in writer.columns:
+            self.columns[c] = reader
+
+    def join(self, i: int, fetched: pa.Table | None, columns: list[str]) -> pa.Table:
+        """Unit `i` with `columns`: the spooled ones from local disk, the rest from `fetched`."""
+        batches: dict[int, pa.RecordBatch] = {}
+        arrays = []
+        for c in columns:
+            reader = self.columns.get(c)
+            if reader is None:
+                assert fetched is not None
+                arrays.append(fetched.column(c))
+            else:
+                batch = batches.get(id(reader))
+                if batch is None:
+                    batch = batches[id(reader)] = reader.get_batch(i)
+                arrays.append(batch.column(c))
+        return pa.table(arrays, names=columns)
+
+    def close(self) -> None:
+        self.columns.clear()
+        self._dir.cleanup()
+
+
+class _SpoolWriter:
+    def __init__(self, path: str, columns: list[str]):
+        self.path, self.columns = path, columns
+        self._sink: pa.ipc.RecordBatchFileWriter | None = None
+
+    def add(self, data: pa.Table | None) -> None:
+        assert data is not None
+        (record,) = data.select(self.columns).combine_chunks().to_batches()  # units are never empty
+        if self._sink is None:
+            self._sink = pa.ipc.new_file(self.path, record.schema)
+        self._sink.write_batch(record)
+
+    def finish(self) -> pa.ipc.RecordBatchFileReader:
+        assert self._sink is not None
+        self._sink.close()
+        return pa.ipc.open_file(pa.memory_map(self.path))
+
+    def discard(self) -> None:
+        if self._sink is not None:
+            self._sink.close()
+
+
+def _read_unit(
+    unit: _Unit, columns: list[str], footers: dict[str, pq.FileMetaData] | None = None
+) -> pa.Table | None:
+    """The unit's `columns` (None when there are none to read); `footers`: the parts' metadata, read
+    when the table was opened, so that no request goes to the footer again."""
+    if not columns:
+        return None
     try:
         with _open_part(unit.path, columns, unit.row_group) as f:
-            return pq.ParquetFile(f, pre_buffer=True).read_row_group(
+            meta = footers.get(unit.path) if footers else None
+            return pq.ParquetFile(f, pre_buffer=True, metadata=meta).read_row_group(
                 unit.row_group, columns=columns, use_threads=False
             )
     except (pa.ArrowInvalid, OSError) as e:
@@ -226,26 +353,32 @@ def _read_unit(unit: _Unit, columns: list[str]) -> pa.Table:
         ) from None
 
 
-def _prefetch(units: list[_Unit], columns: list[str], workers: int) -> Iterator[tuple[_Unit, pa.Table]]:
+def _prefetch(
+    units: list[_Unit], columns: list[str], workers: int, footers: dict[str, pq.FileMetaData] | None
+) -> Iterator[tuple[_Unit, pa.Table | None]]:
     """Read units on `workers` threads, at most `workers + 1` ahead, yielding them in order."""
+    if not columns:  # every column is in the spool
+        for u in units:
+            yield u, None
+        return
     if units and storage.is_url(units[0].path):
         workers = max(workers, REMOTE_READERS)  # waiting on the network, not on the CPU
     if workers == 1:
         for u in units:
-            yield u, _read_unit(u, columns)
+            yield u, _read_unit(u, columns, footers)
         return
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hype-read") as pool:
         pending: deque = deque()
         it = iter(units)
         for u in it:
-            pending.append((u, pool.submit(_read_unit, u, columns)))
+            pending.append((u, pool.submit(_read_unit, u, columns, footers)))
             if len(pending) > workers:
                 break
         while pending:
             u, fut = pending.popleft()
             nxt = next(it, None)
             if nxt is not None:
-                pending.append((nxt, pool.submit(_read_unit, nxt, columns)))
+                pending.append((nxt, pool.submit(_read_unit, nxt, columns, footers)))
             yield u, fut.result()
 
 
@@ -264,7 +397,10 @@ def _check_finite(batch: Batch, name: str, unit: _Unit) -> None:
         return
     bad = np.flatnonzero(~finite)
     i = int(bad[0])
-    uids = batch.arrow("uid") if "uid" in batch.data.column_names else _read_unit(unit, ["uid"]).column(0)
+    if "uid" in batch.data.column_names:
+        uids = batch.arrow("uid")
+    else:
+        uids = _read_unit(unit, ["uid"]).column(0)  # type: ignore[union-attr]
     raise SelectError(
         f"{unit.path}: column {name!r} has {len(bad)} NaN/null/inf value(s) in row group {unit.row_group} "
         f"(first at row {i}, uid {uids[i].as_py()}, value {values[i]}); rescore those shards or drop the "
@@ -313,6 +449,31 @@ def _footers(files: list[AnyPath]) -> list[tuple[pq.FileMetaData, pa.Schema]]:
         return [read(p) for p in files]
     with ThreadPoolExecutor(max_workers=REMOTE_READERS * 2, thread_name_prefix="hype-footer") as pool:
         return list(pool.map(read, files))
+
+
+def _load_footer_cache(path: AnyPath, names: list[str]) -> list[tuple[pq.FileMetaData, pa.Schema]] | None:
+    """The parts' footers from the cache object (a Parquet table of part name -> footer bytes as Parquet
+    writes them), in `names` order; None when absent, unreadable or for other parts."""
+    try:
+        table = pq.read_table(pa.BufferReader(read_bytes(path)))
+        found = dict(zip(table.column("name").to_pylist(), table.column("footer").to_pylist(), strict=True))
+        metas = [pq.read_metadata(pa.BufferReader(found[n])) for n in names]
+        return [(m, m.schema.to_arrow_schema()) for m in metas]
+    except (OSError, KeyError, ValueError, TypeError, pa.ArrowException):
+        return None
+
+
+def _save_footer_cache(path: AnyPath, names: list[str], metas: list[pq.FileMetaData]) -> None:
+    blobs = []
+    for meta in metas:
+        buf = pa.BufferOutputStream()
+        meta.write_metadata_file(buf)
+        blobs.append(buf.getvalue().to_pybytes())
+    table = pa.table({"name": pa.array(names, pa.string()), "footer": pa.array(blobs, pa.binary())})
+    try:
+        write_bytes(path, parquet_bytes(table))
+    except OSError:
+        pass  # a read-only bucket: the footers are read from the parts next time
 
 
 def _open_part(path: str, columns: list[str] | None, row_group: int | None):
