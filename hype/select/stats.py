@@ -45,7 +45,10 @@ class RunningStats:
         n = len(x)
         mean = total_sum / n
         d = np.subtract(x, mean, dtype=np.float64)
-        m2 = float(np.dot(d, d))
+        # Not np.dot: that is BLAS, whose threads (one per core) then spin-wait between batches, burning
+        # every core through a whole selection (measured: 2x the CPU time on 2 cores, 27% slower). NumPy's
+        # own pairwise sum instead.
+        m2 = float(np.square(d, out=d).sum())
         total = self.n + n
         delta = mean - self.mean
         self.mean += delta * n / total
