@@ -21,6 +21,7 @@ from hype.io import (
     atomic_write,
     file_digest,
     open_input,
+    read_bytes,
     read_json,
     storage,
     write_json,
@@ -85,6 +86,101 @@ with atomic_write({url!r}) as f:
         [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=dict(os.environ)
     )
     assert proc.stdout.readline().strip() == "writing"
+    proc.kill()
+    proc.wait(10)
+    assert not storage.exists(url)
+
+
+MB = 1 << 20
+
+
+def _wait_for_parts(upload: storage.StreamingUpload, n: int) -> None:
+    """Until the background sender has handed `n` parts to the store (bounded)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if upload._file.mpu is not None and len(upload._file.parts or []) >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {n} parts were uploaded in 30 s")
+
+
+def test_a_streaming_upload_appears_whole_only_at_commit(s3):
+    url = f"s3://{s3.bucket()}/streamed.bin"
+    data = np.random.default_rng(0).integers(0, 256, 13 * MB, dtype=np.uint8).tobytes()
+    upload = storage.StreamingUpload(storage.location(url), part_size=5 * MB)
+    for i in range(0, len(data), 100_000):  # small writes, as a Parquet writer makes them
+        upload.write(data[i : i + 100_000])
+    assert upload.tell() == len(data)
+    _wait_for_parts(upload, 2)  # two parts are in the store while the writer goes on...
+    assert not storage.exists(url)  # ...and the object is not there before the commit
+    upload.commit()
+    assert read_bytes(url) == data
+
+
+@pytest.mark.parametrize("how", ["abort", "error", "exit"])
+def test_an_unfinished_streaming_upload_leaves_no_object(s3, how):
+    from hype.io import atomic_sink
+
+    url = f"s3://{s3.bucket()}/unfinished-{how}.bin"
+    if how == "error":
+        with pytest.raises(RuntimeError), atomic_sink(url) as sink:
+            sink.write(b"x" * 11 * MB)
+            _wait_for_parts(sink, 1)
+            raise RuntimeError("boom")
+    elif how == "abort":
+        upload = storage.StreamingUpload(storage.location(url), part_size=5 * MB)
+        upload.write(b"x" * 11 * MB)
+        _wait_for_parts(upload, 2)
+        upload.abort()
+    else:  # a program that ends without committing: the finalizers that run at exit must not complete it
+        code = f"""
+import time
+from hype.io import storage
+storage.configure({s3.options!r})
+upload = storage.StreamingUpload(storage.location({url!r}), part_size=5 << 20)
+upload.write(b"x" * (11 << 20))
+while len(upload._file.parts or []) < 2:
+    time.sleep(0.05)
+"""
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=120, env=dict(os.environ))
+    assert not storage.exists(url)
+
+
+def test_parquet_streamed_to_a_bucket_equals_the_local_file(s3, tmp_path):
+    import pyarrow.parquet as pq
+
+    from hype.io import atomic_sink
+
+    rng = np.random.default_rng(1)
+    table = pa.table({"uid": [f"{x:032x}" for x in rng.integers(0, 2**62, 10**6)], "x": rng.random(10**6)})
+    url = f"s3://{s3.bucket()}/t.parquet"
+    for where in (tmp_path / "t.parquet", url):
+        with atomic_sink(where) as sink, pq.ParquetWriter(sink, table.schema, compression="zstd") as w:
+            for batch in table.to_batches(max_chunksize=100_000):
+                w.write_batch(batch)
+        if isinstance(sink, storage.StreamingUpload):
+            assert sink._file.parts, "expected a multipart upload"  # the file is larger than one part
+    assert read_bytes(url) == (tmp_path / "t.parquet").read_bytes()
+    assert pq.read_table(pa.BufferReader(read_bytes(url))).equals(table)
+
+
+def test_a_killed_streaming_writer_leaves_no_object(s3):
+    url = f"s3://{s3.bucket()}/killed-stream.bin"
+    code = f"""
+import time
+from hype.io import atomic_sink, storage
+storage.configure({s3.options!r})
+with atomic_sink({url!r}) as f:
+    f.write(b"x" * (20 << 20))
+    while not f._file.parts:
+        time.sleep(0.05)
+    print("uploading", flush=True)
+    time.sleep(60)
+"""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=dict(os.environ)
+    )
+    assert proc.stdout.readline().strip() == "uploading"
     proc.kill()
     proc.wait(10)
     assert not storage.exists(url)

@@ -9,6 +9,7 @@ packages, so every command reads and writes files one way, on a local disk or an
 
 from hype.io.files import (
     atomic_path,
+    atomic_sink,
     atomic_write,
     bytes_digest,
     cached_copy,
@@ -40,6 +41,7 @@ __all__ = [
     "is_url",
     "location",
     "atomic_path",
+    "atomic_sink",
     "atomic_write",
     "bytes_digest",
     "cached_copy",

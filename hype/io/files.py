@@ -157,6 +157,25 @@ def atomic_path(path: str | PathLike) -> Iterator[Path]:
 
 
 @contextmanager
+def atomic_sink(path: str | PathLike) -> Iterator[Path | storage.StreamingUpload]:
+    """Where a streaming writer (pyarrow's ParquetWriter, which takes a path or a file) should write
+    `path`, atomically: a local temporary name (`atomic_path`), or for a URL of a store with cancellable
+    multipart uploads a `storage.StreamingUpload`, so that the bytes go up while they are written instead
+    of after. Either way the object appears whole on a clean exit and never after an error."""
+    if not storage.is_url(path) or storage.location(path).protocol not in storage.STREAMING_PROTOCOLS:
+        with atomic_path(path) as tmp:
+            yield tmp
+        return
+    upload = storage.StreamingUpload(storage.location(path))
+    try:
+        yield upload
+    except BaseException:
+        upload.abort()
+        raise
+    upload.commit()
+
+
+@contextmanager
 def _upload_on_success(path: str | PathLike | storage.AnyPath) -> Iterator[Path]:
     """A local temporary file (keeping the target's name as suffix, for libraries that look at it),
     uploaded to the URL `path` only when the block exits cleanly, then deleted either way."""

@@ -520,6 +520,106 @@ def upload(local: str | PathLike, path: AnyPath) -> None:
     with_retries(lambda: fs.put_file(os.fspath(local), key), str(path))
 
 
+STREAMING_PROTOCOLS = ("s3", "s3a")  # multipart uploads that can be cancelled (s3fs' discard), tested
+
+
+class StreamingUpload(io.RawIOBase):
+    """A file open for writing to the URL `path` whose bytes go up while it is being written: a multipart
+    upload in parts of `part_size`, sent by a background thread (the writer does not wait for the network
+    unless `depth` parts are already queued). The object appears under its name only at `commit()` (the
+    upload is completed; a file smaller than one part is sent in one PUT then). `abort()`, or a crash
+    before `commit`, leaves no object: the store keeps an unfinished multipart upload, which it does not
+    list and which a bucket's lifecycle rule for incomplete uploads deletes."""
+
+    def __init__(self, path: AnyPath, *, part_size: int = 8 << 20, depth: int = 2):
+        super().__init__()
+        self.url = str(path)
+        fs, key = fs_path(path)
+        # autocommit off: closing the file (fsspec's finalizer does, at interpreter exit too) uploads what is
+        # left but does not complete the upload; only `commit()` does.
+        self._file = with_retries(
+            lambda: fs.open(key, "wb", block_size=part_size, autocommit=False), self.url
+        )
+        self._part_size = part_size
+        self._buffer = bytearray()
+        self._written = 0
+        self._parts: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self._error: BaseException | None = None
+        self._aborting = False
+        self._sender = threading.Thread(target=self._send, name="hype-upload", daemon=True)
+        self._sender.start()
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._written
+
+    def write(self, b) -> int:
+        self._raise_if_failed()
+        n = len(memoryview(b).cast("B"))
+        self._buffer += b
+        self._written += n
+        while len(self._buffer) >= self._part_size:
+            self._parts.put(bytes(self._buffer[: self._part_size]))
+            del self._buffer[: self._part_size]
+        return n
+
+    def commit(self) -> None:
+        """Send the rest and complete the upload: the object is there, whole, when this returns."""
+        self._parts.put(bytes(self._buffer))
+        self._buffer = bytearray()
+        self._stop()
+        self._raise_if_failed()
+        try:
+            self._file.close()  # uploads the last part
+            self._file.commit()  # completes the multipart upload (or sends a small file in one PUT)
+        except Exception as e:
+            self._discard()
+            raise friendly_error(e, self.url) from e
+        super().close()
+
+    def abort(self) -> None:
+        """Cancel the upload; nothing appears under the name (idempotent)."""
+        if self.closed:
+            return
+        self._aborting = True
+        self._stop()
+        self._discard()
+        super().close()
+
+    def close(self) -> None:
+        """Without `commit` first, an abort: io's finalizer and writers that close their sink call this."""
+        self.abort()
+
+    def _send(self) -> None:
+        while (part := self._parts.get()) is not None:
+            if self._error is None and not self._aborting:
+                try:
+                    self._file.write(part)  # s3fs uploads a part whenever a block is full
+                except BaseException as e:  # noqa: BLE001 - handed to the writer
+                    self._error = e
+
+    def _stop(self) -> None:
+        if self._sender.is_alive():
+            self._parts.put(None)
+            self._sender.join()
+
+    def _discard(self) -> None:
+        try:
+            self._file.discard()  # aborts the multipart upload, if one was started
+        except Exception:  # noqa: BLE001 - the store forgets an unfinished upload by itself
+            pass
+        finally:
+            self._file.closed = True  # so that fsspec's own finalizer never completes it
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            error = self._error
+            self.abort()
+            raise friendly_error(error, self.url) from error
+
+
 # --- reading ------------------------------------------------------------------------------------------
 
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hype.data.uids import UID_DTYPE, is_sorted, load_subset, pair_to_uid, pairs_to_arrow, sorted_uids
-from hype.io import atomic_path, storage
+from hype.io import atomic_path, atomic_sink, storage
 from hype.io import write_json as _write_json
 from hype.io.storage import AnyPath
 from hype.select.errors import SelectError
@@ -49,8 +49,9 @@ class SubsetWriter:
         self.schema = pa.schema(
             [("uid", pa.string()), ("score", pa.float64()), *[(m, pa.float32()) for m in metrics]]
         )
-        # Streamed to a temporary name that close() fsyncs and renames into place and abort() removes.
-        self._target = atomic_path(parquet)
+        # Streamed to a temporary name that close() fsyncs and renames into place and abort() removes; to a
+        # bucket, uploaded while it is written and completed by close() (abort() cancels the upload).
+        self._target = atomic_sink(parquet)
         self._tmp = self._target.__enter__()
         self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
             self._tmp,
