@@ -109,6 +109,12 @@ def bench_embed(args, tmp: Path, bucket: str) -> dict:
     }
 
 
+def _pin(pid: int, cores: list[int]) -> None:
+    """Every thread of process `pid` (the threads it starts later inherit it) onto `cores`."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(tid), cores)
+
+
 def _cpu_s(pid: int) -> float:
     """CPU seconds (user + system) a process has used so far, from /proc (Linux)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -181,7 +187,19 @@ def main() -> None:
     p.add_argument("--files", type=int, default=20)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--only", choices=["embed", "select"])
+    p.add_argument(
+        "--server-core",
+        action="store_true",
+        help="pin the S3 server to the last CPU core and this process to the others, so that the server's "
+        "work does not take hype's cores (as a real bucket's does not); both sides then run on one core "
+        "fewer. Linux only",
+    )
     args = p.parse_args()
+    cores = sorted(os.sched_getaffinity(0))
+    if args.server_core:
+        if len(cores) < 2:
+            p.error("--server-core needs at least 2 cores")
+        os.sched_setaffinity(0, cores[:-1])  # before any thread starts: they inherit it
 
     from hype.scoring.decode import share_cores_with_decoders
 
@@ -194,6 +212,8 @@ def main() -> None:
         tmp = Path(tmp_str)
         server = S3Server(tmp / "server")
         server.start()
+        if args.server_core:
+            _pin(server.proc.pid, cores[-1:])
         try:
             storage.configure(server.options)
             bucket = f"s3://{server.bucket()}"
@@ -204,6 +224,7 @@ def main() -> None:
                 out["select"] = bench_select(args, tmp, bucket, server.options, server.proc.pid)
         finally:
             server.stop()
+    out["cores"] = {"hype": len(os.sched_getaffinity(0)), "server": 1 if args.server_core else "shared"}
     print(json.dumps(out, indent=2))
     if "embed" in out:
         e = out["embed"]

