@@ -155,3 +155,13 @@ def test_footers_come_from_one_cached_object(tables, monkeypatch):
     fourth = ScoresTable(url)
     assert len(read_parts) == 3 and fourth.cache_path("footers", ".parquet") != cache
     assert [u.num_rows for u in fourth.units] != [u.num_rows for u in first.units]
+
+
+def test_no_cache_without_versions(tables):
+    """A store that gives a part no version (no ETag) could rewrite it unseen: then nothing is cached."""
+    _, url = tables
+    table = ScoresTable(url)
+    assert table.cache_path("footers", ".parquet") is not None
+    next(iter(table.listing.values()))["version"] = None
+    assert table.cache_path("footers", ".parquet") is None
+    assert table.cache_path("pool-stats", ".json") is None

@@ -185,15 +185,18 @@ def select_subset(req: SelectRequest) -> dict:
     return summary
 
 
-def _pool_cache_path(table: ScoresTable) -> AnyPath:
+def _pool_cache_path(table: ScoresTable) -> AnyPath | None:
     """Per-metric pool statistics depend only on the scores table: cached next to it, so repeated
     selections skip computing them."""
     return table.cache_path("pool-stats", ".json")
 
 
 def _read_pool_cache(table: ScoresTable) -> dict | None:
+    path = _pool_cache_path(table)
+    if path is None:
+        return None
     try:
-        data = json.loads(read_bytes(_pool_cache_path(table)))
+        data = json.loads(read_bytes(path))
     except (OSError, ValueError):
         return None
     ok = isinstance(data, dict) and set(data) == set(table.present_metrics())
@@ -201,8 +204,11 @@ def _read_pool_cache(table: ScoresTable) -> dict | None:
 
 
 def _write_pool_cache(table: ScoresTable, pool: dict) -> None:
+    path = _pool_cache_path(table)
+    if path is None:
+        return
     try:
-        write_json(_pool_cache_path(table), pool)
+        write_json(path, pool)
     except OSError:
         pass  # a read-only run directory: recompute next time
 

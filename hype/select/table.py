@@ -146,10 +146,13 @@ class ScoresTable:
         if self.num_rows == 0:
             raise SelectError(f"{folder}: the scores table has no rows; rerun `hype score` (see its summary)")
 
-    def cache_path(self, kind: str, suffix: str) -> AnyPath:
+    def cache_path(self, kind: str, suffix: str) -> AnyPath | None:
         """Where commands cache what depends only on the table's parts (`select_cache/` beside the scores),
         keyed by the parts' names, sizes and versions (mtime / ETag) from the table's listing: rewriting
-        any part changes the key, so a stale cache is never read."""
+        any part changes the key, so a stale cache is never read. None (no cache) when the store gives a
+        part no version."""
+        if any(f["version"] is None for f in self.listing.values()):
+            return None
         h = hashlib.sha256()
         for name, f in self.listing.items():
             h.update(f"{name}\0{f['size']}\0{f['version']}\n".encode())
@@ -161,11 +164,12 @@ class ScoresTable:
         if not self.remote:
             return _footers(self.files)
         cache = self.cache_path("footers", ".parquet")
-        cached = _load_footer_cache(cache, list(self.listing))
+        cached = None if cache is None else _load_footer_cache(cache, list(self.listing))
         if cached is not None:
             return cached
         footers = _footers(self.files)
-        _save_footer_cache(cache, list(self.listing), [meta for meta, _ in footers])
+        if cache is not None:
+            _save_footer_cache(cache, list(self.listing), [meta for meta, _ in footers])
         return footers
 
     def run_summary(self) -> dict | None:
