@@ -526,8 +526,8 @@ STREAMING_PROTOCOLS = ("s3", "s3a")  # multipart uploads that can be cancelled (
 class StreamingUpload(io.RawIOBase):
     """A file open for writing to the URL `path` whose bytes go up while it is being written: a multipart
     upload in parts of `part_size`, sent by a background thread (the writer does not wait for the network
-    unless `depth` parts are already queued). The object appears under its name only at `commit()` (the
-    upload is completed; a file smaller than one part is sent in one PUT then). `abort()`, or a crash
+    unless `depth` parts are already queued). The object appears under its name only at `commit()`, which
+    completes the upload (a file smaller than one part is a one-part upload). `abort()`, or a crash
     before `commit`, leaves no object: the store keeps an unfinished multipart upload, which it does not
     list and which a bucket's lifecycle rule for incomplete uploads deletes."""
 
@@ -573,7 +573,7 @@ class StreamingUpload(io.RawIOBase):
         self._raise_if_failed()
         try:
             self._file.close()  # uploads the last part
-            self._file.commit()  # completes the multipart upload (or sends a small file in one PUT)
+            self._file.commit()  # completes the multipart upload
         except Exception as e:
             self._discard()
             raise friendly_error(e, self.url) from e

@@ -8,8 +8,9 @@ metric values must be finite and non-null, and the error names the file, column,
 A table in a bucket is read so that each column leaves the bucket once per selection: a pass asked to
 `spool` keeps the columns it downloaded in a local, memory-mapped Arrow IPC file (one record batch per
 unit; ~4 bytes per row and float32 column, under `TMPDIR`), and later passes take those columns from it
-and only the others (the uids) from the bucket. Footers are read once, when the table is opened. A local
-table is its own spool: nothing is copied.
+and only the others (the uids) from the bucket. Footers are read once, when the table is opened (from a
+bucket, all parts' footers from one cached object, `select_cache/footers-<key>.parquet`, when a previous
+command left it). A local table is its own spool: nothing is copied.
 """
 
 from __future__ import annotations
