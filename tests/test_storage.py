@@ -71,23 +71,27 @@ def test_whole_object_writes_and_reads(s3):
     assert not storage.exists(f"{root}/partial.bin")
 
 
+def _kill_when_ready(s3, body: str, ready: str) -> None:
+    """Run `body` in a child process configured for the server, wait until it prints `ready`, kill it."""
+    header = "import time\nfrom hype.io import atomic_sink, atomic_write, storage\n"
+    code = f"{header}storage.configure({s3.options!r})\n"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code + body], stdout=subprocess.PIPE, text=True, env=dict(os.environ)
+    )
+    assert proc.stdout.readline().strip() == ready
+    proc.kill()
+    proc.wait(10)
+
+
 def test_a_killed_writer_leaves_no_object(s3, tmp_path):
     url = f"s3://{s3.bucket()}/killed.bin"
-    code = f"""
-import sys, time
-from hype.io import atomic_write, storage
-storage.configure({s3.options!r})
+    body = f"""
 with atomic_write({url!r}) as f:
     f.write(b"x" * (1 << 20)); f.flush()
     print("writing", flush=True)
     time.sleep(60)
 """
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=dict(os.environ)
-    )
-    assert proc.stdout.readline().strip() == "writing"
-    proc.kill()
-    proc.wait(10)
+    _kill_when_ready(s3, body, "writing")
     assert not storage.exists(url)
 
 
@@ -166,10 +170,7 @@ def test_parquet_streamed_to_a_bucket_equals_the_local_file(s3, tmp_path):
 
 def test_a_killed_streaming_writer_leaves_no_object(s3):
     url = f"s3://{s3.bucket()}/killed-stream.bin"
-    code = f"""
-import time
-from hype.io import atomic_sink, storage
-storage.configure({s3.options!r})
+    body = f"""
 with atomic_sink({url!r}) as f:
     f.write(b"x" * (20 << 20))
     while not f._file.parts:
@@ -177,12 +178,7 @@ with atomic_sink({url!r}) as f:
     print("uploading", flush=True)
     time.sleep(60)
 """
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=dict(os.environ)
-    )
-    assert proc.stdout.readline().strip() == "uploading"
-    proc.kill()
-    proc.wait(10)
+    _kill_when_ready(s3, body, "uploading")
     assert not storage.exists(url)
 
 
