@@ -130,14 +130,43 @@ def load(
     override: typing.Callable[[dict, str], None] | None = None,
 ) -> Any:
     """`read_config`, then each `key=value` override (`override(data, item)`, by default
-    `apply_override` against `cls`), then `build`; the source says "(with overrides)" when there were any."""
+    `apply_override` against `cls`), then `build`; the source says "(with overrides)" when there were any.
+
+    A top-level `storage_options:` mapping (fsspec options for s3:// gs:// hf:// paths, overridable as
+    `storage_options.endpoint_url=...`) is taken out before `build` and handed to
+    `hype.io.storage.configure_from_config`: it may hold credentials, so it is in no schema and never
+    reaches a config that is saved (run directories, checkpoints)."""
     data, source = read_config(kind, config, default, what)
     for item in overrides or []:
-        if override is None:
+        path, value = parse_override(item)
+        if path[0] == STORAGE_KEY:
+            _set_storage_option(data, path, value)
+        elif override is None:
             apply_override(data, item, cls)
         else:
             override(data, item)
-    return build(cls, data, source=source + (" (with overrides)" if overrides else ""))
+    source += " (with overrides)" if overrides else ""
+    if STORAGE_KEY in data:
+        options = data.pop(STORAGE_KEY)
+        if options is not None and not isinstance(options, dict):
+            example = "{endpoint_url: 'http://host:9000'}"
+            raise ConfigError(STORAGE_KEY, f"must be a mapping of fsspec options, e.g. {example}", source)
+        from hype.io import storage  # here: hype.io brings numpy and pyarrow, paid only when this key is set
+
+        storage.configure_from_config(options)
+    return build(cls, data, source=source)
+
+
+STORAGE_KEY = "storage_options"
+
+
+def _set_storage_option(data: dict, path: list[str], value: Any) -> None:
+    node = data
+    for part in path[:-1]:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[path[-1]] = value
 
 
 # --- key=value overrides --------------------------------------------------------------------------

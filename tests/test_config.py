@@ -170,6 +170,42 @@ def test_load_reads_overrides_and_names_the_source(tmp_path, monkeypatch):
         load(Outer, "outer", "base", ["inner.size=big"])
 
 
+def test_storage_options_key_configures_storage_and_is_never_built_into_the_config(tmp_path):
+    from hype.io import storage
+
+    path = tmp_path / "cluster.yaml"
+    path.write_text(
+        "rate: 0.25\nstorage_options:\n  endpoint_url: http://minio:9000\n  key: from-file\n"
+        "  s3: {profile: file-profile, region: eu}\n"
+    )
+    try:
+        cfg = load(Outer, "outer", path, ["storage_options.secret=s3cr3t", "storage_options.s3.region=us"])
+        assert cfg == Outer(name="cluster", rate=0.25)  # no field holds the options...
+        assert "s3cr3t" not in repr(to_dict(cfg)) and "minio" not in repr(to_dict(cfg))
+        assert storage.snapshot() == {  # ...they are this process's storage options
+            "endpoint_url": "http://minio:9000",
+            "key": "from-file",
+            "secret": "s3cr3t",
+            "s3": {"profile": "file-profile", "region": "us"},
+        }
+        # --storage-options / HYPE_STORAGE_OPTIONS win key by key, also inside a protocol's section
+        storage.configure({"key": "from-cli", "s3": {"region": "cli"}})
+        assert storage.snapshot() == {
+            "endpoint_url": "http://minio:9000",
+            "key": "from-cli",
+            "secret": "s3cr3t",
+            "s3": {"profile": "file-profile", "region": "cli"},
+        }
+        assert storage.options_for("s3")["region"] == "cli"
+        path.write_text("storage_options: [not, a, mapping]\n")
+        with pytest.raises(ConfigError, match=r"cluster.yaml: storage_options: must be a mapping"):
+            load(Outer, "outer", path)
+    finally:
+        storage.configure_from_config(None)
+        storage.configure(None)
+    assert storage.snapshot() == {}
+
+
 def test_presets_suites_and_rule_parameters_share_the_mechanism(tmp_path):
     from hype.eval.tasks import TaskConfigError, load_suite
     from hype.select.errors import SelectError

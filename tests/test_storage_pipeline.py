@@ -194,6 +194,28 @@ def test_ray_executor_with_the_run_directory_in_the_bucket(chain, opts, ray_clus
     assert SECRET_KEY not in done.stdout + done.stderr
 
 
+def test_storage_options_from_a_score_config_file_reach_every_stage_and_no_run_file(chain, opts, tmp_path):
+    reference = f"{chain.bucket}/run"
+    if not storage.exists(f"{reference}/summary.json"):
+        r = hype(opts, *chain.score(reference))
+        assert r.exit_code == 0, r.output
+    # The endpoint and key in the config file, the secret as a key=value override; nothing in the
+    # environment or on the command line.
+    config = tmp_path / "bucket.yaml"
+    config.write_text(f"storage_options:\n  endpoint_url: {opts['endpoint_url']}\n  key: {opts['key']}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "HYPE_STORAGE"))}
+    out = f"{chain.bucket}/run-config"
+    args = [*chain.score(out, f"storage_options.secret={opts['secret']}")[1:], "--config", str(config)]
+    done = subprocess.run(cli_command(args), env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert part_bytes(out) == part_bytes(reference)
+    written = {k: v for k, v in all_objects(chain.bucket).items() if "/run-config/" in k}
+    assert any(k.endswith("summary.json") for k in written)
+    for key, data in written.items():
+        assert SECRET_KEY.encode() not in data and ACCESS_KEY.encode() not in data, key
+    assert SECRET_KEY not in done.stdout + done.stderr
+
+
 def test_a_killed_run_leaves_no_partial_object_and_a_rerun_is_identical(
     chain, opts, tmp_path_factory, tmp_path
 ):

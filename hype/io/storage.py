@@ -19,7 +19,8 @@ either, so the stages never ask which they hold. What object stores lack, and ho
 
 Credentials come from where each filesystem looks for them (for S3: the AWS_* environment variables,
 `~/.aws`, instance roles; AWS_ENDPOINT_URL for another S3 server), or from `configure(options)`, which
-`hype --storage-options JSON` and the HYPE_STORAGE_OPTIONS environment variable call. They live in this
+`hype --storage-options JSON` and the HYPE_STORAGE_OPTIONS environment variable call, over a config
+file's `storage_options:` key (`configure_from_config`, from `hype.config.load`). They live in this
 process's memory, travel to workers as an argument (`snapshot` / `configure`), and are never printed or
 written into a run directory (a URL's string form carries none).
 """
@@ -48,7 +49,9 @@ else:
 T = TypeVar("T")
 ENV_OPTIONS = "HYPE_STORAGE_OPTIONS"
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
-_OPTIONS: dict[str, Any] = {}
+_OPTIONS: dict[str, Any] = {}  # in effect: the config file's under the command line's
+_CLI: dict[str, Any] = {}
+_FROM_CONFIG: dict[str, Any] = {}
 _RETRIES = {"attempts": 6, "base_s": 0.5, "max_s": 8.0}  # 0.5 + 1 + 2 + 4 + 8 s: rides out a restart
 _retry_lock = threading.Lock()
 _retry_total = 0
@@ -112,21 +115,43 @@ def display(path: str | PathLike | AnyPath) -> str:
 # --- options ------------------------------------------------------------------------------------------
 
 
-def configure(options: Mapping[str, Any] | str | None) -> None:
-    """Set the storage options of this process (a dict or its JSON). Keys are fsspec's, passed to every
-    URL's filesystem; a key naming a protocol (`{"s3": {...}, "gs": {...}}`) holds options for that one."""
-    global _OPTIONS
+def _parse_options(options: Mapping[str, Any] | str | None, where: str) -> dict[str, Any]:
     if isinstance(options, str):
         try:
             options = json.loads(options) if options.strip() else {}
         except ValueError as e:
             raise StorageError(
-                f"storage options are not valid JSON ({e}); pass e.g. "
-                '\'{"endpoint_url": "http://127.0.0.1:9000"}\''
+                f'{where} are not valid JSON ({e}); pass e.g. \'{{"endpoint_url": "http://127.0.0.1:9000"}}\''
             ) from None
     if options is not None and not isinstance(options, Mapping):
-        raise StorageError("storage options must be a JSON object, e.g. '{\"anon\": true}'")
-    _OPTIONS = dict(options or {})
+        raise StorageError(f"{where} must be a JSON object (a mapping), e.g. '{{\"anon\": true}}'")
+    return dict(options or {})
+
+
+def _merge(low: Mapping[str, Any], high: Mapping[str, Any]) -> dict[str, Any]:
+    """`high` over `low`; a protocol section (`{"s3": {...}}`) present in both is merged key by key."""
+    out = dict(low)
+    for k, v in high.items():
+        out[k] = {**out[k], **v} if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
+    return out
+
+
+def configure(options: Mapping[str, Any] | str | None) -> None:
+    """Set the storage options of this process (a dict or its JSON): `hype --storage-options`,
+    HYPE_STORAGE_OPTIONS, a worker's copy of the driver's. Keys are fsspec's, passed to every URL's
+    filesystem; a key naming a protocol (`{"s3": {...}, "gs": {...}}`) holds options for that one.
+    They win over a config file's `storage_options` (`configure_from_config`)."""
+    global _CLI, _OPTIONS
+    _CLI = _parse_options(options, "storage options")
+    _OPTIONS = _merge(_FROM_CONFIG, _CLI)
+
+
+def configure_from_config(options: Mapping[str, Any] | None) -> None:
+    """Set the options a command's config file gives under `storage_options:` (hype.config.load calls
+    this and drops the key, so the options never reach a saved config). `configure`'s options win."""
+    global _FROM_CONFIG, _OPTIONS
+    _FROM_CONFIG = _parse_options(options, "storage_options")
+    _OPTIONS = _merge(_FROM_CONFIG, _CLI)
 
 
 def configure_from_env() -> None:
