@@ -465,6 +465,41 @@ def test_download_to_object_storage_holds_the_local_shards(world, server, tmp_pa
     assert res.exit_code == 0 and json.loads(res.output)["shards"]["already_done"] == 2
 
 
+def test_metadata_in_a_bucket_downloads_the_same_pool(world, server, tmp_path, s3):
+    """--metadata on S3 (a folder and one file): read by hype's plan and by img2dataset's reader with
+    hype's storage options; the same shards as from the local metadata. A wrong URL and --out equal to
+    the metadata folder are refused with the URL named."""
+    from hype.io import storage
+
+    (src,) = sorted((world / "pool" / "metadata").glob("*.parquet"))
+    (tmp_path / "meta").mkdir()
+    pq.write_table(pq.read_table(src, columns=["uid", "url", "text"]), tmp_path / "meta" / "a.parquet")
+    root = f"s3://{s3.bucket()}"
+    storage.upload(tmp_path / "meta" / "a.parquet", storage.location(f"{root}/meta/a.parquet"))
+    options = ["--storage-options", json.dumps(s3.options)]
+    base = ["download", "--allow-private-network", *FAST, "--samples-per-shard", "20", "--json"]
+    summaries = {}
+    for name, meta in (("local", str(tmp_path / "meta")), ("folder", f"{root}/meta"),
+                       ("file", f"{root}/meta/a.parquet")):  # fmt: skip
+        args = [*options, *base, "--metadata", meta, "--out", str(tmp_path / name)]
+        res = CliRunner().invoke(main, args, catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+        summaries[name] = json.loads(res.output)
+    for name in ("folder", "file"):
+        assert summaries[name]["shards"] == summaries["local"]["shards"]
+        assert summaries[name]["samples"] == summaries["local"]["samples"]
+        assert summaries[name]["samples"]["successes"] == 40
+        for shard in ("00000000", "00000001"):
+            assert _members(tmp_path / name / f"{shard}.tar") == _members(tmp_path / "local" / f"{shard}.tar")
+
+    res = CliRunner().invoke(
+        main, [*options, *base, "--metadata", f"{root}/nope", "--out", str(tmp_path / "x")]
+    )
+    assert res.exit_code != 0 and f"{root}/nope: no such file or folder" in res.output
+    res = CliRunner().invoke(main, [*options, *base, "--metadata", f"{root}/meta", "--out", f"{root}/meta"])
+    assert res.exit_code != 0 and "--out is the metadata folder" in res.output
+
+
 def test_a_missing_bucket_is_named(world, tmp_path, s3):
     (src,) = sorted((world / "pool" / "metadata").glob("*.parquet"))
     args = ["download", "--metadata", str(src), "--out", "s3://no-such-bucket-hype/out", *FAST]

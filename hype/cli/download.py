@@ -14,7 +14,8 @@ EXIT_FAILED_SHARDS = 2
 @click.option(
     "--metadata",
     metavar="DIR_OR_PARQUET",
-    help="DataComp metadata: a folder of .parquet files (uid, url, text, ...) or one .parquet file.",
+    help="DataComp metadata: a folder of .parquet files (uid, url, text, ...) or one .parquet file; a URL "
+    "(s3://, hf://, ...) works too.",
 )
 @click.option(
     "--out",

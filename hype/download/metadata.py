@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from hype.download.network import NetworkPolicy
+from hype.io import AnyPath, read_parquet, read_parquet_schema, storage
 
 REQUIRED_COLUMNS = ("uid", "url", "text")
 # scheme and host of a url; the host keeps IPv6 brackets ("[::1]")
@@ -30,7 +30,7 @@ class DownloadError(ValueError):
 
 @dataclass
 class MetadataPlan:
-    files: list[Path]
+    files: list[AnyPath]
     rows: list[int]  # per file
     shards: list[tuple[int, int]]  # (shard id, samples), img2dataset's numbering
     duplicate_uids: int = 0  # rows whose uid appeared before (in any file)
@@ -44,8 +44,11 @@ class MetadataPlan:
         return sum(self.rows)
 
 
-def metadata_files(path: str | Path) -> list[Path]:
-    """The parquet files of a metadata folder (not recursive, as img2dataset reads it) or one file."""
+def metadata_files(path: str | Path) -> list[AnyPath]:
+    """The parquet files of a metadata folder (not recursive, as img2dataset reads it) or one file; a
+    URL (s3://bucket/metadata, hf://datasets/mlfoundations/datacomp_small/metadata) is listed once."""
+    if storage.is_url(path):
+        return _remote_metadata_files(storage.location(path))
     path = Path(path)
     if path.is_dir():
         files = sorted(p for p in path.glob("*.parquet") if p.is_file())
@@ -64,6 +67,23 @@ def metadata_files(path: str | Path) -> list[Path]:
     return [path]
 
 
+def _remote_metadata_files(url: AnyPath) -> list[AnyPath]:
+    if url.name.endswith(".parquet") and storage.is_file(url):
+        return [url]
+    names = sorted(n for n in storage.list_sizes(url) if n.endswith(".parquet"))
+    if names:
+        return [url / n for n in names]
+    if storage.is_dir(url):
+        raise DownloadError(
+            f"{url}: no .parquet files in this folder; --metadata takes a folder of DataComp metadata "
+            "parquet files (uid, url, text) or one such file"
+        )
+    raise DownloadError(
+        f"{url}: no such file or folder (--metadata); check the URL (`hype --storage-options` for another "
+        "endpoint or credentials)"
+    )
+
+
 def plan_metadata(
     path: str | Path, samples_per_shard: int, bbox_col: str | None, policy: NetworkPolicy
 ) -> MetadataPlan:
@@ -76,8 +96,10 @@ def plan_metadata(
     has_bbox = bbox_col is not None
     for file in files:
         try:
-            schema = pq.read_schema(file)
+            schema = read_parquet_schema(file)
         except (OSError, pa.ArrowException) as e:
+            if isinstance(e, storage.StorageError):
+                raise  # refused credentials, a missing bucket: the message is the fix
             raise DownloadError(f"{file}: not a readable parquet file ({e})") from None
         missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
         if missing:
@@ -86,7 +108,7 @@ def plan_metadata(
                 f"{', '.join(REQUIRED_COLUMNS)} (found: {', '.join(schema.names) or 'none'})"
             )
         has_bbox = has_bbox and bbox_col in schema.names
-        table = pq.read_table(file, columns=["uid", "url"])
+        table = read_parquet(file, columns=["uid", "url"])
         n = table.num_rows
         first = shards[-1][0] + 1 if shards else 0
         for i in range(math.ceil(n / samples_per_shard)):

@@ -100,11 +100,7 @@ def run_download(cfg: DownloadConfig) -> dict:
     plan = plan_metadata(cfg.metadata, i2d.number_sample_per_shard, i2d.bbox_col, policy)
     out = storage.location(storage.absolute(cfg.out))
     storage.check_reachable(out)  # a missing bucket or refused credentials: before any download
-    if (
-        not storage.is_url(out)
-        and any(out == f.parent.resolve() for f in plan.files)
-        and Path(cfg.metadata).is_dir()
-    ):
+    if any(_same_folder(out, f.parent) for f in plan.files) and storage.is_dir(cfg.metadata):
         raise DownloadError(
             f"{out}: --out is the metadata folder; shard parquet files would be read as metadata"
         )
@@ -178,7 +174,7 @@ def _run_img2dataset(
         patches[(main, "LoggerProcess")] = _NoLogger
     sigint = signal.getsignal(signal.SIGINT)
     try:
-        with _patched(patches), _ray(cfg), _fsspec_options(out):
+        with _patched(patches), _ray(cfg), _fsspec_options(out, storage.location(url_list)):
             img2dataset.download(url_list=url_list, output_folder=str(out), **kwargs)
     except SystemExit as e:
         # img2dataset's SIGINT handler exits with status 0; an interrupted download is not a success
@@ -215,33 +211,43 @@ def _patched(patches: dict) -> Iterator[None]:
             setattr(module, name, value)
 
 
+def _same_folder(a: AnyPath, b: AnyPath) -> bool:
+    if storage.is_url(a) or storage.is_url(b):
+        return str(a).rstrip("/") == str(b).rstrip("/")
+    return Path(a).resolve() == Path(b).resolve()
+
+
 @contextlib.contextmanager
-def _fsspec_options(out: AnyPath) -> Iterator[None]:
-    """hype's storage options for OUT's protocol, for img2dataset's own fsspec calls here and in the
-    processes it starts (fsspec reads `FSSPEC_<PROTOCOL>` when imported). Only in the environment, for
-    the download's duration: never written to a file."""
-    if not storage.is_url(out):
-        yield
-        return
+def _fsspec_options(*paths: AnyPath) -> Iterator[None]:
+    """hype's storage options for the protocols of `paths` (OUT, the metadata), for img2dataset's own
+    fsspec calls here and in the processes it starts (fsspec reads `FSSPEC_<PROTOCOL>` when imported).
+    Only in the environment, for the download's duration: never written to a file."""
     import fsspec.config
 
-    protocol = out.protocol if isinstance(out.protocol, str) else out.protocol[0]
-    options = storage.options_for(protocol)
-    name = f"FSSPEC_{protocol.upper()}"
-    saved_env, saved_conf = os.environ.get(name), fsspec.config.conf.get(protocol)
-    os.environ[name] = json.dumps(options)
-    fsspec.config.conf[protocol] = options
+    protocols = sorted(
+        {p.protocol if isinstance(p.protocol, str) else p.protocol[0] for p in paths if storage.is_url(p)}
+    )
+    saved = {
+        proto: (os.environ.get(f"FSSPEC_{proto.upper()}"), fsspec.config.conf.get(proto))
+        for proto in protocols
+    }
+    for proto in protocols:
+        options = storage.options_for(proto)
+        os.environ[f"FSSPEC_{proto.upper()}"] = json.dumps(options)
+        fsspec.config.conf[proto] = options
     try:
         yield
     finally:
-        if saved_env is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = saved_env
-        if saved_conf is None:
-            fsspec.config.conf.pop(protocol, None)
-        else:
-            fsspec.config.conf[protocol] = saved_conf
+        for proto, (saved_env, saved_conf) in saved.items():
+            name = f"FSSPEC_{proto.upper()}"
+            if saved_env is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = saved_env
+            if saved_conf is None:
+                fsspec.config.conf.pop(proto, None)
+            else:
+                fsspec.config.conf[proto] = saved_conf
 
 
 @contextlib.contextmanager
