@@ -43,10 +43,10 @@ import numpy as np  # noqa: E402
 
 def generate(folder: Path, rows: int, files: int, seed: int = 0) -> None:
     import pyarrow as pa
-    import pyarrow.parquet as pq
     from tqdm import tqdm
 
     from hype.data.uids import pairs_to_arrow
+    from hype.scoring.rundir import parquet_bytes
     from hype.scoring.schema import SCHEMA
 
     scores = folder / "scores"
@@ -71,7 +71,8 @@ def generate(folder: Path, rows: int, files: int, seed: int = 0) -> None:
                 "height": pa.array(np.full(n, 256, np.int32)),
             }
             table = pa.Table.from_arrays([cols[f.name] for f in SCHEMA], schema=SCHEMA)
-            pq.write_table(table, scores / f"part-{i:05d}.parquet", compression="zstd")
+            # the bytes `hype score` would write for these rows (its writer settings)
+            (scores / f"part-{i:05d}.parquet").write_bytes(parquet_bytes(table))
             bar.update(n)
 
 

@@ -286,3 +286,34 @@ def test_share_cores_with_decoders_sets_passive_openmp_unless_the_user_chose(mon
     assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     assert share_cores_with_decoders() == {"OMP_WAIT_POLICY": "ACTIVE"}
+
+
+def test_run_directory_parquet_settings_are_applied_and_round_trip(tmp_path):
+    """Every run-directory table: zstd, a dictionary only for `shard`, float leaves (embeddings
+    included) byte-stream-split; values unchanged, and the same table gives the same bytes."""
+    from hype.scoring.rundir import parquet_bytes
+
+    rng = np.random.default_rng(0)
+    n = 500
+    emb = rng.normal(size=(n, 8)).astype(np.float32)
+    table = pa.table(
+        {
+            "uid": pa.array([f"{i:032x}" for i in rng.integers(0, 2**62, n)]),
+            "eps_i": pa.array(rng.normal(size=n).astype(np.float32)),
+            "shard": pa.array(["pool/00000000.tar"] * n),
+            "width": pa.array(np.arange(n, dtype=np.int32)),
+            "meru_img": pa.FixedSizeListArray.from_arrays(pa.array(emb.ravel()), 8),
+        }
+    )
+    data = parquet_bytes(table)
+    assert parquet_bytes(table) == data
+    meta = pq.ParquetFile(io.BytesIO(data)).metadata
+    cols = {meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i) for i in range(5)}
+    assert {c.compression for c in cols.values()} == {"ZSTD"}
+    assert "BYTE_STREAM_SPLIT" in cols["eps_i"].encodings
+    assert "BYTE_STREAM_SPLIT" in cols["meru_img.list.element"].encodings
+    assert "RLE_DICTIONARY" in cols["shard"].encodings
+    assert not any("DICTIONARY" in e for c in ("uid", "eps_i", "width") for e in cols[c].encodings)
+    assert pq.read_table(io.BytesIO(data)).equals(table)
+    write_parquet(tmp_path / "t.parquet", table)
+    assert (tmp_path / "t.parquet").read_bytes() == data

@@ -58,6 +58,7 @@ class SubsetWriter:
             self.schema,
             compression="zstd",
             use_dictionary=False,  # uids are unique: no dictionary
+            use_byte_stream_split=["score", *metrics],  # floats: ~15% smaller under zstd
         )
 
     def __call__(
