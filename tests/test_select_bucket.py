@@ -56,10 +56,10 @@ def fetched(monkeypatch):
     calls: list[tuple[str, int, tuple[str, ...]]] = []
     read = table_mod._read_unit
 
-    def spy(unit, columns, footers=None):
+    def spy(unit, columns, *rest):
         if columns:
             calls.append((unit.path, unit.row_group, tuple(columns)))
-        return read(unit, columns, footers)
+        return read(unit, columns, *rest)
 
     monkeypatch.setattr(table_mod, "_read_unit", spy)
     return calls
@@ -90,8 +90,26 @@ def test_each_column_leaves_the_bucket_once(tables, fetched, tmp_path, monkeypat
     select(str(local), str(tmp_path / "local.npy"))
     local_reads = _per_column(fetched)
     fetched.clear()
+    opened: list[str] = []  # parts opened by Arrow's S3 client (each open is a HEAD request)
+    arrow_fs = storage.arrow_filesystem
+
+    class Counting:
+        def __init__(self, fs):
+            self.fs = fs
+
+        def open_input_file(self, key):
+            opened.append(key)
+            return self.fs.open_input_file(key)
+
+    def counting(path):
+        native = arrow_fs(path)
+        return None if native is None else (Counting(native[0]), native[1])
+
+    monkeypatch.setattr(storage, "arrow_filesystem", counting)
     summary = select(url, f"{url}/subset.npy")
     bucket_reads = _per_column(fetched)
+    parts = {p for p, _, _ in fetched}
+    assert len(opened) == len(set(opened)) == len(parts)  # each part opened once: footer and every pass
 
     # Locally every pass reads its columns from the file; from the bucket a metric column is downloaded
     # by the first pass only (2 or 3 passes), the uids by the last.
@@ -134,7 +152,9 @@ def test_footers_come_from_one_cached_object(tables, monkeypatch):
     local, url = tables
     read_parts = []
     footers = table_mod._footers
-    monkeypatch.setattr(table_mod, "_footers", lambda files: read_parts.append(files) or footers(files))
+    monkeypatch.setattr(
+        table_mod, "_footers", lambda files, *rest: read_parts.append(files) or footers(files, *rest)
+    )
 
     first = ScoresTable(url)  # reads the parts' footers and caches them
     cache = first.cache_path("footers", ".parquet")

@@ -15,6 +15,7 @@ command left it). A local table is its own spool: nothing is copied.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sys
@@ -24,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from os import PathLike
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -130,6 +132,9 @@ class ScoresTable:
                 f"`hype score ... --out {self.run_dir}` first, or pass the run directory it wrote"
             )
         self.remote = storage.is_url(self.folder)
+        # From a bucket, a part opened by Arrow's S3 client stays open for the later passes: opening
+        # costs a HEAD request (its size), reading a range of an open file does not.
+        self._handles: dict[str, Any] | None = {} if self.remote else None
         self._spool: _Spool | None = None
         self.units: list[_Unit] = []
         self.schemas: dict[str, pa.Schema] = {}
@@ -168,7 +173,7 @@ class ScoresTable:
         cached = None if cache is None else _load_footer_cache(cache, list(self.listing))
         if cached is not None:
             return cached
-        footers = _footers(self.files)
+        footers = _footers(self.files, self._handles)
         if cache is not None:
             _save_footer_cache(cache, list(self.listing), [meta for meta, _ in footers])
         return footers
@@ -251,7 +256,9 @@ class ScoresTable:
             writer = self._spool.writer(fetch)
         bar = _progress(progress, self.num_rows)
         try:
-            for i, (unit, data) in enumerate(_prefetch(self.units, fetch, max(1, workers), self.footers)):
+            for i, (unit, data) in enumerate(
+                _prefetch(self.units, fetch, max(1, workers), self.footers, self._handles)
+            ):
                 if writer is not None:
                     writer.add(data)
                 if local:
@@ -275,6 +282,10 @@ class ScoresTable:
         """Delete the local copy of the columns read from a bucket (a no-op for a local table)."""
         if self._spool is not None:
             self._spool.close()
+        for handle in (self._handles or {}).values():
+            handle.close()
+        if self._handles:
+            self._handles.clear()
             self._spool = None
 
 
@@ -340,14 +351,17 @@ class _SpoolWriter:
 
 
 def _read_unit(
-    unit: _Unit, columns: list[str], footers: dict[str, pq.FileMetaData] | None = None
+    unit: _Unit,
+    columns: list[str],
+    footers: dict[str, pq.FileMetaData] | None = None,
+    handles: dict[str, Any] | None = None,
 ) -> pa.Table | None:
     """The unit's `columns` (None when there are none to read); `footers`: the parts' metadata, read
     when the table was opened, so that no request goes to the footer again."""
     if not columns:
         return None
     try:
-        with _open_part(unit.path, columns, unit.row_group) as f:
+        with _open_part(unit.path, columns, unit.row_group, handles) as f:
             meta = footers.get(unit.path) if footers else None
             return pq.ParquetFile(f, pre_buffer=True, metadata=meta).read_row_group(
                 unit.row_group, columns=columns, use_threads=False
@@ -359,7 +373,11 @@ def _read_unit(
 
 
 def _prefetch(
-    units: list[_Unit], columns: list[str], workers: int, footers: dict[str, pq.FileMetaData] | None
+    units: list[_Unit],
+    columns: list[str],
+    workers: int,
+    footers: dict[str, pq.FileMetaData] | None,
+    handles: dict[str, Any] | None = None,
 ) -> Iterator[tuple[_Unit, pa.Table | None]]:
     """Read units on `workers` threads, at most `workers + 1` ahead, yielding them in order."""
     if not columns:  # every column is in the spool
@@ -370,20 +388,20 @@ def _prefetch(
         workers = max(workers, REMOTE_READERS)  # waiting on the network, not on the CPU
     if workers == 1:
         for u in units:
-            yield u, _read_unit(u, columns, footers)
+            yield u, _read_unit(u, columns, footers, handles)
         return
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hype-read") as pool:
         pending: deque = deque()
         it = iter(units)
         for u in it:
-            pending.append((u, pool.submit(_read_unit, u, columns, footers)))
+            pending.append((u, pool.submit(_read_unit, u, columns, footers, handles)))
             if len(pending) > workers:
                 break
         while pending:
             u, fut = pending.popleft()
             nxt = next(it, None)
             if nxt is not None:
-                pending.append((nxt, pool.submit(_read_unit, nxt, columns, footers)))
+                pending.append((nxt, pool.submit(_read_unit, nxt, columns, footers, handles)))
             yield u, fut.result()
 
 
@@ -437,12 +455,14 @@ REMOTE_READERS = 8  # concurrent part reads from a bucket
 FOOTER_SAMPLE = 64 << 10  # bytes read from a part's end for its footer (a scores part's is a few KB)
 
 
-def _footers(files: list[AnyPath]) -> list[tuple[pq.FileMetaData, pa.Schema]]:
+def _footers(
+    files: list[AnyPath], handles: dict[str, Any] | None = None
+) -> list[tuple[pq.FileMetaData, pa.Schema]]:
     """(metadata, Arrow schema) of every part; from a bucket, footers only, read concurrently."""
 
     def read(path: AnyPath) -> tuple[pq.FileMetaData, pa.Schema]:
         try:
-            with _open_part(str(path), None, None) as f:
+            with _open_part(str(path), None, None, handles) as f:
                 part = pq.ParquetFile(f)
                 return part.metadata, part.schema_arrow
         except (pa.ArrowInvalid, OSError) as e:
@@ -481,7 +501,9 @@ def _save_footer_cache(path: AnyPath, names: list[str], metas: list[pq.FileMetaD
         pass  # a read-only bucket: the footers are read from the parts next time
 
 
-def _open_part(path: str, columns: list[str] | None, row_group: int | None):
+def _open_part(
+    path: str, columns: list[str] | None, row_group: int | None, handles: dict[str, Any] | None = None
+):
     """A part open for reading. Locally the file itself; from a bucket only what is read (fsspec's
     Parquet-aware opener fetches the footer, then the byte ranges of `columns` in `row_group` in one
     concurrent request: the other columns, e.g. captions, never leave the bucket)."""
@@ -490,7 +512,12 @@ def _open_part(path: str, columns: list[str] | None, row_group: int | None):
     native = storage.arrow_filesystem(path)
     if native is not None:  # Arrow's own S3 client: reads the column chunks concurrently, off the GIL
         fs, key = native
-        return storage.with_retries(lambda: fs.open_input_file(key), path)
+        if handles is None:
+            return storage.with_retries(lambda: fs.open_input_file(key), path)
+        handle = handles.get(path)
+        if handle is None:  # two threads may both open it: one handle wins, the other is dropped
+            handle = handles.setdefault(path, storage.with_retries(lambda: fs.open_input_file(key), path))
+        return contextlib.nullcontext(handle)  # ReadAt on an Arrow file is thread-safe
     import fsspec.parquet
 
     loc = storage.location(path)
