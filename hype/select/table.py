@@ -279,14 +279,15 @@ class ScoresTable:
                 bar.close()
 
     def release_spool(self) -> None:
-        """Delete the local copy of the columns read from a bucket (a no-op for a local table)."""
+        """Delete the local copy of the columns read from a bucket and close the parts' open files (a no-op
+        for a local table); a later pass downloads and opens again."""
         if self._spool is not None:
             self._spool.close()
-        for handle in (self._handles or {}).values():
-            handle.close()
-        if self._handles:
-            self._handles.clear()
             self._spool = None
+        if self._handles:
+            for handle in self._handles.values():
+                handle.close()
+            self._handles.clear()
 
 
 class _Spool:
