@@ -140,7 +140,7 @@ def load(
     for item in overrides or []:
         path, value = parse_override(item)
         if path[0] == STORAGE_KEY:
-            _set_storage_option(data, path, value)
+            set_path(data, path, value)
         elif override is None:
             apply_override(data, item, cls)
         else:
@@ -160,7 +160,8 @@ def load(
 STORAGE_KEY = "storage_options"
 
 
-def _set_storage_option(data: dict, path: list[str], value: Any) -> None:
+def set_path(data: dict, path: list[str], value: Any) -> None:
+    """Set `data[path[0]][path[1]]... = value` in a raw config dict, making the missing sections."""
     node = data
     for part in path[:-1]:
         if not isinstance(node.get(part), dict):

@@ -28,6 +28,7 @@ from hype.config import (
     positive,
     preset_dir,
     resolve_preset,
+    set_path,
     to_dict,
 )
 from hype.config import apply_override as _apply_override
@@ -204,12 +205,7 @@ def _override_model(data: dict, path: list[str], value: Any, item: str) -> None:
     if not isinstance(model, dict):
         # Start from the model config the preset names; validation happens when the model is built.
         model = load_model_config(model).to_dict()
-    node = model
-    for part in path[:-1]:
-        if not isinstance(node.get(part), dict):
-            node[part] = {}
-        node = node[part]
-    node[path[-1]] = value
+    set_path(model, path, value)
     data["model"] = model
     try:
         ModelConfig.from_dict(model, "override")
