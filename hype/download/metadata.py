@@ -47,41 +47,21 @@ class MetadataPlan:
 def metadata_files(path: str | Path) -> list[AnyPath]:
     """The parquet files of a metadata folder (not recursive, as img2dataset reads it) or one file; a
     URL (s3://bucket/metadata, hf://datasets/mlfoundations/datacomp_small/metadata) is listed once."""
-    if storage.is_url(path):
-        return _remote_metadata_files(storage.location(path))
-    path = Path(path)
-    if path.is_dir():
-        files = sorted(p for p in path.glob("*.parquet") if p.is_file())
-        if not files:
+    p = storage.location(path)
+    if storage.is_dir(p):
+        names = sorted(n for n in storage.list_sizes(p) if n.endswith(".parquet"))
+        if not names:
             raise DownloadError(
-                f"{path}: no .parquet files in this folder; --metadata takes a folder of DataComp metadata "
+                f"{p}: no .parquet files in this folder; --metadata takes a folder of DataComp metadata "
                 "parquet files (uid, url, text) or one such file"
             )
-        return files
-    if not path.exists():
-        raise DownloadError(f"{path}: no such file or folder (--metadata)")
-    if path.suffix != ".parquet":
-        raise DownloadError(
-            f"{path}: not a .parquet file; --metadata takes parquet metadata (uid, url, text)"
-        )
-    return [path]
-
-
-def _remote_metadata_files(url: AnyPath) -> list[AnyPath]:
-    if url.name.endswith(".parquet") and storage.is_file(url):
-        return [url]
-    names = sorted(n for n in storage.list_sizes(url) if n.endswith(".parquet"))
-    if names:
-        return [url / n for n in names]
-    if storage.is_dir(url):
-        raise DownloadError(
-            f"{url}: no .parquet files in this folder; --metadata takes a folder of DataComp metadata "
-            "parquet files (uid, url, text) or one such file"
-        )
-    raise DownloadError(
-        f"{url}: no such file or folder (--metadata); check the URL (`hype --storage-options` for another "
-        "endpoint or credentials)"
-    )
+        return [p / n for n in names]
+    if not storage.exists(p):
+        hint = "; check the URL (`hype --storage-options` for another endpoint or credentials)"
+        raise DownloadError(f"{p}: no such file or folder (--metadata){hint if storage.is_url(p) else ''}")
+    if not p.name.endswith(".parquet"):
+        raise DownloadError(f"{p}: not a .parquet file; --metadata takes parquet metadata (uid, url, text)")
+    return [p]
 
 
 def plan_metadata(
