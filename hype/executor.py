@@ -308,6 +308,15 @@ class Executor:
     def close(self) -> None:
         """Release the workers (processes, actors) kept between maps."""
 
+    def worker_device(self, device: str) -> str:
+        """The device `device` names on this executor's workers: `auto` resolved as they would resolve
+        it (here: this machine's), so that the driver's fingerprints agree with theirs."""
+        if device != "auto":
+            return device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
     def map(
         self,
         stage: object,

@@ -145,6 +145,9 @@ class RayExecutor(Executor):
             retries=e.retries,
         )
 
+    def worker_device(self, device: str) -> str:
+        return device if device != "auto" else "cuda" if self.gpus else "cpu"  # where the actors run
+
     def close(self) -> None:
         self._kill_workers()
         if self._started_here and self.ray.is_initialized():

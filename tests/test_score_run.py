@@ -430,3 +430,97 @@ def test_a_shard_that_keeps_failing_is_reported_and_retried_on_rerun(tmp_path_fa
     s = _summary(run)
     assert s["status"] == "complete" and s["stages"]["embed"]["shards_reused"] == 2
     assert digests(run / "scores") == digests(base / "scores")
+
+
+def test_a_rerun_in_another_precision_recomputes_the_embeddings(tmp_path_factory, tmp_path):
+    """The embed fingerprint holds the precision the towers ran in (resolved: auto is fp32 on a CPU), so a
+    run resumed with precision=bf16 never mixes fp32 and bf16 shards, and going back reuses nothing stale."""
+    base = baseline(tmp_path_factory)  # precision auto on a CPU: fp32
+    w = world(tmp_path_factory)
+    meru, clip = models(tmp_path_factory)
+    run = tmp_path / "run"
+    shutil.copytree(base, run)
+    result = run_cli([*score_args(w, meru, clip, run), "precision=bf16"])
+    assert result.exit_code == 0, result.output
+    s = _summary(run)
+    assert s["stages"]["embed"]["shards_run"] == 3 and s["stages"]["classes"]["shards_run"] > 0
+    markers = [json.loads(p.read_text()) for p in (run / "embed").glob("*_stats.json")]
+    assert {m["numerics"]["precision"] for m in markers} == {"bf16"}
+    assert not np.array_equal(_scores(run).to_pandas().neg_d_l, _scores(base).to_pandas().neg_d_l)
+
+    result = run_cli([*score_args(w, meru, clip, run), "precision=fp32"])  # what auto resolved to
+    assert result.exit_code == 0, result.output
+    assert _summary(run)["stages"]["embed"]["shards_run"] == 3
+    assert digests(run / "scores") == digests(base / "scores")
+    result = run_cli(score_args(w, meru, clip, run))  # auto: fp32 here, the same numerics
+    assert result.exit_code == 0, result.output
+    assert _summary(run)["stages"]["embed"]["shards_run"] == 0
+
+
+def test_a_failed_rerun_with_another_model_hides_the_old_scores_from_select(tmp_path_factory, tmp_path):
+    """The old parts stay on disk while a rerun with another MERU fails at a later stage: select refuses
+    the run and names the command that finishes it; that command then gives a selectable table."""
+    from click.testing import CliRunner
+
+    from hype.checkpoint import save_checkpoint
+    from hype.cli import main
+    from hype.models import create_model
+    from hype.scoring.rundir import shard_id
+
+    base = baseline(tmp_path_factory)
+    w = world(tmp_path_factory)
+    _, clip = models(tmp_path_factory)
+    torch.manual_seed(1)
+    other = tmp_path / "other-meru.safetensors"
+    save_checkpoint(other, create_model("tiny-hyperbolic"))
+    run = tmp_path / "run"
+    shutil.copytree(base, run)
+    blocked = run / "specificity" / f"{shard_id(w / 'pool' / 'shards' / '00000001.tar')}.parquet"
+    blocked.unlink()
+    blocked.mkdir()  # the specificity output of one shard cannot be written
+    result = run_cli([*score_args(w, other, clip, run), "executor.retries=0"])
+    assert result.exit_code == 2 and _summary(run)["status"] == "failed"
+    assert digests(run / "scores") == digests(base / "scores")  # the old model's parts are still there
+
+    select = ["select", "--scores", str(run), "--frac", "0.5", "--out", str(tmp_path / "s.npy")]
+    r = CliRunner().invoke(main, select)
+    assert r.exit_code != 0 and "failed" in r.output and f"hype score --config {run}/config.yaml" in r.output
+    assert not (tmp_path / "s.npy").exists()
+
+    blocked.rmdir()
+    r = CliRunner().invoke(main, ["score", "--config", str(run / "config.yaml")])  # the command named
+    assert r.exit_code == 0, r.output
+    assert digests(run / "scores") != digests(base / "scores")
+    r = CliRunner().invoke(main, select)
+    assert r.exit_code == 0, r.output
+
+
+def test_a_part_corrupted_in_place_is_rewritten_by_the_rerun(tmp_path_factory, tmp_path):
+    """A scores part damaged on disk with its size unchanged: select names the fix, and the rerun it names
+    finds the part's digest wrong and rewrites it (only it)."""
+    from click.testing import CliRunner
+
+    from hype.cli import main
+
+    base = baseline(tmp_path_factory)
+    w = world(tmp_path_factory)
+    meru, clip = models(tmp_path_factory)
+    run = tmp_path / "run"
+    shutil.copytree(base, run)
+    part = run / "scores" / "part-00000001.parquet"
+    chunk = pq.ParquetFile(part).metadata.row_group(0).column(SCHEMA.names.index("eps_i"))
+    middle = chunk.data_page_offset + chunk.total_compressed_size // 2  # in a column select reads
+    data = bytearray(part.read_bytes())
+    data[middle : middle + 16] = bytes(255 - b for b in data[middle : middle + 16])
+    part.write_bytes(bytes(data))
+    select = ["select", "--scores", str(run), "--frac", "0.5", "--out", str(tmp_path / "s.npy")]
+    r = CliRunner().invoke(main, select)
+    assert r.exit_code != 0 and str(part) in r.output and "hype score" in r.output
+
+    result = run_cli(score_args(w, meru, clip, run))
+    assert result.exit_code == 0, result.output
+    s = _summary(run)
+    assert s["stages"]["merge"]["shards_run"] == 1 and s["stages"]["embed"]["shards_run"] == 0
+    assert digests(run / "scores") == digests(base / "scores")
+    r = CliRunner().invoke(main, select)
+    assert r.exit_code == 0, r.output

@@ -8,9 +8,11 @@ Command-line options fill the same fields as `key=value` overrides (`--hinge` is
 Every mistake is a `ConfigError` naming the file (or `override`) and the dotted key.
 
 Settings fall in two groups. Those that change the scores (models, reference sizes, hinge, K, clusters,
-caption filter, JPEG draft decoding) enter the fingerprints of the stage outputs they affect, so a
+caption filter, JPEG draft decoding, the precision as resolved: `auto` is bf16 on a GPU and fp32 on a
+CPU, and under bf16/fp16 the device kind) enter the fingerprints of the stage outputs they affect, so a
 rerun with a different value recomputes exactly those stages and reuses the rest. Run settings
-(executor, workers, device, batch size, threads, progress) may change between reruns freely.
+(executor, workers, the device in fp32, batch size, threads, progress) may change between reruns freely:
+they change results only at float rounding.
 """
 
 from __future__ import annotations

@@ -78,12 +78,29 @@ def load_scorer(ref: ModelRef, role: str, device: str) -> torch.nn.Module:
     return model
 
 
-def _autocast(device: str, precision: str):
-    dev = torch.device(device).type
+def resolve_precision(device: str, precision: str) -> str:
+    """The precision the towers run in: `auto` is bf16 on a GPU, fp32 on a CPU."""
     if precision == "auto":
-        precision = "bf16" if dev == "cuda" else "fp32"
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    return torch.autocast(device_type=dev, dtype=dtype, enabled=dtype is not None)
+        return "bf16" if device_kind(device) == "cuda" else "fp32"
+    return precision
+
+
+def device_kind(device: str) -> str:
+    """`cpu` or `cuda` (`auto` resolved in this process)."""
+    return torch.device(resolve_device(device) if device == "auto" else device).type
+
+
+def numerics(device: str, precision: str) -> dict:
+    """What decides the arithmetic of an embedding, for the fingerprints: the resolved precision and,
+    under autocast, the device kind (CPU and CUDA autocast round different ops to bf16/fp16). In fp32 the
+    device changes results only at float rounding, like the thread count, so a run moves freely."""
+    resolved = resolve_precision(device, precision)
+    return {"precision": resolved} | ({"device": device_kind(device)} if resolved != "fp32" else {})
+
+
+def _autocast(device: str, precision: str):
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(resolve_precision(device, precision))
+    return torch.autocast(device_type=device_kind(device), dtype=dtype, enabled=dtype is not None)
 
 
 class _EmbedBase(ShardStage):
@@ -192,6 +209,7 @@ class EmbedStage(_EmbedBase):
                 "clip": None if self.clip_from_metadata() else self.clip_ref.digest,
                 "metadata": self.metadata,
                 "jpeg_draft": self.jpeg_draft,
+                "numerics": numerics(self.device, self.precision),
             }
         )
 
@@ -250,6 +268,7 @@ class EmbedStage(_EmbedBase):
             curv=self._curv,
             K=self._K,
             dims={"meru": self._meru_dim, "clip": self._clip_dim},
+            numerics=numerics(self.device, self.precision),
             storage_retries=storage.retry_count() - retried,  # transient errors ridden out reading the shard
         )
 
@@ -326,6 +345,7 @@ class ClassEmbedStage(_EmbedBase):
                 "input": file_identity(task.source),
                 "clip": self.clip_ref.digest,
                 "jpeg_draft": self.jpeg_draft,
+                "numerics": numerics(self.device, self.precision),
             }
         )
 

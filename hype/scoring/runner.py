@@ -92,7 +92,10 @@ class _Run:
             log.warning("%s", message)
 
     def stage_kwargs(self) -> dict:
-        return {"device": self.cfg.device, "threads": self.cfg.threads, "debug": self.cfg.debug}
+        # `auto` resolved once, as the workers will: the embed fingerprint holds the device's numerics.
+        resolve = getattr(self.executor, "worker_device", None)
+        device = resolve(self.cfg.device) if resolve is not None else self.cfg.device
+        return {"device": device, "threads": self.cfg.threads, "debug": self.cfg.debug}
 
     def map(self, stage, tasks: list[ShardTask]) -> list[dict]:
         """Run a per-shard stage where needed; return every shard's stats (reused or new) in task order."""
