@@ -407,8 +407,9 @@ def test_runs_hype_score_has_not_finished(tmp_path):
     (run / "summary.json").write_text(
         json.dumps({"status": "failed", "shards": {"failed": [{"shard": "a"}]}})
     )
-    s = select_subset(SelectRequest(scores=run, out=tmp_path / "x.npy", frac=0.5, progress=False))
-    assert s["selected_rows"] == 20 and "failed on 1 shard(s)" in s["warnings"][0]
+    with pytest.raises(SelectError, match=r"failed \(summary.json status 'failed': 1 shard\(s\) failed\)"):
+        select_subset(SelectRequest(scores=run, out=tmp_path / "x.npy", frac=0.5, progress=False))
+    assert not (tmp_path / "x.npy").exists()
 
 
 def test_cli_reports_errors_without_a_traceback(world, tmp_path):

@@ -3,7 +3,8 @@
     RUN_DIR/
       config.yaml                       resolved config of the latest run
       plan.json                         the input shards: index, path as given, shard id
-      summary.json                      status (running | complete | failed), counts, skips, timings
+      summary.json                      status (running | complete | failed), counts, skips, timings;
+                                        scores/ is THE table only while it says complete
       embed/<id>.parquet                per-shard embeddings and pair scores (see hype.scoring.embed_format)
       embed/<id>_stats.json             completion marker + metrics of that shard
       dedup/duplicates.parquet (+ .json)        rows whose uid already appeared in an earlier shard

@@ -246,18 +246,28 @@ def run_score(cfg: ScoreConfig, *, executor=None, progress: bool | None = None) 
         run.create()
         with run.lock():
             run.remove_stale_temporaries()
+            # Readers (hype select/report) must not take a half-written run for a finished one: the run
+            # is marked running before anything changes (the scores of the last run stay until merge
+            # replaces them), and failed when it stops short.
+            state.summary(state.plan, status="running")
             atomic_write_bytes(run.config, cfg.to_yaml().encode())
             try:
                 return _score(state)
-            except ScoreError as e:
-                # Readers (hype select/report) must not take a half-written run for a finished one.
-                state.summary(state.plan, status="failed", error=str(e))
+            except (ScoreError, RunDirError, StorageError) as e:
+                _mark_failed(state, str(e))
                 raise
     except (RunDirError, StorageError) as e:  # locked, unwritable, or the store failed: say so and stop
         raise ScoreError(str(e)) from None
     finally:
         if own_executor:
             executor.close()
+
+
+def _mark_failed(state: _Run, error: str) -> None:
+    try:
+        state.summary(state.plan, status="failed", error=error)
+    except OSError:  # the store is down: the summary still says `running`, which readers refuse too
+        log.warning("%s: could not mark the run failed", state.run.summary)
 
 
 def _with_absolute_paths(cfg: ScoreConfig) -> ScoreConfig:

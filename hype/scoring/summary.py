@@ -1,7 +1,9 @@
 """The run summary of `hype score`: `RUN_DIR/summary.json` (read by `hype report`) and its text form.
 
-`status` is `running` while a run is in progress, `complete` once every part of the scores table is
-written, `failed` when shards failed after their retries (they are listed; rerunning retries them).
+`status` is `running` from the moment a run holds the lock (before it changes anything), `complete`
+once every part of the scores table is written, `failed` when the run stopped short: shards failed after
+their retries (they are listed; rerunning retries them) or an error (`error`). `hype select` reads the
+scores table only when it is `complete`: until then its parts may be missing or left by an earlier run.
 Sample counts come from the per-shard markers, so they cover reused shards as well as new ones.
 """
 

@@ -113,7 +113,8 @@ def select_subset(req: SelectRequest) -> dict:
     target = make_target(req)
     preset_name, ranker, masks = build_rules(req)
     table = ScoresTable(req.scores)
-    warnings = table.require_finished()
+    table.require_finished()
+    warnings: list[str] = []
     table.require(["uid"], "every selection")
     table.require(ranker.columns(), f"ranking rule {ranker.spec()!r}")
     for m in masks:

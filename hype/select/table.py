@@ -186,23 +186,32 @@ class ScoresTable:
             return None
         return data if isinstance(data, dict) else None
 
-    def require_finished(self) -> list[str]:
-        """Refuse a table that `hype score` is still writing; return warnings for one whose run failed."""
+    def require_finished(self) -> None:
+        """Refuse a table that `hype score` is still writing or whose last run failed: its parts may be
+        missing, or left by an earlier run with other settings (a failed rerun does not remove them)."""
         summary = self.run_summary() or {}
         status = summary.get("status")
+        run = self.folder.parent
         if status == "running":
             raise SelectError(
-                f"{self.folder.parent}: hype score is still running there (summary.json status 'running'), "
-                "so its scores table is incomplete; wait for it to finish, or rerun it to resume an "
-                "interrupted run"
+                f"{run}: hype score is still running there (summary.json status 'running'), so its scores "
+                f"table is incomplete; wait for it to finish, or resume an interrupted run: {self._rerun()}"
             )
         if status == "failed":
             failed = (summary.get("shards") or {}).get("failed") or []
-            return [
-                f"the scoring run failed on {len(failed)} shard(s) (summary.json status 'failed'): their "
-                "samples are not in the scores table; rerun hype score to retry them"
-            ]
-        return []
+            why = f"{len(failed)} shard(s) failed" if failed else str(summary.get("error") or "see it")
+            raise SelectError(
+                f"{run}: the last hype score run there failed (summary.json status 'failed': {why}), so its "
+                "scores table may lack shards or hold parts of an earlier run with other settings; fix the "
+                f"cause and finish the run: {self._rerun()}"
+            )
+
+    def _rerun(self) -> str:
+        """The command that reruns the scoring of this table's run directory with its own settings."""
+        config = self.folder.parent / "config.yaml"
+        if storage.exists(config):
+            return f"`hype score --config {config}` (finished work is kept)"
+        return "rerun the same `hype score` command (finished work is kept)"
 
     def has_column(self, name: str) -> bool:
         return all(name in s.names for s in self.schemas.values())
