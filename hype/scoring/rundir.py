@@ -30,7 +30,10 @@ marker is written after its data. A marker records a fingerprint of
 everything the output depends on (input file identity, upstream output digests, the settings that
 change results); an output counts as done only when its marker's fingerprint matches, so a rerun
 skips finished work and redoes exactly what changed. Resume reads one listing per stage folder
-(`ShardStage.done_all`), then only the markers that exist: no request per missing file.
+(`ShardStage.done_all`), then only the markers that exist: no request per missing file. An output is
+reused only at the size its marker records; the scores parts (what `hype select` reads) also only at the
+digest it records, so a rerun reads them back (about one selection's reading) and rewrites a part damaged
+in place. Parquet pages carry CRC32 checksums, which `hype select` verifies as it reads.
 """
 
 from __future__ import annotations
@@ -62,7 +65,14 @@ RUN_DIGEST = "blake2b-128"  # recorded in markers' fingerprints: changing it wou
 # chars) takes ~17.5 bytes instead of ~33 with snappy, a float32 score ~3.3 instead of ~6 (a dictionary
 # tried on floats and then abandoned costs bytes), embeddings 18% less: a selection reads ~46% fewer
 # bytes (bench/parquet_writer.py; bench/RESULTS.md "Run-directory Parquet").
-_PARQUET_OPTS = {"compression": "zstd", "row_group_size": 1 << 20, "write_statistics": True}
+# Every page carries a CRC32 (a few bytes per page), so readers that verify it (`hype select`) notice a
+# file damaged in place instead of ranking its garbage.
+_PARQUET_OPTS = {
+    "compression": "zstd",
+    "row_group_size": 1 << 20,
+    "write_statistics": True,
+    "write_page_checksum": True,
+}
 _DICTIONARY_COLUMNS = ("shard",)  # the input tar's path: one value per shard
 
 
@@ -387,9 +397,15 @@ def _dead_here(holder: Mapping) -> bool:
 
 
 def completed(
-    marker: AnyPath, expected_fingerprint: str, output: AnyPath | None = None, sizes: Mapping | None = None
+    marker: AnyPath,
+    expected_fingerprint: str,
+    output: AnyPath | None = None,
+    sizes: Mapping | None = None,
+    *,
+    verify: bool = False,
 ) -> dict | None:
-    """The marker's content when it records `expected_fingerprint` and its output file is intact.
+    """The marker's content when it records `expected_fingerprint` and its output file is intact: of the
+    size the marker records, and with `verify` of the digest it records (the file is read).
     `sizes`: listings of the folders holding both ({str(path): size}), which save a request per missing
     marker and per output size."""
     if sizes is not None and str(marker) not in sizes:
@@ -405,4 +421,6 @@ def completed(
             return None
         if want is None or have != want:
             return None
+        if verify and file_digest(output) != stats["output"].get("digest"):
+            return None  # damaged in place (same size): redone
     return stats

@@ -23,6 +23,7 @@ from hype.scoring.stagebase import ShardStage
 
 class MergeStage(ShardStage):
     name = "merge"
+    verify_outputs = True  # the parts are what select reads: one damaged in place is rewritten by a rerun
 
     def __init__(self, run: RunDir, *, c_in: bool, duplicates_digest: str, drops: dict | None = None, **kw):
         super().__init__(run, **kw)

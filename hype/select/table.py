@@ -38,6 +38,12 @@ from hype.scoring.schema import METRICS, SCHEMA, scores_dir
 from hype.select.errors import SelectError
 
 NUMERIC_COLUMNS = (*METRICS, "width", "height")
+# A damaged part of a `hype score` run: the rerun checks every part against the digest its marker records
+# and rewrites the damaged ones.
+_REPAIR = (
+    "rerun the same `hype score` command (or `hype score --config RUN_DIR/config.yaml`): it rewrites "
+    "damaged parts"
+)
 
 
 @dataclass(frozen=True)
@@ -373,12 +379,11 @@ def _read_unit(
     try:
         with _open_part(unit.path, columns, unit.row_group, handles) as f:
             meta = footers.get(unit.path) if footers else None
-            return pq.ParquetFile(f, pre_buffer=True, metadata=meta).read_row_group(
-                unit.row_group, columns=columns, use_threads=False
-            )
+            part = pq.ParquetFile(f, pre_buffer=True, metadata=meta, page_checksum_verification=True)
+            return part.read_row_group(unit.row_group, columns=columns, use_threads=False)
     except (pa.ArrowInvalid, OSError) as e:
         raise SelectError(
-            f"{unit.path}: row group {unit.row_group} cannot be read ({e}); rescore it"
+            f"{unit.path}: row group {unit.row_group} cannot be read ({e}); {_REPAIR}"
         ) from None
 
 
@@ -476,9 +481,7 @@ def _footers(
                 part = pq.ParquetFile(f)
                 return part.metadata, part.schema_arrow
         except (pa.ArrowInvalid, OSError) as e:
-            raise SelectError(
-                f"{path}: not a readable Parquet file ({e}); delete it and rescore that part"
-            ) from None
+            raise SelectError(f"{path}: not a readable Parquet file ({e}); {_REPAIR}") from None
 
     if not files or not storage.is_url(files[0]):
         return [read(p) for p in files]
