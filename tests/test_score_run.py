@@ -524,3 +524,32 @@ def test_a_part_corrupted_in_place_is_rewritten_by_the_rerun(tmp_path_factory, t
     assert digests(run / "scores") == digests(base / "scores")
     r = CliRunner().invoke(main, select)
     assert r.exit_code == 0, r.output
+
+
+def test_a_shard_that_vanishes_while_read_is_read_again_when_it_is_back(tmp_path_factory, tmp_path):
+    """An input that cannot be read for a while (a store restarting, a disk remounted) and then is back
+    unchanged: the rows it lost are not committed as the shard's output for good: the rerun reads it again
+    and the scores equal an uninterrupted run's."""
+    base = baseline(tmp_path_factory)
+    w = world(tmp_path_factory)
+    meru, clip = models(tmp_path_factory)
+    pool = tmp_path / "pool"
+    shutil.copytree(w / "pool" / "shards", pool)
+    args = score_args(w, meru, clip, tmp_path / "run", f"debug.pid_dir={tmp_path / 'pids'}", "debug.hold_s=2")
+    args[args.index("--pool") + 1] = str(pool)
+    run, tar, away = tmp_path / "run", pool / "00000000.tar", tmp_path / "away.tar"
+    proc = subprocess.Popen(cli_command(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: any((tmp_path / "pids").glob("embed-00000000-*.pid")), 180, proc, "shard 0")
+        tar.rename(away)  # gone while the worker holds the shard (its identity was taken before)
+        wait_for(lambda: any((run / "embed").glob("00000000-*_stats.json")), 180, proc, "shard 0's marker")
+        away.rename(tar)  # back, the same file: same size and modification time
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    result = run_cli(args[: args.index(f"debug.pid_dir={tmp_path / 'pids'}")])
+    assert result.exit_code == 0, result.output
+    assert _summary(run)["samples"]["scored"] == POOL_SIZE
+    assert _scores(run).drop_columns(["shard"]).equals(_scores(base).drop_columns(["shard"]))

@@ -30,7 +30,7 @@ import pyarrow as pa
 import torch
 
 from hype.data.imageprep import Preprocess
-from hype.data.samples import SkipStats
+from hype.data.samples import MISSING_SHARD, UNREADABLE_SHARD, SkipStats
 from hype.geometry import get_geometry
 from hype.io import cached_copy, storage
 from hype.scoring import embed_format
@@ -45,11 +45,19 @@ from hype.scoring.stagebase import ShardStage, resolve_device
 
 NONFINITE = "nonfinite_embedding"
 NOT_IN_METADATA = "not_in_metadata"
+# The read of the tar ended early. Also what a store that failed in a way not recognised as transient
+# looks like, so such an output is never reused: every rerun reads the shard again (`_EmbedBase.done`).
+READ_SHORT = (MISSING_SHARD, UNREADABLE_SHARD)
 VERSION = 1  # bump when the embed output changes for the same inputs
 
 
 class ModelError(ValueError):
     """A checkpoint that cannot serve as the MERU or CLIP scorer."""
+
+
+class ShardReadError(OSError):
+    """A shard whose read cannot be trusted (it changed meanwhile, or read as missing while it is there):
+    the shard fails this attempt and is read again."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +145,33 @@ class _EmbedBase(ShardStage):
         if getattr(self, "_decoder", None) is not None:
             self._decoder.close()
 
+    def input_fingerprint(self, task: ShardTask, identity: dict) -> str:
+        raise NotImplementedError
+
+    def fingerprint(self, task: ShardTask) -> str:
+        return self.input_fingerprint(task, file_identity(task.source))
+
+    def done(self, task: ShardTask, sizes: dict | None = None) -> dict | None:
+        stats = super().done(task, sizes)
+        if stats is not None and any(
+            (stats.get("skipped") or {}).get("counts", {}).get(r) for r in READ_SHORT
+        ):
+            return None  # its read ended early: checked again (the input may be back, whole)
+        return stats
+
+    def _check_read(self, task: ShardTask, before: dict, stats: SkipStats) -> dict:
+        """The input's identity after the read, which must be the one the fingerprint holds; and a shard
+        read as missing must be missing. Otherwise the rows read are not the shard's: `ShardReadError`."""
+        after = file_identity(task.source)
+        if after != before:
+            raise ShardReadError(f"{task.path}: changed while it was read ({before} -> {after}); read again")
+        if stats.counts.get(MISSING_SHARD) and not after.get("missing"):
+            raise ShardReadError(
+                f"{task.path}: read as missing, but it is there ({after}): the store was not ready "
+                "(restarting?); read again"
+            )
+        return after
+
     def _samples(self, task: ShardTask, stats: SkipStats, counts: dict) -> Iterator[Decoded]:
         for out in self._decoder.decode(task.source, stats, self.prefetch_batches * self.batch_size):
             counts["samples"] += 1
@@ -199,12 +234,12 @@ class EmbedStage(_EmbedBase):
         """CLIP features and cos θ from the metadata's .npz and scores instead of the CLIP tower."""
         return bool(self.metadata and self.metadata.get("features_key"))
 
-    def fingerprint(self, task: ShardTask) -> str:
+    def input_fingerprint(self, task: ShardTask, identity: dict) -> str:
         return fingerprint(
             {
                 "stage": self.name,
                 "v": VERSION,
-                "input": file_identity(task.source),
+                "input": identity,
                 "meru": self.meru_ref.digest,
                 "clip": None if self.clip_from_metadata() else self.clip_ref.digest,
                 "metadata": self.metadata,
@@ -234,13 +269,15 @@ class EmbedStage(_EmbedBase):
 
     def run(self, task: ShardTask) -> dict:
         started = time.perf_counter()
-        fp = self.fingerprint(task)  # identity of the input as read now
+        identity = file_identity(task.source)  # of the input as read now
+        fp = self.input_fingerprint(task, identity)
         self._debug_hook(task)
         retried = storage.retry_count()
         stats, counts = SkipStats(), {"samples": 0}
         cols: dict[str, list] = {k: [] for k in embed_format.PAIR_COLUMNS + embed_format.EMBEDDING_COLUMNS}
         for batch in self._batches(self._samples(task, stats, counts)):
             self._embed_batch(batch, cols, stats)
+        read = self._check_read(task, identity, stats)
         dims = {"meru_img": self._meru_dim, "meru_txt": self._meru_dim, "clip_img": self._clip_dim}
         pairs = {k: cols[k] for k in ("uid", "key", "text", "width", "height")}
         for k in ("neg_d_l", "cos_theta"):
@@ -257,7 +294,7 @@ class EmbedStage(_EmbedBase):
             table,
             started,
             rate=counts["samples"],
-            input=file_identity(task.source) | {"given": task.path},
+            input=read | {"given": task.path},
             counts={
                 "samples": counts["samples"],
                 "embedded": table.num_rows,
@@ -337,12 +374,12 @@ class ClassEmbedStage(_EmbedBase):
         super().__init__(run, **kw)
         self.clip_ref = clip
 
-    def fingerprint(self, task: ShardTask) -> str:
+    def input_fingerprint(self, task: ShardTask, identity: dict) -> str:
         return fingerprint(
             {
                 "stage": self.name,
                 "v": VERSION,
-                "input": file_identity(task.source),
+                "input": identity,
                 "clip": self.clip_ref.digest,
                 "jpeg_draft": self.jpeg_draft,
                 "numerics": numerics(self.device, self.precision),
@@ -358,7 +395,8 @@ class ClassEmbedStage(_EmbedBase):
     @torch.inference_mode()
     def run(self, task: ShardTask) -> dict:
         started = time.perf_counter()
-        fp = self.fingerprint(task)
+        identity = file_identity(task.source)
+        fp = self.input_fingerprint(task, identity)
         self._debug_hook(task)
         stats, counts = SkipStats(), {"samples": 0}
         keys, labels, feats = [], [], []
@@ -373,6 +411,7 @@ class ClassEmbedStage(_EmbedBase):
             keys += [it.key for it, good in zip(batch, ok, strict=True) if good]
             labels += [it.label for it, good in zip(batch, ok, strict=True) if good]
             feats.append(x[torch.tensor(ok, dtype=torch.bool)].numpy())
+        read = self._check_read(task, identity, stats)
         dim = self._clip.config.embed_dim
         arr = np.concatenate(feats) if feats else np.zeros((0, dim), np.float32)
         table = pa.table(
@@ -387,7 +426,7 @@ class ClassEmbedStage(_EmbedBase):
             fp,
             table,
             started,
-            input=file_identity(task.source),
+            input=read,
             counts={"samples": counts["samples"], "embedded": table.num_rows, "skipped": stats.total},
             skipped=stats.to_dict(),
         )

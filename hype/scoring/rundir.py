@@ -26,14 +26,22 @@ stable across reruns, so resume state is keyed on the input tar path (DESIGN §4
 RUN_DIR may be a local folder or a URL (`s3://bucket/runs/x`, `hype.io.storage`). Every file is written
 whole or not at all (`hype.io`: locally a temporary name in its folder, fsynced and renamed; in a bucket a
 local temporary uploaded under the final name once complete), and a stage's `_stats.json` (or `.json`)
-marker is written after its data. A marker records a fingerprint of
-everything the output depends on (input file identity, upstream output digests, the settings that
-change results); an output counts as done only when its marker's fingerprint matches, so a rerun
-skips finished work and redoes exactly what changed. Resume reads one listing per stage folder
-(`ShardStage.done_all`), then only the markers that exist: no request per missing file. An output is
-reused only at the size its marker records; the scores parts (what `hype select` reads) also only at the
-digest it records, so a rerun reads them back (about one selection's reading) and rewrites a part damaged
-in place. Parquet pages carry CRC32 checksums, which `hype select` verifies as it reads.
+marker is written after its data. A marker records a fingerprint of everything the output depends on
+(input file identity, upstream output digests, the settings that change results); an output counts as
+done only when its marker's fingerprint matches, so a rerun skips finished work and redoes exactly what
+changed. Resume reads one listing per stage folder (`ShardStage.done_all`), then only the markers that
+exist: no request per missing file.
+
+Nothing lost, nothing let in:
+- An embed output holds the rows its input justifies: the input's identity is taken before the read and
+  checked after it (changed meanwhile, or read as missing while it is there: the shard fails this attempt
+  and is read again), and a shard whose read ended early (missing, unreadable: also what a failing store
+  looks like) is read again by every rerun.
+- An output is reused only at the size its marker records; a scores part (what `hype select` reads) also
+  only at the digest it records, so a rerun reads the parts back (about one selection's reading) and
+  rewrites one damaged in place. Parquet pages carry CRC32s, which `hype select` verifies as it reads.
+- summary.json says `running` before a run changes anything and `failed` when it stops short; `hype
+  select` reads scores/ only when it says `complete`.
 """
 
 from __future__ import annotations

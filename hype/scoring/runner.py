@@ -11,7 +11,9 @@
 Per-shard work goes through an executor found by name in `hype.executor.EXECUTORS` (`local` in-process,
 `ray`: the plug-ins of `pipelines/`); the driver-side steps stream the per-shard outputs with bounded
 memory. Every output is skipped when its marker records the current fingerprint (see `rundir`), so a
-rerun after a crash continues where it stopped and a rerun of a finished run does nothing.
+rerun after a crash continues where it stopped and a rerun of a finished run does nothing but check: it
+reads the scores parts back (their digests) and any shard whose read ended early (missing, unreadable)
+again, since a failing store looks the same.
 """
 
 from __future__ import annotations
