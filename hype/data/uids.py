@@ -1,7 +1,7 @@
 """The one uid codec: DataComp's 128-bit sample ids and its subset files.
 
 Scalar functions convert one uid at a time (`uid_to_pair`, `pair_to_uid`, `validate_uid`, and
-`parse_uid`, DataComp's laxer reading of a shard's `json["uid"]`); the vectorised ones (`arrow_to_pairs`,
+`normalize_uid`, the one reading of a shard sample's `json["uid"]`); the vectorised ones (`arrow_to_pairs`,
 `pairs_to_arrow`, `uids_to_pairs`, `sort_order`, `UidMultiset`) do the same on whole Arrow / NumPy
 arrays with a lookup table over the raw string bytes, for tables with millions of rows (one Python
 `int()` per uid takes minutes at DataComp scale); tests check that both agree exactly.
@@ -29,7 +29,7 @@ from hype.data.errors import SelectError
 from hype.io import local_file, save_npy, storage
 
 UID_DTYPE = np.dtype("u8,u8")
-_UID_RE = re.compile(r"^[0-9a-f]{32}$")
+_UID_RE = re.compile(r"[0-9a-f]{32}", re.ASCII)  # always with fullmatch: `$` would let a final "\n" in
 
 
 class UidError(ValueError):
@@ -38,7 +38,7 @@ class UidError(ValueError):
 
 def validate_uid(uid: object) -> str:
     """Return `uid` if it is a 32-char lowercase hex string, else raise `UidError` naming it."""
-    if not isinstance(uid, str) or not _UID_RE.match(uid):
+    if not isinstance(uid, str) or not _UID_RE.fullmatch(uid):
         raise UidError(f"malformed uid {uid!r}: expected 32 lowercase hex characters (a 128-bit hash)")
     return uid
 
@@ -48,19 +48,23 @@ def uid_to_pair(uid: str) -> tuple[int, int]:
     return divmod(int(validate_uid(uid), 16), 2**64)
 
 
-def parse_uid(value: object) -> tuple[int, int] | None:
-    """DataComp's resharder's parse of a sample's `json["uid"]`: any string `int(uid, 16)` reads whose
-    value fits 128 bits, as `(hi, lo)`; None for anything else. Laxer than `uid_to_pair` on purpose: a
-    shard sample is matched the way DataComp matches it."""
+def normalize_uid(value: object) -> str | None:
+    """The canonical form of a shard sample's `json["uid"]`, or None when it has none.
+
+    Canonical is 32 lowercase ASCII hex digits. Two spellings of such a uid are accepted and rewritten:
+    surrounding whitespace (stripped) and upper case (lowered). Everything else is refused, not guessed at:
+    a non-string, another length (leading zeros, a `0x` prefix, a short uid), non-ASCII digits (Python's
+    `int(uid, 16)`, and so DataComp's resharder, reads full-width digits), signs and underscores. Scoring,
+    training (`--subset`) and reshard all read uids through here, so a sample is the same uid, or the
+    same counted `bad_uid` skip, in each of them, and names built from it are always `<32 hex>-<j>`.
+    """
     if not isinstance(value, str):
         return None
-    try:
-        v = int(value, 16)
-    except ValueError:
+    uid = value.strip()
+    if len(uid) != 32 or not uid.isascii():  # isascii first: lower() of some non-ASCII letters is ASCII
         return None
-    if not 0 <= v < 2**128:
-        return None
-    return divmod(v, 2**64)
+    uid = uid.lower()
+    return uid if _UID_RE.fullmatch(uid) else None
 
 
 def pair_to_uid(hi: int, lo: int) -> str:
@@ -74,7 +78,7 @@ def pair_to_uid(hi: int, lo: int) -> str:
 def uids_to_array(uids: Iterable[str], *, sort: bool = True) -> np.ndarray:
     """Encode uids into a `"u8,u8"` structured array (sorted by default, duplicates kept)."""
     uids = list(uids)
-    bad = [u for u in uids if not isinstance(u, str) or not _UID_RE.match(u)]
+    bad = [u for u in uids if not isinstance(u, str) or not _UID_RE.fullmatch(u)]
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         raise UidError(f"malformed uid {bad[0]!r}{more}: expected 32 lowercase hex characters")
