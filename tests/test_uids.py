@@ -240,3 +240,52 @@ def test_scoring_training_and_reshard_read_uids_alike(tmp_path):
     assert [m[0] for m in index.matched] == [u for u in expected if u]
     assert train_stats.counts == index.skipped["counts"] == reasons
     assert sorted(d.reason for d in decoded if not isinstance(d, Decoded)) == ["bad_uid"] * 3 + ["no_uid"]
+
+
+def test_normalize_arrow_uids_agrees_with_normalize_uid():
+    import pyarrow as pa
+
+    from hype.data.uids import normalize_arrow_uids
+
+    values = [
+        UIDS[0],
+        UIDS[1].upper(),
+        f"\t{UIDS[2]} \n",
+        None,
+        "0" * 80 + UIDS[3],
+        "12345678901234567890123456789012".translate(FULL_WIDTH),
+        "0x" + UIDS[3][2:],
+        "é" * 16,  # 32 bytes, 16 characters
+        "",
+        UIDS[3],
+    ]
+    expected = [normalize_uid(v) for v in values]
+    for arr in (
+        pa.array(values),
+        pa.array(values, pa.large_string()),
+        pa.chunked_array([values[:4], values[4:]]),
+        pa.array(["pad", *values])[1:],  # an offset into the buffers
+    ):
+        hi, lo, valid = normalize_arrow_uids(arr)
+        got = [pair_to_uid(h, x) if v else None for h, x, v in zip(hi, lo, valid, strict=True)]
+        assert got == expected
+    assert [len(a) for a in normalize_arrow_uids(pa.array([1, 2]))] == [2, 2, 2]  # not strings: no uid
+
+
+@pytest.mark.parametrize("memory_rows,buckets", [(10**9, 1024), (50, 8), (50, 1)])
+def test_uid_repeats_are_counted_exactly_in_bounded_memory(memory_rows, buckets):
+    from collections import Counter
+
+    from hype.data.uids import UidRepeats
+
+    rng = np.random.default_rng(1)
+    uids = [f"{int(x):032x}" for x in rng.integers(0, 2**62, 400)] + [f"{i:032x}" for i in range(30)]
+    uids += uids[::7] + uids[:3]  # repeats, some three times
+    counter = UidRepeats(memory_rows=memory_rows, buckets=buckets)
+    for i in range(0, len(uids), 37):  # chunks, as one per metadata file
+        counter.add(*uids_to_pairs(uids[i : i + 37]))
+    assert counter.spilled == (len(uids) > memory_rows)
+    n, examples = counter.count(examples=5)
+    ref = Counter(uids)
+    assert n == sum(c - 1 for c in ref.values()) and len(examples) == 5
+    assert all(ref[u] > 1 for u in examples)
