@@ -307,17 +307,18 @@ def normalize_arrow_uids(uids: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, 
     if n == 0 or not (pa.types.is_string(uids.type) or pa.types.is_large_string(uids.type)):
         return hi, lo, valid
     uids = pc.utf8_trim_whitespace(uids)
-    offset_type = np.int64 if pa.types.is_large_string(uids.type) else np.int32
-    buffers = uids.buffers()
-    offsets = np.frombuffer(buffers[1], dtype=offset_type)[uids.offset : uids.offset + n + 1]
-    ok = np.diff(offsets) == 32  # bytes: a non-ASCII character makes 32 bytes fewer than 32 characters
-    if uids.null_count:
-        ok &= uids.is_valid().to_numpy(zero_copy_only=False)
-    rows = np.flatnonzero(ok)
+    # Rows of exactly 32 bytes (a non-ASCII character makes fewer than 32 characters), gathered into one
+    # contiguous array so that they read as an (n, 32) block of bytes.
+    ok = pc.fill_null(pc.equal(pc.binary_length(uids), 32), False)
+    rows = np.flatnonzero(ok.to_numpy(zero_copy_only=False))
     if len(rows) == 0:
         return hi, lo, valid
-    data = np.frombuffer(buffers[2], dtype=np.uint8)
-    nibbles = _NIBBLE_ANY_CASE[data[offsets[rows].astype(np.int64)[:, None] + np.arange(32)]]
+    kept = uids.filter(ok) if len(rows) < n else uids
+    offset_type = np.int64 if pa.types.is_large_string(kept.type) else np.int32
+    buffers = kept.buffers()
+    start = int(np.frombuffer(buffers[1], dtype=offset_type)[kept.offset])
+    data = np.frombuffer(buffers[2], dtype=np.uint8)[start : start + 32 * len(rows)]
+    nibbles = _NIBBLE_ANY_CASE[data.reshape(len(rows), 32)]
     hex_rows = ~(nibbles == 255).any(axis=1)
     rows, nibbles = rows[hex_rows], nibbles[hex_rows]
     octets = (nibbles[:, 0::2] << 4) | nibbles[:, 1::2]
