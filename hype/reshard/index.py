@@ -23,6 +23,9 @@ from hype.data.uids import UidMultiset, uids_to_pairs
 from hype.io import open_input, storage
 from hype.io.tar import index_samples
 
+# Version of the saved index: 2 stores canonical uids (an index saved by an older hype is made again).
+INDEX_FORMAT = 2
+
 
 @dataclass
 class ShardIndex:
@@ -41,6 +44,7 @@ class ShardIndex:
 
     def to_json(self) -> dict:
         return {
+            "format": INDEX_FORMAT,
             "tar": self.tar,
             "size": self.size,
             "mtime_ns": self.mtime_ns,
@@ -49,10 +53,6 @@ class ShardIndex:
             "found": self.found,
             "skipped": self.skipped,
         }
-
-    @classmethod
-    def from_json(cls, d: dict) -> ShardIndex:
-        return cls(**d)
 
 
 def index_tar(path: str, subset: UidMultiset) -> ShardIndex:

@@ -43,7 +43,7 @@ from hype.executor import MapResult, PoolExecutor, Progress, Stage
 from hype.io import file_digest, is_temp_name, load_npy, open_input, read_json, save_npy, storage, write_json
 from hype.io.storage import AnyPath
 from hype.io.tar import write_tar
-from hype.reshard.index import index_tar
+from hype.reshard.index import INDEX_FORMAT, index_tar
 
 STATE = ".reshard"
 META = "meta.json"
@@ -70,12 +70,14 @@ def _load_subset(state_dir: str) -> UidMultiset:
 
 
 def _saved_index(tar: str, index_path: str) -> dict | None:
-    """The index saved by an earlier run, if it is of this very tar (path, size, mtime or ETag)."""
+    """The index saved by an earlier run, if it is of this very tar (path, size, mtime or ETag) and in this
+    hype's format."""
     saved = read_json(index_path)  # None when missing or unreadable: index again
     if not saved:
         return None
     st = storage.info(tar)
-    if [saved.get(k) for k in ("tar", "size", "mtime_ns")] == [tar, st["size"], st["version"]]:
+    same = [saved.get(k) for k in ("format", "tar", "size", "mtime_ns")]
+    if same == [INDEX_FORMAT, tar, st["size"], st["version"]]:
         return saved
     return None
 
