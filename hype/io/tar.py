@@ -12,9 +12,11 @@ Two readers apply it: `read_samples` streams members with their bytes (scoring, 
 (resharding, report thumbnails, eval progress totals). Neither raises on a damaged tar: the problem goes to
 `problems` (anything with `add(reason, message)`, e.g. `hype.data.samples.SkipStats`) and the samples
 before the damage are still yielded. The stream reports any damage as `unreadable_shard`; the index, which
-knows member sizes, reports a cut as `truncated_member`. A tar cut at a member boundary, which `tarfile`
-ends quietly, is caught by its missing end-of-archive marker; that is why the member loop is ours and not
-webdataset's `tar_file_iterator` (the same `tarfile` stream and filters, but it hides where reading ended).
+knows member sizes, reports a cut as `truncated_member`. Both leave out, counted as `member_too_large`, a
+sample with a member over `MAX_MEMBER_BYTES`, decided on its header before any of its data is read.
+A tar cut at a member boundary, which `tarfile` ends quietly, is caught by its missing end-of-archive
+marker; that is why the member loop is ours and not webdataset's `tar_file_iterator` (the same `tarfile`
+stream and filters, but it hides where reading ended).
 
 `write_tar` writes ustar members with fixed metadata, so equal members give equal bytes: those `tarfile`
 writes (and webdataset's `TarWriter` with mode 0644, mtime 0 and no user or group), faster.
