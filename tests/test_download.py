@@ -505,3 +505,19 @@ def test_a_missing_bucket_is_named(world, tmp_path, s3):
     args = ["download", "--metadata", str(src), "--out", "s3://no-such-bucket-hype/out", *FAST]
     res = CliRunner().invoke(main, [*args, "--allow-private-network"])
     assert res.exit_code == 1 and "s3://no-such-bucket-hype/out: the bucket does not exist" in res.output
+
+
+def test_metadata_uids_are_read_as_scoring_reads_them(tmp_path):
+    """Duplicates are counted on canonical uids (`normalize_uid`: case and surrounding whitespace do not
+    make another uid); rows without a uid are counted apart, with examples."""
+    b = "b" * 32
+    uids = [b, "B" * 32, f" {b}\n", f"{1:032x}", "0x" + b[2:], None, "12ab"]
+    _write(
+        tmp_path / "m" / "a.parquet",
+        uid=uids,
+        url=[f"https://example.com/{i}" for i in range(7)],
+        text=["t"] * 7,
+    )
+    plan = plan_metadata(tmp_path / "m", 10, None, NetworkPolicy())
+    assert plan.duplicate_uids == 2 and plan.duplicate_examples == [b]
+    assert plan.malformed_uids == 3 and plan.malformed_examples == [repr("0x" + b[2:]), "None", "'12ab'"]
