@@ -4,6 +4,7 @@ with broken urls (404, slow, not an image), resuming, and refusal of private-net
 from __future__ import annotations
 
 import json
+import os
 import tarfile
 import threading
 import time
@@ -505,3 +506,41 @@ def test_a_missing_bucket_is_named(world, tmp_path, s3):
     args = ["download", "--metadata", str(src), "--out", "s3://no-such-bucket-hype/out", *FAST]
     res = CliRunner().invoke(main, [*args, "--allow-private-network"])
     assert res.exit_code == 1 and "s3://no-such-bucket-hype/out: the bucket does not exist" in res.output
+
+
+def test_a_shard_is_on_disk_before_its_marker_says_done(world, server, tmp_path, monkeypatch):
+    """img2dataset writes a shard's tar and parquet, then its `_stats.json` (what counts a shard as done,
+    for hype and for img2dataset's resume), and syncs none of them. Through the real img2dataset run with
+    hype's worker (placed in this process so that os.fsync can be watched): the tar and parquet are synced
+    before the marker exists, the marker after, then the folder holding all three."""
+    import sys
+
+    monkeypatch.setenv("NO_ALBUMENTATIONS_UPDATE", "1")  # no question to PyPI when img2dataset is imported
+    import img2dataset.main  # noqa: F401 - the module whose distributor is replaced below
+
+    out = tmp_path / "out"
+    events: list[tuple[str, bool]] = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        name = Path(os.readlink(f"/proc/self/fd/{fd}")).name
+        events.append((name, (out / "00000000_stats.json").exists()))
+        return real_fsync(fd)
+
+    def in_this_process(processes_count, downloader, reader, _, max_shard_retry):
+        for row in reader:
+            assert downloader(row)[0]
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(sys.modules["img2dataset.main"], "multiprocessing_distributor", in_this_process)
+    (src,) = sorted((world / "pool" / "metadata").glob("*.parquet"))
+    (tmp_path / "meta").mkdir()
+    rows = pq.read_table(src, columns=["uid", "url", "text"]).slice(0, 3)
+    pq.write_table(rows, tmp_path / "meta" / "m.parquet")
+    cfg = load_download_config(None, ["allowed_networks=127.0.0.1/32", "progress=false"])
+    summary = download(tmp_path / "meta", out, config=cfg)
+    assert summary["samples"]["successes"] == 3
+    shard = [e for e in events if e[0].startswith("00000000") or e[0] == "out"]
+    assert shard[:2] in ([("00000000.parquet", False), ("00000000.tar", False)],
+                         [("00000000.tar", False), ("00000000.parquet", False)])  # fmt: skip
+    assert shard[2:] == [("out", False), ("00000000_stats.json", True), ("out", True)]

@@ -3,19 +3,56 @@ pickles of it load there."""
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 from img2dataset.downloader import Downloader
 
 from hype.download.network import NetworkPolicy, install_guard
+from hype.io import storage, sync_path
 
 
 class GuardedDownloader(Downloader):
     """img2dataset's Downloader that obeys a `NetworkPolicy` in whichever process runs it: img2dataset
-    pickles the downloader into every worker, and the guard is installed there before the first fetch."""
+    pickles the downloader into every worker, and the guard is installed there before the first fetch.
+
+    A local shard is made durable in the order that counts: img2dataset writes the tar and the parquet,
+    then the `_stats.json` that marks the shard done (for hype's summary and for both resumes), and
+    syncs none of them; here the data files are synced when the writer closes (before the marker is
+    written), then the marker and the folder, so a power cut never leaves a marker over a lost shard."""
 
     def __init__(self, *args, policy: NetworkPolicy, **kwargs):
         super().__init__(*args, **kwargs)
         self.policy = policy
+        self.local = not storage.is_url(self.output_folder)
+        if self.local:
+            self.sample_writer_class = functools.partial(_SyncedWriter, self.sample_writer_class)
 
     def __call__(self, row):
         install_guard(self.policy)
         return super().__call__(row)
+
+    def download_shard(self, row):
+        super().download_shard(row)
+        if self.local:
+            name = f"{row[0]:0{self.oom_shard_count}d}_stats.json"
+            sync_path(Path(self.output_folder) / name)
+            sync_path(self.output_folder)
+
+
+class _SyncedWriter:
+    """Wraps an img2dataset sample writer: on close, the shard's files and their folder are synced."""
+
+    def __init__(self, writer_class, shard_id, output_folder, *args, **kwargs):
+        self.writer = writer_class(shard_id, output_folder, *args, **kwargs)
+        self.folder = Path(output_folder)
+        self.stem = f"{shard_id:0{self.writer.oom_shard_count}d}"
+
+    def write(self, *args, **kwargs):
+        return self.writer.write(*args, **kwargs)
+
+    def close(self) -> None:
+        self.writer.close()
+        for path in sorted(self.folder.glob(f"{self.stem}.*")):  # .tar and .parquet (or other formats')
+            sync_path(path)
+        sync_path(self.folder)
