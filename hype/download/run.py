@@ -5,7 +5,9 @@ img2dataset does the downloading; hype adds what a pool needs around it:
   sample's json, webdataset output, incremental mode (a rerun skips shards with a `_stats.json`);
 - every download worker refuses private-network targets (`hype.download.network`) unless allowed: the
   Downloader img2dataset builds is swapped for `hype.download.worker.GuardedDownloader`, which installs
-  the guard in the worker process before fetching;
+  the guard in the worker process before fetching, and first checks (here and in each worker) that
+  img2dataset's own fetch goes through it: a probe url the guard always refuses must come back refused,
+  else nothing is downloaded (fail closed); only http(s) urls are fetched, whatever the flags;
 - the metadata is checked up front (files, columns, duplicate uids, urls refused by their host alone);
 - img2dataset's own chatter (prints from the driver and every worker) goes to `OUT/_hype/img2dataset.log`
   and a progress bar over samples shows on stderr instead (its logger process, which only prints or
@@ -30,13 +32,14 @@ import signal
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from hype.download.config import DownloadConfig, load_download_config
 from hype.download.metadata import DownloadError, MetadataPlan, plan_metadata
-from hype.download.network import REFUSED, NetworkPolicy
+from hype.download.network import REFUSED, SCHEME_REFUSED, NetworkPolicy, install_guard
 from hype.io import AnyPath, read_bytes, storage, write_bytes, write_json
 
 # img2dataset arguments hype depends on: scoring reads webdataset shards with `uid` in each json.
@@ -51,6 +54,7 @@ FIXED: dict[str, Any] = {
 # may change between a run and its resumption: they do not change what a shard holds
 RUN_SETTINGS = ("processes_count", "thread_count", "timeout", "retries", "max_shard_retry", "enable_wandb")
 RUN_SETTINGS += ("wandb_project", "user_agent_token")
+ALLOW_PRIVATE = "pass --allow-private-network to download from private addresses (e.g. a local server)"
 HYPE_DIR = "_hype"  # summary, log and the config used; not `OUT/*.json` (see the module docstring)
 
 
@@ -106,10 +110,16 @@ def run_download(cfg: DownloadConfig) -> dict:
         )
     refused_upfront = sum(plan.refused.values())
     if plan.total_rows and refused_upfront == plan.total_rows:
+        kinds = ", ".join(f"{n} {k}" for k, n in plan.refused.items())
+        schemes = [k.endswith(": url") for k in plan.refused]  # refused whatever the flags
+        hints = []
+        if not all(schemes):
+            hints.append(ALLOW_PRIVATE)
+        if any(schemes):
+            hints.append("only http(s) urls are downloaded")
         raise DownloadError(
-            f"{cfg.metadata}: every url ({plan.total_rows}) is a private network target, e.g. "
-            f"{plan.refused_examples[0]}; pass --allow-private-network to download from private addresses "
-            "(e.g. a local server)"
+            f"{cfg.metadata}: every url ({plan.total_rows}) is refused ({kinds}), e.g. "
+            f"{plan.refused_examples[0]}; {'; '.join(hints)}"
         )
     hype_dir = out / HYPE_DIR
     storage.makedirs(hype_dir)
@@ -160,7 +170,13 @@ def _run_img2dataset(
     import img2dataset
     from tqdm import tqdm
 
-    from hype.download.worker import GuardedDownloader
+    from hype.download.worker import GuardedDownloader, GuardNotInUse, verify_guard
+
+    try:  # before any worker starts: each checks again before its first fetch
+        with _guarded_here(policy) as opener:
+            verify_guard(opener)
+    except GuardNotInUse as e:
+        raise DownloadError(str(e)) from None
 
     main = sys.modules["img2dataset.main"]  # the package's `main` attribute is a function of that name
     patches = {
@@ -181,6 +197,16 @@ def _run_img2dataset(
         raise KeyboardInterrupt from e
     finally:
         signal.signal(signal.SIGINT, sigint)  # img2dataset leaves its handler installed
+
+
+@contextlib.contextmanager
+def _guarded_here(policy: NetworkPolicy) -> Iterator[urllib.request.OpenerDirector]:
+    """The guard installed in this process for the block, then this process's opener as it was."""
+    saved = urllib.request._opener
+    try:
+        yield install_guard(policy)
+    finally:
+        urllib.request.install_opener(saved)
 
 
 class _NoLogger:
@@ -390,6 +416,7 @@ def build_summary(
             if reason != "success":
                 reasons[reason] = reasons.get(reason, 0) + int(n)
     refused = sum(n for r, n in reasons.items() if REFUSED in r)
+    refused_scheme = sum(n for r, n in reasons.items() if SCHEME_REFUSED in r)
     done = len(plan.shards) - len(failed)
     return {
         "status": "complete" if not failed else "incomplete",
@@ -418,6 +445,7 @@ def build_summary(
             **totals,
             "failures_by_reason": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
             "refused_private_network": refused,
+            "refused_scheme": refused_scheme,  # not http(s): file:, ftp:, data:, ... (after redirects too)
         },
         "this_run": now,
         "seconds": round(seconds, 3),
@@ -442,11 +470,12 @@ def format_summary(s: dict, top: int = 8) -> str:
     if len(reasons) > top:
         rest = sum(n for _, n in reasons[top:])
         lines.append(f"    {rest:>8}  ({len(reasons) - top} other reasons; see {s['summary_file']})")
-    if sa["refused_private_network"] or inp["refused_by_host"]:
+    if sa["refused_private_network"] or sa.get("refused_scheme") or inp["refused_by_host"]:
         kinds = ", ".join(f"{n} {k}" for k, n in inp["refused_by_host"].items()) or "-"
         lines.append(
-            f"  refused private network targets: {sa['refused_private_network']} samples "
-            f"(by url alone: {kinds}); --allow-private-network downloads them"
+            f"  refused private network targets: {sa['refused_private_network']} samples, other schemes than "
+            f"http(s): {sa.get('refused_scheme', 0)} (by url alone: {kinds}); --allow-private-network "
+            "downloads from private addresses"
         )
     if inp["duplicate_uids"]:
         examples = ", ".join(inp["duplicate_examples"][:3])

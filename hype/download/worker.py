@@ -4,12 +4,41 @@ pickles of it load there."""
 from __future__ import annotations
 
 import functools
+import urllib.request
 from pathlib import Path
 
+from img2dataset import downloader as i2d_downloader
 from img2dataset.downloader import Downloader
 
-from hype.download.network import NetworkPolicy, install_guard
+from hype.download.network import SCHEME_REFUSED, NetworkPolicy, install_guard
 from hype.io import storage, sync_path
+
+# What the guard must refuse whatever the policy allows; a data: url needs neither network nor disk.
+PROBE_URL = "data:,hype-guard-probe"
+TESTED = "img2dataset>=1.47,<1.48"  # the versions whose fetch path hype has checked (pyproject.toml)
+
+
+_verified: urllib.request.OpenerDirector | None = None  # the opener this process has checked
+
+
+class GuardNotInUse(RuntimeError):
+    """img2dataset does not fetch through hype's guarded opener: downloading would be unguarded."""
+
+
+def verify_guard(opener: urllib.request.OpenerDirector) -> None:
+    """Fail closed unless img2dataset's own fetch function goes through `opener` (the installed guard):
+    it must refuse a probe url that the guard refuses whatever the policy. A version of img2dataset that
+    opened urls another way (its own opener, another HTTP library) would bypass every check."""
+    try:
+        _, stream, error = i2d_downloader.download_image((0, PROBE_URL), 1, None, None)
+    except Exception as e:  # noqa: BLE001 - another signature, another behaviour: not the tested code
+        stream, error = None, f"{type(e).__name__}: {e}"
+    if stream is not None or SCHEME_REFUSED not in str(error) or urllib.request._opener is not opener:
+        raise GuardNotInUse(
+            "img2dataset does not fetch through hype's network guard (its download of the probe url "
+            f"{PROBE_URL} was not refused by the guard: {error!r}); nothing was downloaded. hype is tested "
+            f"with {TESTED}: install that version"
+        )
 
 
 class GuardedDownloader(Downloader):
@@ -29,7 +58,11 @@ class GuardedDownloader(Downloader):
             self.sample_writer_class = functools.partial(_SyncedWriter, self.sample_writer_class)
 
     def __call__(self, row):
-        install_guard(self.policy)
+        global _verified
+        opener = install_guard(self.policy)
+        if _verified is not opener:  # once per process (and after a reinstall)
+            verify_guard(opener)  # raised, not caught by img2dataset: the download stops
+            _verified = opener
         return super().__call__(row)
 
     def download_shard(self, row):

@@ -142,6 +142,9 @@ class ObjectLock(_Lock):
     held = False
 
     def __enter__(self) -> ObjectLock:
+        # A missing bucket or refused credentials, named with the output (some stores create a bucket
+        # on the first write, which would be the lock's).
+        storage.check_reachable(self.out)
         for _ in range(2):
             if storage.create_exclusive(self.path, self._record()):
                 self.held = True
