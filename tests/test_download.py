@@ -623,3 +623,31 @@ def test_a_download_stops_when_img2dataset_fetches_around_the_guard(tmp_path, mo
 
     verify_guard(install_guard(NetworkPolicy(allow_private=True)))  # the real one passes, in both modes
     verify_guard(install_guard(NetworkPolicy()))
+
+
+@pytest.mark.slow
+def test_ray_workers_on_a_cluster_write_to_the_bucket_with_the_storage_options(
+    world, server, tmp_path, s3, ray_cluster
+):
+    """`--distributor ray` on a running cluster whose nodes were started without any credentials: the
+    workers get the bucket's endpoint and keys from hype (with the task), not from their environment."""
+    from hype.io import read_bytes, storage
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "FSSPEC_S3"):
+        assert name not in os.environ  # nothing a worker could have inherited
+    (src,) = sorted((world / "pool" / "metadata").glob("*.parquet"))
+    (tmp_path / "meta").mkdir()
+    pq.write_table(
+        pq.read_table(src, columns=["uid", "url", "text"]).slice(0, 10), tmp_path / "meta" / "m.parquet"
+    )
+    out = f"s3://{s3.bucket()}/ray-out"
+    args = ["--storage-options", json.dumps(s3.options), "download", "--metadata", str(tmp_path / "meta")]
+    args += ["--out", out, "--distributor", "ray", "--ray-address", ray_cluster, "--allow-private-network"]
+    res = CliRunner().invoke(main, [*args, "--samples-per-shard", "5", "--no-progress", "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output)
+    assert summary["shards"]["done"] == 2 and summary["samples"]["successes"] == 10
+    for shard in ("00000000", "00000001"):
+        assert json.loads(read_bytes(f"{out}/{shard}_stats.json"))["successes"] == 5
+        assert storage.exists(f"{out}/{shard}.tar")
+    assert s3.options["secret"] not in res.output

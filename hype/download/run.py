@@ -17,9 +17,10 @@ img2dataset does the downloading; hype adds what a pool needs around it:
 - the outcome is read back from the shards' `_stats.json` into one summary, `OUT/_hype/summary.json`.
   It lives in a sub-folder because img2dataset treats every `OUT/*.json` as a shard's stats file.
 
-OUT may be a URL (s3://...): img2dataset writes there itself through fsspec (hype's storage options
-reach it, and its worker processes, as fsspec's `FSSPEC_<PROTOCOL>` variables); hype reads the stats
-and markers back through `hype.io`, and its log is written locally and uploaded at the end.
+OUT may be a URL (s3://...): img2dataset writes there itself through fsspec. hype's storage options
+become fsspec's defaults in this process for the download's duration, and travel to every worker inside
+the pickled downloader (also to Ray workers on other nodes), never through the environment; hype reads
+the stats and markers back through `hype.io`, and its log is written locally and uploaded at the end.
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ def _run_img2dataset(
     import img2dataset
     from tqdm import tqdm
 
-    from hype.download.worker import GuardedDownloader, GuardNotInUse, verify_guard
+    from hype.download.worker import GuardedDownloader, GuardNotInUse, protocols, verify_guard
 
     try:  # before any worker starts: each checks again before its first fetch
         with _guarded_here(policy) as opener:
@@ -180,7 +181,9 @@ def _run_img2dataset(
 
     main = sys.modules["img2dataset.main"]  # the package's `main` attribute is a function of that name
     patches = {
-        (main, "Downloader"): functools.partial(GuardedDownloader, policy=policy),
+        (main, "Downloader"): functools.partial(
+            GuardedDownloader, policy=policy, storage_options=storage.snapshot()
+        ),
         # its bar has no total; ours (over samples, with rate and ETA) replaces it
         (sys.modules["img2dataset.distributor"], "tqdm"): functools.partial(tqdm, disable=True),
     }
@@ -190,7 +193,7 @@ def _run_img2dataset(
         patches[(main, "LoggerProcess")] = _NoLogger
     sigint = signal.getsignal(signal.SIGINT)
     try:
-        with _patched(patches), _ray(cfg), _fsspec_options(out, storage.location(url_list)):
+        with _patched(patches), _ray(cfg), _fsspec_options(protocols(out, url_list)):
             img2dataset.download(url_list=url_list, output_folder=str(out), **kwargs)
     except SystemExit as e:
         # img2dataset's SIGINT handler exits with status 0; an interrupted download is not a success
@@ -244,36 +247,23 @@ def _same_folder(a: AnyPath, b: AnyPath) -> bool:
 
 
 @contextlib.contextmanager
-def _fsspec_options(*paths: AnyPath) -> Iterator[None]:
-    """hype's storage options for the protocols of `paths` (OUT, the metadata), for img2dataset's own
-    fsspec calls here and in the processes it starts (fsspec reads `FSSPEC_<PROTOCOL>` when imported).
-    Only in the environment, for the download's duration: never written to a file."""
+def _fsspec_options(protocols: list[str]) -> Iterator[None]:
+    """hype's storage options as fsspec's defaults for `protocols` (OUT's, the metadata's), for
+    img2dataset's own fsspec calls in this process, for the download's duration (the workers get them
+    from the downloader: `hype.download.worker.configure_fsspec`). Never written to a file."""
     import fsspec.config
 
-    protocols = sorted(
-        {p.protocol if isinstance(p.protocol, str) else p.protocol[0] for p in paths if storage.is_url(p)}
-    )
-    saved = {
-        proto: (os.environ.get(f"FSSPEC_{proto.upper()}"), fsspec.config.conf.get(proto))
-        for proto in protocols
-    }
-    for proto in protocols:
-        options = storage.options_for(proto)
-        os.environ[f"FSSPEC_{proto.upper()}"] = json.dumps(options)
-        fsspec.config.conf[proto] = options
+    saved = {protocol: fsspec.config.conf.get(protocol) for protocol in protocols}
+    for protocol in protocols:
+        fsspec.config.conf[protocol] = storage.options_for(protocol)
     try:
         yield
     finally:
-        for proto, (saved_env, saved_conf) in saved.items():
-            name = f"FSSPEC_{proto.upper()}"
-            if saved_env is None:
-                os.environ.pop(name, None)
+        for protocol, conf in saved.items():
+            if conf is None:
+                fsspec.config.conf.pop(protocol, None)
             else:
-                os.environ[name] = saved_env
-            if saved_conf is None:
-                fsspec.config.conf.pop(proto, None)
-            else:
-                fsspec.config.conf[proto] = saved_conf
+                fsspec.config.conf[protocol] = conf
 
 
 @contextlib.contextmanager

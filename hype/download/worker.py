@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import functools
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from img2dataset import downloader as i2d_downloader
 from img2dataset.downloader import Downloader
@@ -50,15 +52,22 @@ class GuardedDownloader(Downloader):
     syncs none of them; here the data files are synced when the writer closes (before the marker is
     written), then the marker and the folder, so a power cut never leaves a marker over a lost shard."""
 
-    def __init__(self, *args, policy: NetworkPolicy, **kwargs):
+    def __init__(
+        self, *args, policy: NetworkPolicy, storage_options: Mapping[str, Any] | None = None, **kwargs
+    ):
         super().__init__(*args, **kwargs)
         self.policy = policy
+        # The driver's storage options travel with the downloader into every task (an argument, never the
+        # environment or a Ray runtime_env): a worker on another node has no other way to get them, and
+        # without them it would write with whatever credentials and endpoint that node has.
+        self.storage_options = dict(storage_options or {})
         self.local = not storage.is_url(self.output_folder)
         if self.local:
             self.sample_writer_class = functools.partial(_SyncedWriter, self.sample_writer_class)
 
     def __call__(self, row):
         global _verified
+        configure_fsspec(self.storage_options, self.output_folder, row[1])  # OUT, the shard's input file
         opener = install_guard(self.policy)
         if _verified is not opener:  # once per process (and after a reinstall)
             verify_guard(opener)  # raised, not caught by img2dataset: the download stops
@@ -71,6 +80,26 @@ class GuardedDownloader(Downloader):
             name = f"{row[0]:0{self.oom_shard_count}d}_stats.json"
             sync_path(Path(self.output_folder) / name)
             sync_path(self.output_folder)
+
+
+def protocols(*paths: Any) -> list[str]:
+    """The fsspec protocols of the URLs among `paths` (local paths have none)."""
+    found = set()
+    for path in paths:
+        if storage.is_url(path):
+            protocol = storage.location(path).protocol
+            found.add(protocol if isinstance(protocol, str) else protocol[0])
+    return sorted(found)
+
+
+def configure_fsspec(options: Mapping[str, Any], *paths: Any) -> None:
+    """Worker side: the driver's storage `options` become this process's, and fsspec's defaults for the
+    protocols of `paths`, since img2dataset opens its files through fsspec itself."""
+    import fsspec.config
+
+    storage.configure(options)
+    for protocol in protocols(*paths):
+        fsspec.config.conf[protocol] = storage.options_for(protocol)
 
 
 class _SyncedWriter:
