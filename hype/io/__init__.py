@@ -1,4 +1,5 @@
-"""hype's I/O layer: atomic writes, tolerant reads, digests and webdataset tars (see `files`, `tar`).
+"""hype's I/O layer: atomic writes, tolerant reads, digests, webdataset tars and the one lock on an output
+(see `files`, `tar`, `lock`).
 
 A core module: it imports the standard library, numpy, pyarrow and (for URLs, on first use) fsspec and
 universal_pathlib, not torch, not webdataset (which imports torch), and nothing of the commands'
