@@ -108,10 +108,7 @@ def plan_metadata(
     plan.duplicate_uids, plan.duplicate_examples = repeats.count(EXAMPLES)
     plan.malformed_uids, plan.malformed_examples = malformed, malformed_examples
     for (scheme, host), n in sorted(host_counts.items(), key=lambda kv: -kv[1]):
-        if scheme in ("http", "https"):
-            kind = policy.host_refusal(host)
-        else:  # other schemes fail in img2dataset anyway; only those urllib could open are refusals
-            kind = policy.scheme_refusal(scheme)
+        kind = policy.scheme_refusal(scheme) or policy.host_refusal(host)
         if kind is not None:
             plan.refused[kind] = plan.refused.get(kind, 0) + n
             if len(plan.refused_examples) < EXAMPLES:

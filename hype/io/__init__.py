@@ -1,4 +1,5 @@
-"""hype's I/O layer: atomic writes, tolerant reads, digests and webdataset tars (see `files`, `tar`).
+"""hype's I/O layer: atomic writes, tolerant reads, digests, webdataset tars and the one lock on an output
+(see `files`, `tar`, `lock`).
 
 A core module: it imports the standard library, numpy, pyarrow and (for URLs, on first use) fsspec and
 universal_pathlib, not torch, not webdataset (which imports torch), and nothing of the commands'
@@ -18,6 +19,7 @@ from hype.io.files import (
     json_text,
     load_npy,
     local_file,
+    make_folder,
     open_input,
     parquet_bytes,
     read_bytes,
@@ -27,6 +29,7 @@ from hype.io.files import (
     replace_tree,
     save_npy,
     sync,
+    sync_path,
     write_bytes,
     write_json,
     write_parquet,
@@ -50,6 +53,7 @@ __all__ = [
     "json_text",
     "load_npy",
     "local_file",
+    "make_folder",
     "open_input",
     "read_bytes",
     "read_parquet",
@@ -61,6 +65,7 @@ __all__ = [
     "replace_tree",
     "save_npy",
     "sync",
+    "sync_path",
     "write_bytes",
     "write_json",
     "write_parquet",
