@@ -525,10 +525,17 @@ def section_eval(ctx: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ driver
+# hype's dependencies that a bare GPU image lacks and bench/gpu_wheels.sh does not carry.
+NOT_CARRIED = ("ray", "img2dataset", "s3fs", "gcsfs", "boto3", "wandb", "clip_benchmark")
+
+
 def run_section(name: str, ctx: dict) -> None:
     """The child process of one section: its result as JSON into WORK/NAME.json."""
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     result = globals()[f"section_{name}"](ctx)
+    imported = sorted(m for m in NOT_CARRIED if m in sys.modules)
+    if imported:  # here they are installed; on the GPU machine this section would fail to import them
+        raise SuiteError(f"section {name} imported {imported}, which the GPU machine lacks (gpu_wheels.sh)")
     Path(ctx["work"], f"{name}.json").write_text(json.dumps(result, indent=2, default=str))
 
 
