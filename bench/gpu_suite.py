@@ -55,11 +55,11 @@ BENCH = REPO / "bench"
 # name: (seconds allowed on a GPU, seconds allowed in --smoke on 2 CPU cores)
 SECTIONS: dict[str, tuple[int, int]] = {
     "cuda_tests": (90, 150),
-    "agreement": (75, 120),
-    "embed": (110, 150),
+    "agreement": (80, 120),
+    "embed": (120, 150),
     "specificity": (30, 60),
     "kmeans": (30, 60),
-    "train": (100, 180),
+    "train": (90, 180),
     "eval": (50, 120),
 }
 
@@ -67,7 +67,7 @@ SIZES = {
     "full": {
         "agree_pool": 1024,
         "agree_models": ("meru-vit-s16", "clip-vit-b32"),
-        "embed": "--size 4096 --shard-size 1024 --batch-size 256 --repeats 2 --image-side 512"
+        "embed": "--size 4096 --shard-size 512 --batch-size 256 --repeats 2 --image-side 512"
         " --meru-config hype-meru-vit-l14 --clip-config clip-vit-l14",
         "spec": {"pool": 1_000_000, "refs": 20_000, "dim": 768, "block": 131_072, "repeats": 3},
         "kmeans": {"points": 1_000_000, "k": 100_000, "dim": 768, "faiss_cpu_points": 20_000},
@@ -544,7 +544,7 @@ def main() -> None:
     ap.add_argument("--out", required=True, type=Path, help="folder for gpu_suite.json/.log, cuda_tests.xml")
     ap.add_argument("--smoke", action="store_true", help="the same code on the CPU at tiny sizes")
     ap.add_argument("--only", help="comma-separated sections to run [all]: " + ",".join(SECTIONS))
-    ap.add_argument("--budget-s", type=float, default=420, help="stop starting sections after this [420]")
+    ap.add_argument("--budget-s", type=float, default=450, help="stop starting sections after this [450]")
     ap.add_argument("--section", help=argparse.SUPPRESS)
     ap.add_argument("--ctx", help=argparse.SUPPRESS)
     args = ap.parse_args()
