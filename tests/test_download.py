@@ -148,6 +148,7 @@ def test_download_pool_with_broken_urls(first_run):
     assert samples["refused_private_network"] == 0
     assert summary["input"]["duplicate_uids"] == 1
     assert summary["input"]["duplicate_examples"] == [a["uid"][0].as_py()]
+    assert summary["input"]["malformed_uids"] == 0
     # --retries 1: every failing url was asked for twice
     for row in b.to_pylist()[:4]:
         assert requests.count(urlsplit(row["url"]).path) == 2
@@ -667,3 +668,14 @@ def test_ray_workers_on_a_cluster_write_to_the_bucket_with_the_storage_options(
         assert json.loads(read_bytes(f"{out}/{shard}_stats.json"))["successes"] == 5
         assert storage.exists(f"{out}/{shard}.tar")
     assert s3.options["secret"] not in res.output
+
+
+def test_rows_without_a_valid_uid_are_reported(first_run):
+    """The plan's count of rows whose uid scoring would skip reaches the summary and its text."""
+    from hype.download.run import format_summary
+
+    summary = json.loads(json.dumps(first_run[2]))
+    summary["input"] |= {"malformed_uids": 2, "malformed_examples": ["'0x12'", "None"]}
+    text = format_summary(summary)
+    assert "rows without a 32-hex uid: 2 (e.g. '0x12', None)" in text
+    assert "without a 32-hex uid" not in format_summary(first_run[2])

@@ -420,6 +420,8 @@ def build_summary(
             "rows": plan.total_rows,
             "duplicate_uids": plan.duplicate_uids,
             "duplicate_examples": plan.duplicate_examples,
+            "malformed_uids": plan.malformed_uids,  # no 32-hex uid: downloaded, but scoring skips them
+            "malformed_examples": plan.malformed_examples,
             "refused_by_host": plan.refused,  # counted before downloading, from the urls alone
             "refused_examples": plan.refused_examples,
             "face_blurring": plan.has_bbox,
@@ -471,6 +473,12 @@ def format_summary(s: dict, top: int = 8) -> str:
         examples = ", ".join(inp["duplicate_examples"][:3])
         lines.append(
             f"  duplicate uids in the metadata: {inp['duplicate_uids']} repeated rows (e.g. {examples})"
+        )
+    if inp.get("malformed_uids"):
+        examples = ", ".join(inp["malformed_examples"][:3])
+        lines.append(
+            f"  rows without a 32-hex uid: {inp['malformed_uids']} (e.g. {examples}); scoring, training and "
+            "reshard skip them (README 'uids and subset files')"
         )
     rate = f", {s['images_per_s']} images/s" if s["images_per_s"] else ""
     lines.append(f"  time: {s['seconds']:.1f} s{rate}; summary: {s['summary_file']}")
