@@ -127,6 +127,11 @@ REQUIRED = [
 ]
 
 
+# What the GPU machines' image already holds of these (/work/.library/device/KINDS.md, 2026-11-17); the
+# rest must be in bench/gpu_wheels.sh (tests/test_gpu_suite.py checks that it is).
+ON_GPU_IMAGE = {"torch", "numpy", "pyarrow", "pillow", "click", "pyyaml", "safetensors", "fsspec", "pytest"}
+
+
 class SuiteError(SystemExit):
     pass
 

@@ -76,6 +76,18 @@ def test_smoke_runs_every_section_and_writes_every_figure(smoke):
     assert _finite(r["eval"]["ratio"]) and r["eval"]["ratio"] > 0
 
 
+def test_the_wheels_carry_every_import_the_gpu_image_lacks():
+    sys.path.insert(0, str(SUITE.parent))
+    try:
+        import gpu_suite
+    finally:
+        sys.path.remove(str(SUITE.parent))
+    script = (SUITE.parent / "gpu_wheels.sh").read_text()
+    for _, dist, _ in gpu_suite.REQUIRED:
+        name = dist.split(" ")[0].split(">")[0]
+        assert name in gpu_suite.ON_GPU_IMAGE or f'"{name}"' in script, f"{name}: add it to gpu_wheels.sh"
+
+
 def test_preflight_fails_in_seconds_naming_what_is_missing(tmp_path):
     # A bare GPU image without webdataset: the suite stops before any section, naming it and the fix.
     code = (
