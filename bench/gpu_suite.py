@@ -54,12 +54,12 @@ BENCH = REPO / "bench"
 
 # name: (seconds allowed on a GPU, seconds allowed in --smoke on 2 CPU cores)
 SECTIONS: dict[str, tuple[int, int]] = {
-    "cuda_tests": (90, 150),
+    "cuda_tests": (80, 150),
     "agreement": (80, 120),
     "embed": (120, 150),
     "specificity": (30, 60),
     "kmeans": (30, 60),
-    "train": (90, 180),
+    "train": (100, 180),
     "eval": (50, 120),
 }
 
@@ -72,7 +72,7 @@ SIZES = {
         "spec": {"pool": 1_000_000, "refs": 20_000, "dim": 768, "block": 131_072, "repeats": 3},
         "kmeans": {"points": 1_000_000, "k": 100_000, "dim": 768, "faiss_cpu_points": 20_000},
         "world": {"clean": 4096, "eval": 4000},  # the training shards and the eval task of train and eval
-        "train_b32": "--model clip-vit-b32 --precision bf16 --batch 256 --steps 40 --skip 10 --workers 8",
+        "train_b32": "--model clip-vit-b32 --precision bf16 --batch 256 --steps 30 --skip 8 --workers 8",
         "meru_l14": {
             "config": "hype-meru-vit-l14",
             "batch": 64,
@@ -212,6 +212,15 @@ def _json_tail(stdout: str) -> dict:
     return json.loads(stdout[start + 1 if start >= 0 else 0 :])
 
 
+def _attempt(measure) -> dict:
+    """One measurement of a section whose failure must not cost the section's other figures."""
+    try:
+        return measure()
+    except Exception as e:
+        sys.stderr.write(f"measurement failed: {e}\n")
+        return {"error": str(e)[-1500:]}
+
+
 def section_cuda_tests(ctx: dict) -> dict:
     import xml.etree.ElementTree as ET
 
@@ -332,13 +341,14 @@ def section_embed(ctx: dict) -> dict:
         device,
     ]
     pair = _json_tail(_run([*common, "--flops", "--json"]))
-    meru_only = _json_tail(_run([*common, "--metadata", "--json"]))
+    meru_only = _attempt(lambda: _json_tail(_run([*common, "--metadata", "--json"])))
     anchors = {"clip_retrieval_vit_l14_a100": 312, "nemo_curator_ci_floor": 112, "target_h100_pair": 1200}
     return {
         "pair": pair,
         "metadata_meru_only": meru_only,
         "anchors_samples_per_s": anchors,
-        "ok": ctx["smoke"] or (pair["ratio"] >= 0.85 and pair["pipeline_samples_per_s"] >= 1200),
+        "ok": "error" not in meru_only
+        and (ctx["smoke"] or (pair["ratio"] >= 0.85 and pair["pipeline_samples_per_s"] >= 1200)),
     }
 
 
@@ -477,15 +487,10 @@ def section_train(ctx: dict) -> dict:
     tmp.mkdir(parents=True, exist_ok=True)
     world = _world(ctx)
     result: dict = {}
-    try:
-        import open_clip_train  # noqa: F401
-
-        out = tmp / "b32.json"
-        cmd = [sys.executable, "-P", str(BENCH / "train_throughput.py"), *ctx["sizes"]["train_b32"].split()]
-        _run([*cmd, "--device", device, "--world", str(world), "--json-out", str(out)])
-        result["b32_vs_open_clip"] = json.loads(out.read_text())
-    except ImportError:
-        result["b32_vs_open_clip"] = {"skipped": "open_clip_train does not import"}
+    out = tmp / "b32.json"
+    cmd = [sys.executable, "-P", str(BENCH / "train_throughput.py"), *ctx["sizes"]["train_b32"].split()]
+    cmd += ["--device", device, "--world", str(world), "--json-out", str(out)]
+    result["b32_vs_open_clip"] = _attempt(lambda: (_run(cmd), json.loads(out.read_text()))[1])
     m = ctx["sizes"]["meru_l14"]
     run = tmp / "meru"
     cmd = [
@@ -512,7 +517,7 @@ def section_train(ctx: dict) -> dict:
         "samples_per_s": round(m["batch"] / statistics.median(steps), 1),
     }
     b32 = result["b32_vs_open_clip"]
-    result["ok"] = "ratio" not in b32 or b32["ratio"] >= 1.0 or ctx["smoke"]
+    result["ok"] = "ratio" in b32 and (ctx["smoke"] or b32["ratio"] >= 1.0)
     return result
 
 
