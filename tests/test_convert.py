@@ -772,3 +772,15 @@ def test_a_hype_checkpoint_is_recognized(tmp_path, meru_yaml):
     for convert in (convert_meru, convert_hype_release):
         with pytest.raises(ConversionError, match="already a hype checkpoint.*load_checkpoint"):
             convert(out, tmp_path / "again.safetensors")
+
+
+def test_torch_load_is_refused_on_a_torch_with_the_weights_only_bypass(tmp_path, monkeypatch, meru_yaml):
+    """torch.load(weights_only=True) could run code before torch 2.6 (CVE-2025-32434): on such a torch a
+    .pt file is refused before torch.load sees it, with the upgrade to make; safetensors still load."""
+    ckpt = _save(tmp_path / "m.pt", {"model": tiny_meru_state_dict()})
+    monkeypatch.setattr(torch, "__version__", "2.5.1+cpu")
+    with pytest.raises(ConversionError, match=r"m\.pt: .*torch 2\.5\.1\+cpu.*CVE-2025-32434.*torch>=2\.6"):
+        convert_meru(ckpt, tmp_path / "o.safetensors", model_config=meru_yaml)
+    assert not (tmp_path / "o.safetensors").exists()
+    monkeypatch.setattr(torch, "__version__", "2.6.0")
+    convert_meru(ckpt, tmp_path / "o.safetensors", model_config=meru_yaml)
