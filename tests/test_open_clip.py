@@ -154,6 +154,19 @@ def test_a_bare_state_dict_needs_the_architecture(reference, tmp_path):
         read_open_clip(layouts["bare .bin"][0], arch="ViT-B-32")
 
 
+def test_a_logit_scale_above_the_clamp_is_used_as_stored(reference, registered, tmp_path):
+    """open_clip clamps the logit scale at 100 only in its training loop; a model read from a file whose
+    stored scale is 150 scores with 150, as open_clip's own model does."""
+    sd = {k: v.clone() for k, v in reference.state_dict().items()}
+    sd["logit_scale"] = torch.tensor(150.0).log()
+    save_file(sd, str(tmp_path / "w.safetensors"))
+    oc = open_clip.create_model(registered).eval()
+    oc.load_state_dict(sd)
+    imported = read_open_clip(tmp_path / "w.safetensors", arch=registered)
+    assert imported.model.logit_scale.item() == pytest.approx(oc.logit_scale.exp().item(), rel=1e-6)
+    assert imported.model.logit_scale.item() == pytest.approx(150.0, rel=1e-6)
+
+
 def test_a_real_size_state_dict_error_names_the_candidate_architectures(tmp_path):
     # Shapes only (meta tensors are not saveable): the candidates are listed from the tensors' shapes.
     from hype.models.open_clip_files import _candidates

@@ -30,6 +30,7 @@ import torch
 from hype.geometry import GEOMETRIES
 from hype.io import bytes_digest, file_digest
 from hype.io.weights import ModelFileError, load_source, unwrap_state_dict
+from hype.models.config import fit_scalar_bounds
 from hype.models.contrastive import ContrastiveModel
 from hype.models.factory import create_model
 from hype.models.open_clip_format import (
@@ -119,8 +120,11 @@ def read_open_clip(
         _load_strict(model.open_clip, open_clip_state_dict(model, sd), weights, name)
     else:
         config = model_config_from_open_clip(model_cfg, preprocess_cfg, name=name, geometry=geometry)
+        mapped = state_dict_from_open_clip(sd)
+        # open_clip clamps the logit scale (and the fork its curvature, α) only while training.
+        config, _ = fit_scalar_bounds(config, mapped)
         model = create_model(config)
-        _load_strict(model, state_dict_from_open_clip(sd), weights, name)
+        _load_strict(model, mapped, weights, name)
     return ImportedModel(
         model=model.eval(),
         weights=weights,
