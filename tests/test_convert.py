@@ -853,3 +853,39 @@ def test_torch_load_is_refused_on_a_torch_with_the_weights_only_bypass(tmp_path,
     assert not (tmp_path / "o.safetensors").exists()
     monkeypatch.setattr(torch, "__version__", "2.6.0")
     convert_meru(ckpt, tmp_path / "o.safetensors", model_config=meru_yaml)
+
+
+def _zip_with(members: dict[str, bytes]) -> bytes:
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+MALFORMED_SOURCES = {
+    "5 bytes": b"abcde",
+    "empty": b"",
+    "pickle cut short": b"\x80\x02}q\x00(X\x01\x00\x00\x00a",
+    "zip of garbage": _zip_with({"a/data.pkl": b"garbage", "a/version": b"3"}),
+    "torchscript of garbage": _zip_with(
+        {"a/data.pkl": b"\x80\x02garbage", "a/constants.pkl": b"", "a/code/x.py": b""}
+    ),
+    "safetensors header cut": b"\x40\x00\x00\x00\x00\x00\x00\x00{",
+    "safetensors bad entry": b"\x0c\x00\x00\x00\x00\x00\x00\x00" + b'{"t": 5}    ',
+}
+
+
+@pytest.mark.parametrize("name", list(MALFORMED_SOURCES))
+@pytest.mark.parametrize("command", ["meru", "hype-release", "open-clip"])
+def test_a_malformed_source_is_the_commands_clear_error(tmp_path, name, command):
+    src = tmp_path / "bad.pt"
+    src.write_bytes(MALFORMED_SOURCES[name])
+    result = CliRunner().invoke(
+        main, ["convert", command, str(src), "--out", str(tmp_path / "o.safetensors")]
+    )
+    assert result.exit_code == 1 and f"Error: {src}: " in result.output, (result.output, result.exception)
+    assert not (tmp_path / "o.safetensors").exists()

@@ -438,3 +438,29 @@ def test_openai_release_archive_loads_without_arch(tmp_path, dtype):
         torch.testing.assert_close(
             model.encode_text(tokens), oc.encode_text(tokens, normalize=True), atol=1e-6, rtol=0
         )
+
+
+_OK_CFG = {"embed_dim": 8, "vision_cfg": {}, "text_cfg": {}}
+MALFORMED_CONFIGS = {
+    "not JSON": "{",
+    "a list": "[1]",
+    "model_cfg a string": json.dumps({"model_cfg": "x"}),
+    "model_cfg empty": json.dumps({"model_cfg": {}}),
+    "vision_cfg a string": json.dumps({"model_cfg": {**_OK_CFG, "vision_cfg": "x"}}),
+    "text_cfg a number": json.dumps({"model_cfg": {**_OK_CFG, "text_cfg": 5}}),
+    "preprocess_cfg a string": json.dumps({"model_cfg": _OK_CFG, "preprocess_cfg": "x"}),
+    "embed_dim a string": json.dumps({"model_cfg": {**_OK_CFG, "embed_dim": "8"}}),
+    "negative width": json.dumps({"model_cfg": {**_OK_CFG, "vision_cfg": {"width": -1}}}),
+    "tokenizer_kwargs a list": json.dumps({"model_cfg": {**_OK_CFG, "text_cfg": {"tokenizer_kwargs": [1]}}}),
+}
+
+
+@pytest.mark.parametrize("name", list(MALFORMED_CONFIGS))
+def test_a_malformed_open_clip_config_is_a_clear_error_naming_the_file(tmp_path, name):
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "open_clip_config.json").write_text(MALFORMED_CONFIGS[name])
+    save_file({"logit_scale": torch.zeros(())}, str(hf / "open_clip_model.safetensors"))
+    for native in (True, False):
+        with pytest.raises(ModelFileError, match=r"hf/open_clip_config\.json: "):
+            read_open_clip(hf, native=native)

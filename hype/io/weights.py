@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pickle
 import re
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -79,7 +78,9 @@ def load_source(path: str | Path) -> Any:
             f"{path}: not a readable PyTorch checkpoint ({detail.group(1).strip() if detail else e}); the "
             "file may be truncated or of another format; download it again"
         ) from None
-    except (RuntimeError, EOFError, KeyError, ValueError, zipfile.BadZipFile, OSError) as e:
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - torch.load raises many types (IndexError, ...) on malformed bytes
         detail = str(e).strip() or type(e).__name__
         raise ModelFileError(
             f"{path}: not a readable PyTorch checkpoint ({detail}); the file may be truncated or of "

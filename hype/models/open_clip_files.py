@@ -114,17 +114,18 @@ def read_open_clip(
 
     model_cfg, preprocess_cfg, name, arch_origin = _architecture(arch, hf_config, params, sd, weights)
     geometry, geometry_origin = _geometry(geometry, params, sd)
-    if native and geometry == "clip" and unsupported_features(model_cfg):
-        folder = hf_config.parent if hf_config is not None else None
-        model = build_open_clip_model(model_cfg, preprocess_cfg, name=name, folder=folder)
-        _load_strict(model.open_clip, open_clip_state_dict(model, sd), weights, name)
-    else:
-        config = model_config_from_open_clip(model_cfg, preprocess_cfg, name=name, geometry=geometry)
-        mapped = state_dict_from_open_clip(sd)
-        # open_clip clamps the logit scale (and the fork its curvature, α) only while training.
-        config, _ = fit_scalar_bounds(config, mapped)
-        model = create_model(config)
-        _load_strict(model, mapped, weights, name)
+    described = hf_config or _params_file(weights) or weights
+    try:
+        model = _build(model_cfg, preprocess_cfg, name, geometry, native, hf_config, sd, weights)
+    except ModelFileError as e:
+        if str(described) in str(e) or str(weights) in str(e):
+            raise
+        raise ModelFileError(f"{described}: {e}") from None  # name the file the problem comes from
+    except (ValueError, TypeError, KeyError, AttributeError) as e:  # ConfigError, malformed config values
+        raise ModelFileError(
+            f"{described}: open_clip architecture {name!r} cannot be built from this config "
+            f"({type(e).__name__}: {e})"
+        ) from None
     return ImportedModel(
         model=model.eval(),
         weights=weights,
@@ -135,6 +136,36 @@ def read_open_clip(
         source_tensors=len(sd),
         ignored_top_level=top_level,
     )
+
+
+def _build(
+    model_cfg: dict,
+    preprocess_cfg: dict,
+    name: str,
+    geometry: str,
+    native: bool,
+    hf_config: Path | None,
+    sd: dict,
+    weights: Path,
+) -> ContrastiveModel | OpenClipModel:
+    """The model, built first on the meta device and checked against the file's tensors: memory is
+    allocated only for a model whose every tensor the file holds (a config cannot ask for more)."""
+    if native and geometry == "clip" and unsupported_features(model_cfg):
+        folder = hf_config.parent if hf_config is not None else None
+        with torch.device("meta"):
+            probe = build_open_clip_model(model_cfg, preprocess_cfg, name=name, folder=folder, device="meta")
+        _check_tensors(probe.open_clip, open_clip_state_dict(probe, sd), weights, name)
+        model = build_open_clip_model(model_cfg, preprocess_cfg, name=name, folder=folder)
+        _load_strict(model.open_clip, open_clip_state_dict(model, sd), weights, name)
+        return model
+    config = model_config_from_open_clip(model_cfg, preprocess_cfg, name=name, geometry=geometry)
+    mapped = state_dict_from_open_clip(sd)
+    # open_clip clamps the logit scale (and the fork its curvature, α) only while training.
+    config, _ = fit_scalar_bounds(config, mapped)
+    _check_tensors(create_model(config, device="meta"), mapped, weights, name)
+    model = create_model(config)
+    _load_strict(model, mapped, weights, name)
+    return model
 
 
 # --- where the parts come from --------------------------------------------------------------------
@@ -231,8 +262,9 @@ def _architecture(
         try:
             data = json.loads(hf_config.read_text())
             model_cfg = data["model_cfg"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
             raise ModelFileError(f"{hf_config}: not an open_clip config with a model_cfg ({e})") from None
+        _check_config_types(hf_config, data)
         name = builtin_name(model_cfg) or hf_config.parent.name
         return model_cfg, data.get("preprocess_cfg") or {}, name, str(hf_config)
     if params.get("model"):
@@ -254,6 +286,22 @@ def _architecture(
         f"{weights}: a bare state dict does not say its architecture (ViT-B-32 and ViT-B-32-quickgelu hold "
         f"the same tensors); pass --arch NAME{_candidates(sd)}"
     )
+
+
+def _check_config_types(path: Path, data: dict) -> None:
+    """The JSON types of an open_clip_config.json's sections (values are checked when it is built)."""
+    model_cfg = data["model_cfg"]
+    problems = [] if isinstance(model_cfg, dict) else ["model_cfg is not an object"]
+    if not problems:
+        problems += [
+            f"model_cfg.{k} is not an object"
+            for k in ("vision_cfg", "text_cfg")
+            if not isinstance(model_cfg.get(k, {}), dict)
+        ]
+    if not isinstance(data.get("preprocess_cfg") or {}, dict):
+        problems.append("preprocess_cfg is not an object")
+    if problems:
+        raise ModelFileError(f"{path}: not a valid open_clip config: {'; '.join(problems)}")
 
 
 def _candidates(sd: dict) -> str:
@@ -302,6 +350,13 @@ def _geometry(geometry: str | None, params: dict[str, str], sd: dict) -> tuple[s
 
 
 def _load_strict(model: torch.nn.Module, mapped: dict, weights: Path, name: str) -> None:
+    _check_tensors(model, mapped, weights, name)
+    with torch.no_grad():
+        model.load_state_dict(mapped, strict=True)  # casts fp16 releases to the model's fp32
+
+
+def _check_tensors(model: torch.nn.Module, mapped: dict, weights: Path, name: str) -> None:
+    """Every tensor of `model` (meta or real) in `mapped`, with its shape, and nothing else."""
     want = model.state_dict()
     missing = sorted(set(want) - set(mapped))
     unexpected = sorted(set(mapped) - set(want))
@@ -323,15 +378,9 @@ def _load_strict(model: torch.nn.Module, mapped: dict, weights: Path, name: str)
             + "; ".join(x for x in parts if x)
             + ". Check --arch (open_clip.list_models()) or that the file is an open_clip CLIP checkpoint"
         )
-    with torch.no_grad():
-        model.load_state_dict(mapped, strict=True)  # casts fp16 releases to the model's fp32
 
 
 def _is_hype_checkpoint(p: Path) -> bool:
-    from hype.checkpoint import CheckpointError, read_checkpoint_metadata
+    from hype.checkpoint import is_hype_checkpoint
 
-    try:
-        read_checkpoint_metadata(p)
-        return True
-    except CheckpointError:
-        return False
+    return is_hype_checkpoint(p)
