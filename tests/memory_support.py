@@ -1,8 +1,9 @@
 """Run a piece of code in a child process whose memory is capped, and report its peak growth.
 
-The child imports what `setup` imports, then caps its address space (RLIMIT_AS) at what it has mapped
-plus `headroom_mb`, and runs `call`: an allocation that memory bounds should have prevented fails there
-(MemoryError or torch's allocator error) instead of exhausting the machine, and the test sees it.
+The child imports what `setup` imports, resets its peak RSS (Linux's clear_refs), caps its address
+space (RLIMIT_AS) at what it has mapped plus `headroom_mb`, and runs `call`: an allocation that memory
+bounds should have prevented fails there (MemoryError or torch's allocator error) instead of exhausting
+the machine, and the test sees it.
 """
 
 from __future__ import annotations
@@ -19,16 +20,19 @@ import json, resource
 {setup}
 import torch
 torch.set_num_threads(1)
-page = resource.getpagesize()
-vm, rss = (int(x) * page for x in open("/proc/self/statm").read().split()[:2])
+def status(key):
+    line = next(x for x in open("/proc/self/status") if x.startswith(key + ":"))
+    return int(line.split()[1]) * 1024
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # reset the peak (VmHWM) to the current RSS: imports' transient peaks do not count
+vm, rss = status("VmSize"), status("VmRSS")
 resource.setrlimit(resource.RLIMIT_AS, (vm + {headroom} * 2**20, resource.RLIM_INFINITY))
 try:
     {call}
     error = None
 except BaseException as e:
     error = f"{{type(e).__name__}}: {{e}}"
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({{"error": error, "growth_mb": (peak - rss) / 2**20}}))
+print(json.dumps({{"error": error, "growth_mb": (status("VmHWM") - rss) / 2**20}}))
 """
 
 

@@ -464,3 +464,20 @@ def test_a_malformed_open_clip_config_is_a_clear_error_naming_the_file(tmp_path,
     for native in (True, False):
         with pytest.raises(ModelFileError, match=r"hf/open_clip_config\.json: "):
             read_open_clip(hf, native=native)
+
+
+def test_a_small_folder_cannot_make_the_reader_allocate_a_huge_model(tmp_path):
+    """A few hundred bytes (a config asking for a width-8192, 24-layer ViT, one tiny tensor) are refused
+    after a meta-device build, before that model's tens of GB are allocated (`hype convert open-clip`)."""
+    from memory_support import run_bounded
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    huge = {**TINY, "vision_cfg": {**TINY["vision_cfg"], "width": 8192, "layers": 24, "head_width": 64}}
+    (hf / "open_clip_config.json").write_text(json.dumps({"model_cfg": huge}))
+    save_file({"logit_scale": torch.zeros(())}, str(hf / "open_clip_model.safetensors"))
+    assert sum(f.stat().st_size for f in hf.iterdir()) < 1024
+    setup = "import hype.models, open_clip\nfrom hype.convert.open_clip import convert_open_clip"
+    result = run_bounded(setup, f"convert_open_clip({str(hf)!r}, {str(tmp_path / 'o.safetensors')!r})")
+    assert result["error"] and result["error"].startswith("ModelFileError: "), result
+    assert "do not match architecture" in result["error"] and result["growth_mb"] < 200, result
