@@ -481,3 +481,65 @@ def test_a_small_folder_cannot_make_the_reader_allocate_a_huge_model(tmp_path):
     result = run_bounded(setup, f"convert_open_clip({str(hf)!r}, {str(tmp_path / 'o.safetensors')!r})")
     assert result["error"] and result["error"].startswith("ModelFileError: "), result
     assert "do not match architecture" in result["error"] and result["growth_mb"] < 200, result
+
+
+def _cache_entry(root: Path, source: Path, ref: str) -> Path:
+    """models--org--m/ with refs/main = `ref` and blobs/ + snapshots/c0ffee/ symlinks as hf writes them."""
+    cache = root / "models--org--m"
+    (cache / "refs").mkdir(parents=True)
+    (cache / "refs" / "main").write_text(ref)
+    (cache / "blobs").mkdir()
+    snap = cache / "snapshots" / "c0ffee"
+    snap.mkdir(parents=True)
+    for f in source.iterdir():
+        shutil.copy(f, cache / "blobs" / f.name)
+        (snap / f.name).symlink_to(Path("../../blobs") / f.name)
+    return cache
+
+
+def test_a_hugging_face_cache_entry_is_read_only_inside_itself(reference, tmp_path):
+    """refs/main names a snapshot inside the entry, and every file read resolves inside the entry (hf's
+    own symlinks into blobs/ do): a ref such as ../../../outside/snap or a symlink out is refused."""
+    layouts = _write_layouts(tmp_path / "layouts", reference)
+    hf = layouts["HF folder (safetensors)"][0]
+    good = _cache_entry(tmp_path / "good", hf, "c0ffee")
+    assert read_open_clip(good).weights.parent.name == "c0ffee"
+
+    outside = tmp_path / "outside" / "snap"
+    shutil.copytree(hf, outside)
+    escaping = _cache_entry(tmp_path / "ref", hf, "../../../outside/snap")
+    shutil.rmtree(escaping / "snapshots" / "c0ffee")
+    (escaping / "snapshots" / "other").mkdir()  # two candidate snapshots would not resolve either
+    (escaping / "snapshots" / "more").mkdir()
+    with pytest.raises(ModelFileError, match=r"refs/main.*'\.\./\.\./\.\./outside/snap'.*not a snapshot"):
+        read_open_clip(escaping)
+
+    linked = _cache_entry(tmp_path / "link", hf, "c0ffee")
+    weights = linked / "snapshots" / "c0ffee" / "open_clip_model.safetensors"
+    weights.unlink()
+    weights.symlink_to(outside / "open_clip_model.safetensors")
+    with pytest.raises(
+        ModelFileError, match=r"open_clip_model\.safetensors.*outside the Hugging Face cache entry"
+    ):
+        read_open_clip(linked)
+
+
+def test_a_model_name_with_control_characters_is_refused(tmp_path):
+    """A name is written into files (the fork's params.txt): a newline in it would add lines there and
+    change the model read back. Configs refuse control characters, so a checkpoint carrying one is a
+    clear error and nothing is exported."""
+    from hype.checkpoint import CheckpointError, read_checkpoint_metadata
+    from hype.models import ModelConfig
+    from hype.models.config import ConfigError
+
+    with pytest.raises(ConfigError, match="name"):
+        ModelConfig(name="tiny\ngeometry: clip")
+    path, model = _tiny_hype(tmp_path, "tiny-hyperbolic")
+    meta = read_checkpoint_metadata(path)
+    cfg = {**meta["model_config"], "name": "tiny\ngeometry: clip"}
+    evil = tmp_path / "evil.safetensors"
+    metadata = {"format": meta["format"], "model_config": json.dumps(cfg), "extra": "{}"}
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(evil), metadata=metadata)
+    with pytest.raises(CheckpointError, match=r"evil\.safetensors: .*name.*control character"):
+        export_open_clip(evil, tmp_path / "out")
+    assert not (tmp_path / "out" / "params.txt").exists()

@@ -177,6 +177,11 @@ class ModelConfig:
     preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
 
     def __post_init__(self) -> None:
+        # A name is written into files (params.txt, logs): a newline would add lines there.
+        if not isinstance(self.name, str) or not self.name.isprintable():
+            raise ConfigError(
+                "name", f"{self.name!r} contains control characters (e.g. a newline); rename it"
+            )
         if self.geometry not in GEOMETRIES:
             raise ConfigError(
                 "geometry", f"unknown geometry {self.geometry!r}; choose one of: {', '.join(GEOMETRIES)}"

@@ -198,21 +198,43 @@ def _config_beside(weights: Path) -> Path | None:
 
 def _hf_snapshot(folder: Path) -> Path:
     # A Hugging Face cache entry (models--org--name/) keeps files under snapshots/<commit>/, the
-    # current one named by refs/main.
+    # current one named by refs/main. Everything read from an entry stays inside it: refs/main names a
+    # folder of snapshots/ (one path component), and each file of the snapshot resolves inside the entry
+    # (hf's own symlinks point into its blobs/).
     ref = folder / "refs" / "main"
-    if (folder / "snapshots").is_dir():
-        if ref.is_file():
-            snap = folder / "snapshots" / ref.read_text().strip()
-            if snap.is_dir():
-                return snap
+    if not (folder / "snapshots").is_dir():
+        return folder
+    snap = None
+    if ref.is_file():
+        commit = ref.read_text(errors="replace").strip()
+        if not commit or commit in (".", "..") or any(c in commit for c in "/\\") or not commit.isprintable():
+            raise ModelFileError(
+                f"{ref}: names {commit!r}, not a snapshot folder under {folder / 'snapshots'}; the cache "
+                "entry is damaged or crafted. Pass the snapshot folder itself (snapshots/<commit>/)"
+            )
+        if (folder / "snapshots" / commit).is_dir():
+            snap = folder / "snapshots" / commit
+    if snap is None:
         snaps = sorted(d for d in (folder / "snapshots").iterdir() if d.is_dir())
-        if len(snaps) == 1:
-            return snaps[0]
-        raise ModelFileError(
-            f"{folder}: a Hugging Face cache folder with {len(snaps)} snapshots and no refs/main; pass the "
-            "snapshot folder itself (snapshots/<commit>/)"
-        )
-    return folder
+        if len(snaps) != 1:
+            raise ModelFileError(
+                f"{folder}: a Hugging Face cache folder with {len(snaps)} snapshots and no refs/main naming "
+                "one; pass the snapshot folder itself (snapshots/<commit>/)"
+            )
+        snap = snaps[0]
+    _confine(snap, folder)
+    return snap
+
+
+def _confine(snap: Path, entry: Path) -> None:
+    root = entry.resolve()
+    for item in snap.iterdir():
+        target = item.resolve()
+        if not target.is_relative_to(root):
+            raise ModelFileError(
+                f"{item}: resolves to {target}, outside the Hugging Face cache entry {entry}; hype reads a "
+                "cache entry's files only inside it. Pass a folder holding the model's own files"
+            )
 
 
 def _train_checkpoints(folder: Path) -> list[Path]:
