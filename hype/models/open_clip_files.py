@@ -120,7 +120,7 @@ def read_open_clip(
     except ModelFileError as e:
         if str(described) in str(e) or str(weights) in str(e):
             raise
-        raise ModelFileError(f"{described}: {e}") from None  # name the file the problem comes from
+        raise type(e)(f"{described}: {e}") from None  # name the file the problem comes from
     except (ValueError, TypeError, KeyError, AttributeError) as e:  # ConfigError, malformed config values
         raise ModelFileError(
             f"{described}: open_clip architecture {name!r} cannot be built from this config "
