@@ -504,8 +504,9 @@ def test_hype_release_scalars_outside_the_bounds_are_used_as_stored(tmp_path, hy
 
 
 def test_hype_release_preprocesses_by_squashing_as_the_release_does(tmp_path, hype_yaml):
-    """The release's `model_init` builds torchvision's `Resize((224, 224))` (bilinear, no crop): a
-    non-square photo is squashed, not center-cropped. Every preprocessing path hype has (the model's
+    """The release's `model_init` builds torchvision's `Resize((224, 224), BICUBIC)` + `CenterCrop((224,
+    224))` (its image_size is a tuple): a non-square photo is squashed, not center-cropped. Every
+    preprocessing path hype has (the model's
     transform, the scorer's and eval's `Preprocess`, the open_clip export) does the same."""
     import numpy as np
     from PIL import Image
@@ -520,18 +521,26 @@ def test_hype_release_preprocesses_by_squashing_as_the_release_does(tmp_path, hy
     size = TINY_HYPE["image"]
     gen = np.random.default_rng(0)
     photo = Image.fromarray(gen.integers(0, 256, (38, 50, 3), dtype=np.uint8))  # 50 x 38, landscape
-    release = T.Compose([T.Resize((size, size)), T.ToTensor(), T.Normalize(OPENAI_MEAN, OPENAI_STD)])
+    bicubic = T.InterpolationMode.BICUBIC
+    release = T.Compose(
+        [
+            T.Resize((size, size), interpolation=bicubic),
+            T.CenterCrop((size, size)),
+            T.ToTensor(),
+            T.Normalize(OPENAI_MEAN, OPENAI_STD),
+        ]
+    )
     want = release(photo)
     assert torch.equal(model.preprocess(train=False)(photo), want)
     prep = Preprocess.of(model)
     torch.testing.assert_close(prep.batch([prep.pixels(photo)], "cpu")[0], want, rtol=0, atol=1e-6)
     cropped = T.Compose(
-        [T.Resize(size), T.CenterCrop(size), T.ToTensor(), T.Normalize(OPENAI_MEAN, OPENAI_STD)]
+        [T.Resize(size, bicubic), T.CenterCrop(size), T.ToTensor(), T.Normalize(OPENAI_MEAN, OPENAI_STD)]
     )
     assert (cropped(photo) - want).abs().max() > 0.1  # the two geometries really differ on this photo
     export_open_clip(out, tmp_path / "exported")
     pre = json.loads((tmp_path / "exported" / "open_clip_config.json").read_text())["preprocess_cfg"]
-    assert (pre["resize_mode"], pre["interpolation"]) == ("squash", "bilinear")
+    assert (pre["resize_mode"], pre["interpolation"]) == ("squash", "bicubic")
 
 
 def test_hype_release_ln_eps_matters(tmp_path):

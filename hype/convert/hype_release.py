@@ -43,9 +43,10 @@ Tensor = torch.Tensor
 DEFAULT_CONFIG = "hype-meru-vit-l14"
 WHAT = "HYPE's release (naver-ai/hype)"
 FP32_EPS = torch.finfo(torch.float32).eps
-# The release's `model_init` resizes with torchvision's `Resize((224, 224))`: both sides to the model's
-# size (no crop: a non-square photo is squashed), with Resize's default bilinear interpolation.
-RELEASE_PREPROCESS = {"resize_mode": "squash", "interpolation": "bilinear"}
+# The release's `model_init` passes `model.visual.image_size`, the tuple (224, 224), to its
+# `image_transform`: `Resize((224, 224), interpolation=BICUBIC)` then a no-op `CenterCrop((224, 224))`, i.e.
+# both sides to the model's size (no crop: a non-square photo is squashed), bicubic.
+RELEASE_PREPROCESS = {"resize_mode": "squash", "interpolation": "bicubic"}
 
 # open_clip ResidualAttentionBlock parameter names (the release uses the same module layout).
 _BLOCK = [
