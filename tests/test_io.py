@@ -470,3 +470,45 @@ def test_pickled_numpy_arrays_are_read_without_running_pickled_code(tmp_path):
     np.save(tmp_path / "plain.npy", a)
     with pytest.raises(hio.PickledArrayError, match="not a PyTorch"):
         hio.read_pickled_array(tmp_path / "plain.npy")
+
+
+def _npy_with_header(path, header: bytes):
+    """An `.npy` whose header dict is `header` (padded as numpy pads it), followed by 12 zero bytes."""
+    import struct
+
+    h = header + b" " * (63 - len(header) % 64) + b"\n"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h + b"\0" * 12)
+    return path
+
+
+BAD_NPY_HEADERS = {
+    "unterminated": b"{'descr': '<f4', 'fortran_order': False, 'shape': (3,",
+    "unterminated-string": b"{'descr': '<f4",
+    "not-a-dict": b"[1,2]",
+    "bad-descr": b"{'descr': 5, 'fortran_order': False, 'shape': (3,), }",
+    "bad-shape": b"{'descr': '<f4', 'fortran_order': False, 'shape': 'x', }",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_NPY_HEADERS))
+def test_every_npy_reader_names_the_file_of_a_malformed_header(tmp_path, case):
+    """numpy parses the header with Python's tokenizer: an unterminated header raised tokenize.TokenError
+    through every reader. Each gives its command's error naming the file instead."""
+    from hype.data.uids import UidError, load_subset
+    from hype.io import load_npy
+    from hype.scoring.stage_clusters import (
+        ClassFeatureError,
+        ClustersError,
+        read_centroids_file,
+        read_class_features_file,
+    )
+
+    bad = _npy_with_header(tmp_path / f"{case}.npy", BAD_NPY_HEADERS[case])
+    for read, error in (
+        (load_npy, ValueError),
+        (load_subset, UidError),
+        (lambda p: read_centroids_file(p, None), ClustersError),
+        (lambda p: read_class_features_file(p, 8), ClassFeatureError),
+    ):
+        with pytest.raises(error, match=case):
+            read(bad)

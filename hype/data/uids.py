@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hype.data.errors import SelectError
-from hype.io import local_file, save_npy, storage
+from hype.io import NPY_ERRORS, local_file, save_npy, storage
 
 UID_DTYPE = np.dtype("u8,u8")
 _UID_RE = re.compile(r"[0-9a-f]{32}", re.ASCII)  # always with fullmatch: `$` would let a final "\n" in
@@ -177,7 +177,7 @@ _TEXT_BYTES = bytes(range(0x20, 0x7F)) + b"\t\n\r"
 def _load_npy(path: Path) -> np.ndarray:
     try:
         arr = np.load(path, allow_pickle=False)
-    except (ValueError, EOFError) as e:  # object arrays (pickles), a damaged header, truncated data
+    except NPY_ERRORS as e:  # object arrays (pickles), a damaged header, truncated data
         raise UidError(f"{path}: found {_describe_npy(path, e)}; {_EXPECTED}") from None
     if not _is_uid_dtype(arr.dtype) or arr.ndim != 1:
         raise UidError(
@@ -218,7 +218,7 @@ def _describe_npy(path: Path, error: Exception) -> str:
                 else np.lib.format.read_array_header_2_0
             )
             shape, _, dtype = read(f)
-    except (ValueError, EOFError):
+    except NPY_ERRORS:
         return f"a NumPy file whose header cannot be read ({error})"
     what = f"a NumPy file holding {_describe_array(shape, dtype)}"
     if dtype.hasobject:

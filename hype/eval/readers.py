@@ -37,7 +37,7 @@ import torch
 from PIL import Image
 
 from hype.data.imageprep import CORRUPT_IMAGE, ImageError, Preprocess, open_image
-from hype.io import AnyPath, read_bytes, storage
+from hype.io import NPY_ERRORS, AnyPath, read_bytes, storage
 
 IMAGE_EXTS = ("webp", "png", "jpg", "jpeg")  # CLIP_benchmark's order of preference
 MAX_ERROR_EXAMPLES = 5
@@ -258,8 +258,8 @@ class WdsBatches(torch.utils.data.IterableDataset):
                 return None
             try:
                 meta = decode_npy(sample["npy"]).astype(np.float64).reshape(-1)
-            except (ValueError, TypeError, OSError) as e:
-                stats.skip(f"{where}: unreadable .npy ({e})")
+            except (OSError, *NPY_ERRORS) as e:
+                stats.skip(f"{where}: unreadable .npy ({type(e).__name__}: {e})")
                 return None
             need = len(self.spec.metadata_fields)
             if meta.shape[0] < need:

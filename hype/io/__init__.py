@@ -9,6 +9,7 @@ packages, so every command reads and writes files one way, on a local disk or an
 """
 
 from hype.io.files import (
+    NPY_ERRORS,
     atomic_path,
     atomic_sink,
     atomic_write,
@@ -39,6 +40,7 @@ from hype.io.pickled import PickledArrayError, read_pickled_array
 from hype.io.storage import AnyPath, StorageError, is_url, location
 
 __all__ = [
+    "NPY_ERRORS",
     "AnyPath",
     "StorageError",
     "is_url",

@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import tempfile
+import tokenize
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -346,12 +347,21 @@ def read_parquet_schema(path: str | PathLike | storage.AnyPath) -> pa.Schema:
     return storage.with_retries(read, str(p))
 
 
+# What np.load raises for a damaged or hostile `.npy` (numpy parses the header dict with Python's tokenizer:
+# an unterminated header is a tokenize.TokenError, a malformed one a SyntaxError, odd values TypeErrors).
+NPY_ERRORS = (ValueError, EOFError, SyntaxError, TypeError, OverflowError, tokenize.TokenError)
+
+
 def load_npy(path: str | PathLike | storage.AnyPath, *, mmap: bool = False) -> np.ndarray:
-    """np.load of a `.npy`, never unpickling; `mmap` maps a local file (a URL is read into memory)."""
+    """np.load of a `.npy`, never unpickling; `mmap` maps a local file (a URL is read into memory). A file
+    that is not a readable `.npy` is a ValueError naming it."""
     p = storage.location(path)
-    if not storage.is_url(p):
-        return np.load(p, mmap_mode="r" if mmap else None, allow_pickle=False)
-    return np.load(io.BytesIO(read_bytes(p)), allow_pickle=False)
+    try:
+        if not storage.is_url(p):
+            return np.load(p, mmap_mode="r" if mmap else None, allow_pickle=False)
+        return np.load(io.BytesIO(read_bytes(p)), allow_pickle=False)
+    except NPY_ERRORS as e:
+        raise ValueError(f"{p}: not a readable .npy file ({type(e).__name__}: {e})") from None
 
 
 def save_npy(path: str | PathLike, array: np.ndarray) -> Path:
