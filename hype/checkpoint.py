@@ -8,6 +8,7 @@ with `torch.load(weights_only=True)`.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from os import PathLike
 from pathlib import Path
@@ -52,17 +53,31 @@ def read_checkpoint_metadata(path: str | PathLike) -> dict:
         )
     return {
         "format": meta["format"],
-        "model_config": json.loads(meta["model_config"]),
-        "extra": json.loads(meta.get("extra", "{}")),
+        "model_config": _json_object(path, meta, "model_config"),
+        "extra": _json_object(path, {"extra": "{}", **meta}, "extra"),
     }
 
 
 def load_checkpoint(path: str | PathLike, *, device: str | torch.device = "cpu") -> torch.nn.Module:
-    """Build the model from the stored config and load its weights (strict, bit-identical)."""
+    """Build the model from the stored config and load its weights (strict, bit-identical).
+
+    The model is first built on the meta device and its tensors' shapes checked against the file's
+    header, so memory is only allocated for a model whose every tensor the file holds."""
     from hype.models import create_model  # the model factory imports open_clip; keep this module light
 
     path = Path(path)
     meta = read_checkpoint_metadata(path)
+    try:
+        shapes = {
+            k: tuple(v.shape)
+            for k, v in create_model(meta["model_config"], device="meta").state_dict().items()
+        }
+    except (ValueError, TypeError, KeyError, AttributeError) as e:  # ConfigError and malformed values
+        raise CheckpointError(
+            f"{path}: the stored model config is not valid ({e}); the file is damaged"
+        ) from None
+    stored = {k: tuple(v["shape"]) for k, v in _read_header(path).items() if k != "__metadata__"}
+    _check_tensors(path, shapes, stored)
     model = create_model(meta["model_config"])
     try:
         missing, unexpected = load_model(model, str(path), strict=False, device=str(device))
@@ -76,20 +91,38 @@ def load_checkpoint(path: str | PathLike, *, device: str | torch.device = "cpu")
     return model.to(device).eval()
 
 
+def _check_tensors(path: Path, want: dict[str, tuple], stored: dict[str, tuple]) -> None:
+    missing = sorted(set(want) - set(stored))
+    unexpected = sorted(set(stored) - set(want))
+    shapes = sorted(k for k in set(want) & set(stored) if want[k] != stored[k])
+    if missing or unexpected or shapes:
+        wrong = [f"{k} {stored[k]} (config: {want[k]})" for k in shapes[:5]]
+        raise CheckpointError(
+            f"{path}: weights do not match the stored config (missing: {missing[:5]}, unexpected: "
+            f"{unexpected[:5]}, wrong shapes: {wrong}); the file is damaged or not a hype checkpoint"
+        )
+
+
+def _json_object(path: Path, meta: dict, key: str) -> dict:
+    try:
+        value = json.loads(meta[key])
+    except ValueError as e:
+        raise CheckpointError(
+            f"{path}: header entry {key!r} is not valid JSON ({e}); the file is damaged"
+        ) from None
+    if not isinstance(value, dict):
+        raise CheckpointError(
+            f"{path}: header entry {key!r} holds a {type(value).__name__}, not a JSON object; the file is "
+            "damaged"
+        )
+    return value
+
+
 def _read_header(path: Path) -> dict:
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint not found")
     size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        header = None
-        if len(head) == 8:
-            (n,) = struct.unpack("<Q", head)
-            if n <= size - 8:
-                try:
-                    header = json.loads(f.read(n))
-                except (UnicodeDecodeError, json.JSONDecodeError):
-                    header = None
+    header, head, n = _raw_header(path)
     if not isinstance(header, dict):
         # Only now sniff for pickles: a valid header length may itself start with these bytes.
         if head[:2] == b"PK" or head[:1] == b"\x80":
@@ -100,11 +133,73 @@ def _read_header(path: Path) -> dict:
         if len(head) < 8:
             raise CheckpointError(f"{path}: truncated ({size} bytes); not a safetensors checkpoint")
         raise CheckpointError(f"{path}: not a safetensors file (unreadable or truncated header)")
-    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    ends = [_entry_end(path, k, v) for k, v in header.items()]
     expected = 8 + n + max(ends, default=0)
     if size < expected:
         raise CheckpointError(f"{path}: truncated: {size} bytes on disk, {expected} expected; re-copy it")
     return header
+
+
+def _raw_header(path: Path) -> tuple[object, bytes, int]:
+    """(the parsed JSON header or None, the first 8 bytes, the header length), nothing validated."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return None, head, 0
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            return None, head, n
+        try:
+            return json.loads(f.read(n)), head, n
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            return None, head, n
+
+
+def is_hype_checkpoint(path: str | PathLike) -> bool:
+    """True for a file whose header says it is hype's format, damaged or not (loading it then names
+    the damage), False for any other file."""
+    p = Path(path)
+    try:
+        header = _raw_header(p)[0] if p.is_file() else None
+    except OSError:
+        return False
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    return isinstance(meta, dict) and meta.get("format") == FORMAT
+
+
+# safetensors' dtype names and their sizes in bytes.
+_DTYPE_BYTES = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
+    "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
+}  # fmt: skip
+
+
+def _entry_end(path: Path, key: str, entry: object) -> int:
+    """Where the header entry `key`'s data ends; any malformed entry is a `CheckpointError`."""
+    if key == "__metadata__":
+        if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+            raise CheckpointError(f"{path}: damaged header: __metadata__ is not a map of strings")
+        return 0
+    problem = None
+    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
+        problem = "is not a {dtype, shape, data_offsets} entry"
+    elif entry["dtype"] not in _DTYPE_BYTES:
+        problem = f"has an unknown dtype {entry['dtype']!r}"
+    elif not _ints(entry["shape"]) or not _ints(entry["data_offsets"]) or len(entry["data_offsets"]) != 2:
+        problem = "has a shape or data_offsets that are not non-negative integers"
+    else:
+        start, end = entry["data_offsets"]
+        numel = math.prod(entry["shape"])
+        if end - start != numel * _DTYPE_BYTES[entry["dtype"]]:
+            problem = f"spans bytes {start}..{end}, which does not hold {numel} elements of {entry['dtype']}"
+    if problem:
+        raise CheckpointError(f"{path}: damaged header: tensor {key!r} {problem}; the file is corrupt")
+    return entry["data_offsets"][1]
+
+
+def _ints(value: object) -> bool:
+    return isinstance(value, list) and all(type(v) is int and v >= 0 for v in value)
 
 
 def load_model_file(

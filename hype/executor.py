@@ -123,7 +123,7 @@ def start_stage(stage: object, cpus: float | None, storage_options: Mapping[str,
         storage.configure(storage_options)
     try:
         _hook(stage, "prepare_process")(cpus)
-        stage.setup()
+        _hook(stage, "setup")()  # a stage need not subclass Stage
     except Exception as e:  # noqa: BLE001 - every task would fail the same way
         name = getattr(stage, "name", type(stage).__name__)
         raise StageSetupError(f"{name} setup failed: {type(e).__name__}: {e}") from e

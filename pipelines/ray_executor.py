@@ -11,9 +11,11 @@ else this executor's settings; the environment the actor process starts with) an
 through the stage's `prepare_process(cpus)`; a stage that declares other resources gets a fresh pool.
 
 Failures: a shard whose actor dies (killed, out of memory, node lost) is given to a fresh actor; a shard
-whose run raises is retried on the same actor. The retry policy (at most `retries` extra attempts, then
-the shard is reported as failed, never dropped silently; an error in `setup()` is fatal: it would fail on
-every actor), skipping finished shards and the stats are `hype.executor.Executor`'s.
+whose run raises is retried on the same actor; a shard still running after `task_timeout` seconds (a hung
+worker, a node that stopped answering) gets its actor killed and is given to a fresh one. The retry
+policy (at most `retries` extra attempts, then the shard is reported as failed, never dropped silently; an
+error in `setup()` is fatal: it would fail on every actor), skipping finished shards and the stats are
+`hype.executor.Executor`'s.
 
 Requirements: the pool and the run directory on a filesystem every node sees at the same path, and
 `hype` installed on every node (e.g. the project's Docker image). `ray_address` joins a running cluster
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 import uuid
 from typing import Any
 
@@ -99,8 +102,10 @@ class RayExecutor(Executor):
         gpus_per_worker: float = 1.0,
         device: str = "auto",
         retries: int = 2,
+        task_timeout: float = 0.0,
     ):
         super().__init__(retries)
+        self.task_timeout = task_timeout  # seconds per attempt at a task; 0: no limit
         import ray
 
         self.ray = ray
@@ -143,6 +148,7 @@ class RayExecutor(Executor):
             gpus_per_worker=e.gpus_per_worker,
             device=cfg.device,
             retries=e.retries,
+            task_timeout=e.task_timeout,
         )
 
     def worker_device(self, device: str) -> str:
@@ -185,6 +191,17 @@ class RayExecutor(Executor):
         )(_Worker)
         return cls.remote(cpus)
 
+    def _wait_s(self, inflight: dict) -> float | None:
+        """How long to wait for a result before the oldest task in flight runs out of time."""
+        if not self.task_timeout:
+            return None
+        oldest = min(started for _, _, started in inflight.values())
+        return max(0.0, oldest + self.task_timeout - time.monotonic())
+
+    def _expired(self, inflight: dict) -> list:
+        now = time.monotonic()
+        return [ref for ref, (_, _, started) in inflight.items() if now - started >= self.task_timeout]
+
     def _execute(self, stage, tally: Tally) -> None:
         ray = self.ray
         spec = self._spec_of(stage)
@@ -200,23 +217,33 @@ class RayExecutor(Executor):
         idle = list(self._workers[:want])
         for worker in idle:
             worker.install.remote(key, stage_ref, options)  # actor calls run in submission order
-        inflight: dict[Any, tuple[Any, Job]] = {}
+        inflight: dict[Any, tuple[Any, Job, float]] = {}  # ref -> (worker, job, when it was submitted)
+
+        def replace(worker) -> None:
+            ray.kill(worker, no_restart=True)
+            fresh = self._new_worker()
+            self._workers[self._workers.index(worker)] = fresh
+            fresh.install.remote(key, stage_ref, options)
+            idle.append(fresh)
+
         try:
             while tally or inflight:
                 while tally and idle:
                     worker, job = idle.pop(), tally.next()
-                    inflight[worker.run.remote(key, job.task)] = (worker, job)
-                ready, _ = ray.wait(list(inflight), num_returns=1)
-                worker, job = inflight.pop(ready[0])
+                    inflight[worker.run.remote(key, job.task)] = (worker, job, time.monotonic())
+                ready, _ = ray.wait(list(inflight), num_returns=1, timeout=self._wait_s(inflight))
+                if not ready:  # the oldest task ran out of time: its worker is hung or unreachable
+                    for ref in self._expired(inflight):
+                        worker, job, _ = inflight.pop(ref)
+                        replace(worker)
+                        tally.failed(job, f"timed out after {self.task_timeout:g} s (worker killed)")
+                    continue
+                worker, job, _ = inflight.pop(ready[0])
                 try:
                     stats = ray.get(ready[0])
                 except ray.exceptions.RayActorError as e:
                     # The worker died while holding this shard: replace it, give the shard again.
-                    ray.kill(worker, no_restart=True)
-                    fresh = self._new_worker()
-                    self._workers[self._workers.index(worker)] = fresh
-                    fresh.install.remote(key, stage_ref, options)
-                    idle.append(fresh)
+                    replace(worker)
                     tally.failed(job, f"worker died ({type(e).__name__})")
                     continue
                 except ray.exceptions.RayTaskError as e:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import struct
 
 import pytest
 import torch
@@ -109,3 +111,77 @@ def test_weights_of_another_architecture_are_rejected(tmp_path, model):
     )
     with pytest.raises(CheckpointError, match="do not match"):
         load_checkpoint(tmp_path / "mismatch.safetensors")
+
+
+# --- malformed files: every one is the command's clear error naming the file --------------------------
+
+
+def _safetensors(header: dict, data: bytes = b"") -> bytes:
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + data
+
+
+_HYPE = {"format": "hype-checkpoint/1", "model_config": json.dumps({"name": "x"}), "extra": "{}"}
+_F32 = {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}
+MALFORMED = {
+    "metadata a string": _safetensors({"__metadata__": "x"}),
+    "metadata values not strings": _safetensors({"__metadata__": {"format": 5}}),
+    "tensor entry 5": _safetensors({"__metadata__": _HYPE, "t": 5}, b"\0" * 4),
+    "tensor entry {}": _safetensors({"__metadata__": _HYPE, "t": {}}, b"\0" * 4),
+    "string offsets": _safetensors(
+        {"__metadata__": _HYPE, "t": {**_F32, "data_offsets": ["0", "4"]}}, b"\0" * 4
+    ),
+    "negative shape": _safetensors({"__metadata__": _HYPE, "t": {**_F32, "shape": [-1]}}, b"\0" * 4),
+    "offsets too short": _safetensors({"__metadata__": _HYPE, "t": {**_F32, "shape": [1000]}}, b"\0" * 4),
+    "unknown dtype": _safetensors({"__metadata__": _HYPE, "t": {**_F32, "dtype": "X9"}}, b"\0" * 4),
+    "model_config a list": _safetensors({"__metadata__": {**_HYPE, "model_config": "[1,2]"}}),
+    "model_config not JSON": _safetensors({"__metadata__": {**_HYPE, "model_config": "{"}}),
+    "model_config invalid": _safetensors({"__metadata__": {**_HYPE, "model_config": '{"geometry": "x"}'}}),
+    "model_config bad types": _safetensors({"__metadata__": {**_HYPE, "model_config": '{"vision": 5}'}}),
+    "extra not JSON": _safetensors({"__metadata__": {**_HYPE, "extra": "x"}}),
+    "header a list": _safetensors([1, 2]),  # type: ignore[arg-type]
+    "deeply nested header": struct.pack("<Q", 20000) + b"[" * 20000,
+    "5 bytes": b"\x01\x02\x03\x04\x05",
+    "empty": b"",
+}
+
+
+@pytest.mark.parametrize("name", list(MALFORMED))
+def test_a_malformed_checkpoint_is_a_clear_error_naming_the_file(tmp_path, name):
+    from click.testing import CliRunner
+
+    from hype.checkpoint import load_model_file
+    from hype.cli import main
+    from hype.io.weights import ModelFileError
+
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(MALFORMED[name])
+    with pytest.raises(CheckpointError, match=r"bad\.safetensors: "):
+        load_checkpoint(path)
+    # load_model_file also reads any open_clip file: either reader's error names the file.
+    with pytest.raises((CheckpointError, ModelFileError), match=r"bad\.safetensors: "):
+        load_model_file(path)
+    result = CliRunner().invoke(main, ["export", str(path), str(tmp_path / "out")])
+    assert result.exit_code == 1 and "Error: " in result.output and str(path) in result.output, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+
+
+def test_a_small_header_cannot_make_the_loader_allocate_a_huge_model(tmp_path, model):
+    """A 1 KB header whose config asks for a width-8192, 24-layer ViT (tens of GB) is refused after a
+    meta-device build, before any of that memory is allocated (`hype export` loads through here)."""
+    from memory_support import run_bounded
+
+    path = save_checkpoint(tmp_path / "m.safetensors", model)
+    meta = read_checkpoint_metadata(path)
+    cfg = meta["model_config"]
+    cfg["vision"].update(width=8192, layers=24, head_width=64)
+    header = {"__metadata__": {"format": meta["format"], "model_config": json.dumps(cfg), "extra": "{}"}}
+    small = tmp_path / "small.safetensors"
+    small.write_bytes(
+        _safetensors({**header, "t": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4)
+    )
+    assert small.stat().st_size < 2048
+    setup = "import hype.models, open_clip\nfrom hype.convert.open_clip import export_open_clip"
+    result = run_bounded(setup, f"export_open_clip({str(small)!r}, {str(tmp_path / 'out')!r})")
+    assert result["error"].startswith("CheckpointError: ") and str(small) in result["error"], result
+    assert result["growth_mb"] < 200, result

@@ -426,15 +426,23 @@ def test_meru_accepts_api_dict_config_fp16_and_ddp_prefix(tmp_path):
         )
 
 
-def test_meru_scalars_outside_bounds_are_reported(tmp_path, meru_yaml):
+def test_meru_scalars_outside_bounds_are_kept_and_reported(tmp_path, meru_yaml):
+    """MERU clamps its scalars only in `forward` (training); its encoders use the stored values. The
+    converted model does too: its config's bounds are widened to hold them, and the report says so."""
     sd = tiny_meru_state_dict()
     sd["curv"] = torch.tensor(0.05).log()  # below MERU's lower clamp 0.1
-    report = convert_meru(
-        _save(tmp_path / "m.pt", {"model": sd}), tmp_path / "m.safetensors", model_config=meru_yaml
-    )
+    out = tmp_path / "m.safetensors"
+    report = convert_meru(_save(tmp_path / "m.pt", {"model": sd}), out, model_config=meru_yaml)
     assert report.stored_scalars["curvature"] == pytest.approx(0.05, rel=1e-6)
-    assert report.scalars["curvature"] == pytest.approx(0.1, rel=1e-6)
-    assert any("curvature" in n and "outside" in n for n in report.notes)
+    assert report.scalars["curvature"] == pytest.approx(0.05, rel=1e-6)
+    assert any("curvature" in n and "outside" in n and "curv_min" in n for n in report.notes)
+    model = load_checkpoint(out).double()
+    assert model.config.scalars.curv_min == pytest.approx(0.05, rel=1e-6)
+    tokens = random_tokens(TINY_MERU)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model.encode_text(tokens), ref_meru_text(sd, tokens, TINY_MERU), rtol=1e-9, atol=1e-12
+        )
 
 
 # --- HYPE release -------------------------------------------------------------------------------
@@ -463,6 +471,76 @@ def test_hype_release_matches_reference_forward(tmp_path, hype_yaml):
             model.encode_image(images.float()).double(), want_img, rtol=1e-4, atol=1e-5
         )
         torch.testing.assert_close(model.encode_text(tokens).double(), want_txt, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("curv", [12.0, 0.05])
+def test_hype_release_scalars_outside_the_bounds_are_used_as_stored(tmp_path, hype_yaml, curv):
+    """The release's inference uses its stored curvature, α and logit scale as they are (it clamps only
+    while training): a converted release with values outside hype's bounds (curvature [0.1, 10], α <= 1,
+    logit scale <= 100) embeds exactly as the release's formulas do with the stored values."""
+    sd = tiny_hype_state_dict()
+    stored = {"curvature": curv, "alpha_img": 1.05, "alpha_txt": 1.1, "logit_scale": 150.0}
+    sd.update({k: torch.tensor(v).log() for k, v in stored.items()})
+    # Smaller projections keep sqrt(c)·|α·f| far below the exponential map's overflow guard.
+    sd["visual.proj"], sd["text_projection"] = sd["visual.proj"] * 0.05, sd["text_projection"] * 0.05
+    out = tmp_path / "h.safetensors"
+    report = convert_hype_release(_save(tmp_path / "ckpt.pt", sd), out, model_config=hype_yaml)
+    assert report.scalars == pytest.approx(stored, rel=1e-6)
+    assert report.stored_scalars == pytest.approx(stored, rel=1e-6)
+    assert len([n for n in report.notes if "outside" in n]) == 4, report.notes
+    model = load_checkpoint(out)
+    assert model.logit_scale.item() == pytest.approx(150.0, rel=1e-6)
+    gen = torch.Generator().manual_seed(5)
+    images = torch.randn(3, 3, TINY_HYPE["image"], TINY_HYPE["image"], generator=gen, dtype=F64)
+    tokens = random_tokens(TINY_HYPE)
+    want_img, want_txt = ref_hype_image(sd, images, TINY_HYPE), ref_hype_text(sd, tokens, TINY_HYPE)
+    with torch.no_grad():
+        m64 = load_checkpoint(out).double()
+        torch.testing.assert_close(m64.encode_image(images), want_img, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(m64.encode_text(tokens), want_txt, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(
+            model.encode_image(images.float()).double(), want_img, rtol=1e-4, atol=1e-5
+        )
+
+
+def test_hype_release_preprocesses_by_squashing_as_the_release_does(tmp_path, hype_yaml):
+    """The release's `model_init` builds torchvision's `Resize((224, 224), BICUBIC)` + `CenterCrop((224,
+    224))` (its image_size is a tuple): a non-square photo is squashed, not center-cropped. Every
+    preprocessing path hype has (the model's
+    transform, the scorer's and eval's `Preprocess`, the open_clip export) does the same."""
+    import numpy as np
+    from PIL import Image
+    from torchvision import transforms as T
+
+    from hype.convert.open_clip import export_open_clip
+    from hype.data.imageprep import Preprocess
+
+    out = tmp_path / "h.safetensors"
+    convert_hype_release(_save(tmp_path / "ckpt.pt", tiny_hype_state_dict()), out, model_config=hype_yaml)
+    model = load_checkpoint(out)
+    size = TINY_HYPE["image"]
+    gen = np.random.default_rng(0)
+    photo = Image.fromarray(gen.integers(0, 256, (38, 50, 3), dtype=np.uint8))  # 50 x 38, landscape
+    bicubic = T.InterpolationMode.BICUBIC
+    release = T.Compose(
+        [
+            T.Resize((size, size), interpolation=bicubic),
+            T.CenterCrop((size, size)),
+            T.ToTensor(),
+            T.Normalize(OPENAI_MEAN, OPENAI_STD),
+        ]
+    )
+    want = release(photo)
+    assert torch.equal(model.preprocess(train=False)(photo), want)
+    prep = Preprocess.of(model)
+    torch.testing.assert_close(prep.batch([prep.pixels(photo)], "cpu")[0], want, rtol=0, atol=1e-6)
+    cropped = T.Compose(
+        [T.Resize(size, bicubic), T.CenterCrop(size), T.ToTensor(), T.Normalize(OPENAI_MEAN, OPENAI_STD)]
+    )
+    assert (cropped(photo) - want).abs().max() > 0.1  # the two geometries really differ on this photo
+    export_open_clip(out, tmp_path / "exported")
+    pre = json.loads((tmp_path / "exported" / "open_clip_config.json").read_text())["preprocess_cfg"]
+    assert (pre["resize_mode"], pre["interpolation"]) == ("squash", "bicubic")
 
 
 def test_hype_release_ln_eps_matters(tmp_path):
@@ -772,3 +850,51 @@ def test_a_hype_checkpoint_is_recognized(tmp_path, meru_yaml):
     for convert in (convert_meru, convert_hype_release):
         with pytest.raises(ConversionError, match="already a hype checkpoint.*load_checkpoint"):
             convert(out, tmp_path / "again.safetensors")
+
+
+def test_torch_load_is_refused_on_a_torch_with_the_weights_only_bypass(tmp_path, monkeypatch, meru_yaml):
+    """torch.load(weights_only=True) could run code before torch 2.6 (CVE-2025-32434): on such a torch a
+    .pt file is refused before torch.load sees it, with the upgrade to make; safetensors still load."""
+    ckpt = _save(tmp_path / "m.pt", {"model": tiny_meru_state_dict()})
+    monkeypatch.setattr(torch, "__version__", "2.5.1+cpu")
+    with pytest.raises(ConversionError, match=r"m\.pt: .*torch 2\.5\.1\+cpu.*CVE-2025-32434.*torch>=2\.6"):
+        convert_meru(ckpt, tmp_path / "o.safetensors", model_config=meru_yaml)
+    assert not (tmp_path / "o.safetensors").exists()
+    monkeypatch.setattr(torch, "__version__", "2.6.0")
+    convert_meru(ckpt, tmp_path / "o.safetensors", model_config=meru_yaml)
+
+
+def _zip_with(members: dict[str, bytes]) -> bytes:
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+MALFORMED_SOURCES = {
+    "5 bytes": b"abcde",
+    "empty": b"",
+    "pickle cut short": b"\x80\x02}q\x00(X\x01\x00\x00\x00a",
+    "zip of garbage": _zip_with({"a/data.pkl": b"garbage", "a/version": b"3"}),
+    "torchscript of garbage": _zip_with(
+        {"a/data.pkl": b"\x80\x02garbage", "a/constants.pkl": b"", "a/code/x.py": b""}
+    ),
+    "safetensors header cut": b"\x40\x00\x00\x00\x00\x00\x00\x00{",
+    "safetensors bad entry": b"\x0c\x00\x00\x00\x00\x00\x00\x00" + b'{"t": 5}    ',
+}
+
+
+@pytest.mark.parametrize("name", list(MALFORMED_SOURCES))
+@pytest.mark.parametrize("command", ["meru", "hype-release", "open-clip"])
+def test_a_malformed_source_is_the_commands_clear_error(tmp_path, name, command):
+    src = tmp_path / "bad.pt"
+    src.write_bytes(MALFORMED_SOURCES[name])
+    result = CliRunner().invoke(
+        main, ["convert", command, str(src), "--out", str(tmp_path / "o.safetensors")]
+    )
+    assert result.exit_code == 1 and f"Error: {src}: " in result.output, (result.output, result.exception)
+    assert not (tmp_path / "o.safetensors").exists()

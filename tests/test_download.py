@@ -3,7 +3,9 @@ with broken urls (404, slow, not an image), resuming, and refusal of private-net
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import tarfile
 import threading
 import time
@@ -20,7 +22,7 @@ from click.testing import CliRunner
 from hype.cli import main
 from hype.download import DownloadError, download, load_download_config
 from hype.download.metadata import plan_metadata
-from hype.download.network import REFUSED, NetworkPolicy, address_kind, guarded_opener
+from hype.download.network import REFUSED, SCHEME_REFUSED, NetworkPolicy, address_kind, guarded_opener
 from hype.synth import make_world
 from hype.synth.serve import QuietHandler, serve_directory
 
@@ -146,6 +148,7 @@ def test_download_pool_with_broken_urls(first_run):
     assert samples["refused_private_network"] == 0
     assert summary["input"]["duplicate_uids"] == 1
     assert summary["input"]["duplicate_examples"] == [a["uid"][0].as_py()]
+    assert summary["input"]["malformed_uids"] == 0
     # --retries 1: every failing url was asked for twice
     for row in b.to_pylist()[:4]:
         assert requests.count(urlsplit(row["url"]).path) == 2
@@ -253,6 +256,22 @@ def test_refuses_loopback_pool_without_the_flag(world, server, tmp_path):
         ("0.0.0.0", "unspecified"),
         ("224.0.0.1", "multicast"),
         ("100.64.0.1", "non-global"),
+        ("192.0.0.8", "non-global"),  # IETF protocol assignments; Python 3.11 calls it global
+        ("198.18.0.1", "non-global"),
+        ("fec0::1", "site-local"),  # Python 3.11 calls it global
+        ("::127.0.0.1", "reserved"),  # IPv4-compatible (deprecated)
+        # IPv6 forms that lead to an IPv4 address are judged by that address
+        ("2002:7f00:1::1", "loopback"),  # 6to4 of 127.0.0.1
+        ("2002:a9fe:a9fe::1", "link-local"),  # 6to4 of 169.254.169.254
+        ("2002:808:808::1", None),  # 6to4 of 8.8.8.8
+        ("64:ff9b::808:808", None),  # NAT64 of 8.8.8.8
+        ("64:ff9b::7f00:1", "loopback"),  # NAT64 of 127.0.0.1
+        ("64:ff9b::a00:1", "private"),
+        ("64:ff9b:1::808:808", "private"),  # local-use NAT64
+        ("2001:0:4136:e378:8000:63bf:f7f7:f7f7", None),  # Teredo: server 65.54.227.120, client 8.8.8.8
+        ("2001:0:4136:e378:8000:63bf:80ff:fffe", "loopback"),  # Teredo, client 127.0.0.1
+        ("2001:0:a00:1:8000:63bf:f7f7:f7f7", "private"),  # Teredo, server 10.0.0.1
+        ("2001:db8::1", "non-global"),
         ("8.8.8.8", None),
         ("2001:4860:4860::8888", None),
     ],
@@ -272,7 +291,12 @@ def test_policy_allow_lists():
     assert NetworkPolicy().host_refusal("LOCALHOST.") == "loopback"
     assert NetworkPolicy().host_refusal("[::1]") == "loopback"
     assert NetworkPolicy().host_refusal("example.com") is None
-    assert NetworkPolicy().scheme_refusal("file") == "file: url"
+    assert allowed.refusal("2002:a02:304::1") is None and allowed.refusal("64:ff9b::a03:1") == "private"
+    # schemes other than http(s) are refused whatever the policy allows
+    for policy in (NetworkPolicy(), NetworkPolicy(allow_private=True)):
+        assert [policy.scheme_refusal(s) for s in ("file", "FTP", "data", "gopher", "http", "HTTPS")] == [
+            "file: url", "FTP: url", "data: url", "gopher: url", None, None
+        ]  # fmt: skip
 
 
 def test_guarded_opener_checks_every_connection(server, tmp_path):
@@ -284,8 +308,10 @@ def test_guarded_opener_checks_every_connection(server, tmp_path):
     for url in (f"{base_url}/x", f"http://localhost:{port}/x", f"http://[::ffff:127.0.0.1]:{port}/x"):
         with pytest.raises(urllib.error.URLError, match=REFUSED):
             refuse_all.open(url, timeout=5)
-    with pytest.raises(urllib.error.URLError, match=REFUSED):
-        refuse_all.open(Path("/etc/hostname").as_uri(), timeout=5)
+    for opener in (refuse_all, guarded_opener(NetworkPolicy(allow_private=True))):
+        for url in (Path("/etc/hostname").as_uri(), "data:,secret", "ftp://127.0.0.1/x", "gopher://x/"):
+            with pytest.raises(urllib.error.URLError, match=SCHEME_REFUSED):
+                opener.open(url, timeout=5)
     assert handler.requests == []
 
     local_only = guarded_opener(NetworkPolicy(allowed_networks=("127.0.0.1/32",)))
@@ -505,3 +531,151 @@ def test_a_missing_bucket_is_named(world, tmp_path, s3):
     args = ["download", "--metadata", str(src), "--out", "s3://no-such-bucket-hype/out", *FAST]
     res = CliRunner().invoke(main, [*args, "--allow-private-network"])
     assert res.exit_code == 1 and "s3://no-such-bucket-hype/out: the bucket does not exist" in res.output
+
+
+def test_metadata_uids_are_read_as_scoring_reads_them(tmp_path):
+    """Duplicates are counted on canonical uids (`normalize_uid`: case and surrounding whitespace do not
+    make another uid); rows without a uid are counted apart, with examples."""
+    b = "b" * 32
+    uids = [b, "B" * 32, f" {b}\n", f"{1:032x}", "0x" + b[2:], None, "12ab"]
+    _write(
+        tmp_path / "m" / "a.parquet",
+        uid=uids,
+        url=[f"https://example.com/{i}" for i in range(7)],
+        text=["t"] * 7,
+    )
+    plan = plan_metadata(tmp_path / "m", 10, None, NetworkPolicy())
+    assert plan.duplicate_uids == 2 and plan.duplicate_examples == [b]
+    assert plan.malformed_uids == 3 and plan.malformed_examples == [repr("0x" + b[2:]), "None", "'12ab'"]
+
+
+def test_a_shard_is_on_disk_before_its_marker_says_done(world, server, tmp_path, monkeypatch):
+    """img2dataset writes a shard's tar and parquet, then its `_stats.json` (what counts a shard as done,
+    for hype and for img2dataset's resume), and syncs none of them. Through the real img2dataset run with
+    hype's worker (placed in this process so that os.fsync can be watched): the tar and parquet are synced
+    before the marker exists, the marker after, then the folder holding all three."""
+    import sys
+
+    monkeypatch.setenv("NO_ALBUMENTATIONS_UPDATE", "1")  # no question to PyPI when img2dataset is imported
+    import img2dataset.main  # noqa: F401 - the module whose distributor is replaced below
+
+    out = tmp_path / "out"
+    events: list[tuple[str, bool]] = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        name = Path(os.readlink(f"/proc/self/fd/{fd}")).name
+        events.append((name, (out / "00000000_stats.json").exists()))
+        return real_fsync(fd)
+
+    def in_this_process(processes_count, downloader, reader, _, max_shard_retry):
+        for row in reader:
+            assert downloader(row)[0]
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(sys.modules["img2dataset.main"], "multiprocessing_distributor", in_this_process)
+    (src,) = sorted((world / "pool" / "metadata").glob("*.parquet"))
+    (tmp_path / "meta").mkdir()
+    rows = pq.read_table(src, columns=["uid", "url", "text"]).slice(0, 3)
+    pq.write_table(rows, tmp_path / "meta" / "m.parquet")
+    cfg = load_download_config(None, ["allowed_networks=127.0.0.1/32", "progress=false"])
+    summary = download(tmp_path / "meta", out, config=cfg)
+    assert summary["samples"]["successes"] == 3
+    shard = [e for e in events if e[0].startswith("00000000") or e[0] == "out"]
+    assert shard[:2] in ([("00000000.parquet", False), ("00000000.tar", False)],
+                         [("00000000.tar", False), ("00000000.parquet", False)])  # fmt: skip
+    assert shard[2:] == [("out", False), ("00000000_stats.json", True), ("out", True)]
+
+
+def test_local_files_are_refused_even_with_allow_private_network(world, server, tmp_path):
+    """--allow-private-network opens private addresses, never other schemes: a `file://` url of an image on
+    this machine (read by urllib if asked), directly or behind a redirect, ends up in no shard."""
+    _, base_url, _ = server
+    (src,) = sorted((world / "pool" / "metadata").glob("*.parquet"))
+    good = pq.read_table(src, columns=["uid", "url", "text"]).slice(0, 3).to_pylist()
+    image = next((world / "pool" / "images").glob("*.jpg")).as_uri()
+    secret = [
+        {"uid": f"{0xF0:032x}", "url": image, "text": "a local file"},
+        {"uid": f"{0xF1:032x}", "url": f"{base_url}/redirect?to={image}", "text": "redirected there"},
+    ]
+    (tmp_path / "meta").mkdir()
+    pq.write_table(pa.Table.from_pylist([*good, *secret]), tmp_path / "meta" / "m.parquet")
+    args = ["download", "--metadata", str(tmp_path / "meta"), "--out", str(tmp_path / "out")]
+    res = CliRunner().invoke(main, [*args, "--allow-private-network", *FAST, "--timeout", "5", "--json"])
+    summary = json.loads(res.output)
+    assert summary["samples"]["successes"] == 3 and summary["samples"]["refused_scheme"] == 1
+    assert summary["input"]["refused_by_host"] == {"file: url": 1}
+    uids = {json.loads(s["json"])["uid"] for s in _members(tmp_path / "out" / "00000000.tar").values()}
+    assert uids == {r["uid"] for r in good}
+    # the redirect: urllib refuses a redirect to file: itself ("redirection ... not allowed")
+    assert any("redirect" in r.lower() for r in summary["samples"]["failures_by_reason"])
+
+
+def test_a_download_stops_when_img2dataset_fetches_around_the_guard(tmp_path, monkeypatch):
+    """The guard works only if img2dataset fetches with urllib's installed opener: a version that opened
+    urls another way (here: its own opener) is detected before anything is fetched, and refused."""
+    monkeypatch.setenv("NO_ALBUMENTATIONS_UPDATE", "1")
+    monkeypatch.setattr(urllib.request, "_opener", urllib.request._opener)  # this process's, restored after
+    from img2dataset import downloader
+
+    real = downloader.download_image
+
+    def around_the_guard(row, timeout, *args):
+        key, url = row
+        try:
+            return key, io.BytesIO(urllib.request.build_opener().open(url, timeout=timeout).read()), None
+        except Exception as e:  # noqa: BLE001 - as img2dataset reports errors
+            return key, None, str(e)
+
+    n = 3
+    _write(tmp_path / "m" / "a.parquet", uid=[f"{i:032x}" for i in range(n)],
+           url=[f"https://example.com/{i}.jpg" for i in range(n)], text=["t"] * n)  # fmt: skip
+    monkeypatch.setattr(downloader, "download_image", around_the_guard)
+    with pytest.raises(DownloadError, match="img2dataset does not fetch through hype's network guard"):
+        download(tmp_path / "m", tmp_path / "out", config=load_download_config(None, ["progress=false"]))
+    assert not (tmp_path / "out" / "00000000.tar").exists()
+    monkeypatch.setattr(downloader, "download_image", real)
+    from hype.download.network import install_guard
+    from hype.download.worker import verify_guard
+
+    verify_guard(install_guard(NetworkPolicy(allow_private=True)))  # the real one passes, in both modes
+    verify_guard(install_guard(NetworkPolicy()))
+
+
+@pytest.mark.slow
+def test_ray_workers_on_a_cluster_write_to_the_bucket_with_the_storage_options(
+    world, server, tmp_path, s3, ray_cluster
+):
+    """`--distributor ray` on a running cluster whose nodes were started without any credentials: the
+    workers get the bucket's endpoint and keys from hype (with the task), not from their environment."""
+    from hype.io import read_bytes, storage
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "FSSPEC_S3"):
+        assert name not in os.environ  # nothing a worker could have inherited
+    (src,) = sorted((world / "pool" / "metadata").glob("*.parquet"))
+    (tmp_path / "meta").mkdir()
+    pq.write_table(
+        pq.read_table(src, columns=["uid", "url", "text"]).slice(0, 10), tmp_path / "meta" / "m.parquet"
+    )
+    out = f"s3://{s3.bucket()}/ray-out"
+    args = ["--storage-options", json.dumps(s3.options), "download", "--metadata", str(tmp_path / "meta")]
+    args += ["--out", out, "--distributor", "ray", "--ray-address", ray_cluster, "--allow-private-network"]
+    res = CliRunner().invoke(main, [*args, "--samples-per-shard", "5", "--no-progress", "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output)
+    assert summary["shards"]["done"] == 2 and summary["samples"]["successes"] == 10
+    for shard in ("00000000", "00000001"):
+        assert json.loads(read_bytes(f"{out}/{shard}_stats.json"))["successes"] == 5
+        assert storage.exists(f"{out}/{shard}.tar")
+    assert s3.options["secret"] not in res.output
+
+
+def test_rows_without_a_valid_uid_are_reported(first_run):
+    """The plan's count of rows whose uid scoring would skip reaches the summary and its text."""
+    from hype.download.run import format_summary
+
+    summary = json.loads(json.dumps(first_run[2]))
+    summary["input"] |= {"malformed_uids": 2, "malformed_examples": ["'0x12'", "None"]}
+    text = format_summary(summary)
+    assert "rows without a 32-hex uid: 2 (e.g. '0x12', None)" in text
+    assert "without a 32-hex uid" not in format_summary(first_run[2])

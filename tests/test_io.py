@@ -7,6 +7,7 @@ import io
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tarfile
@@ -106,12 +107,14 @@ def test_an_error_inside_the_write_keeps_the_old_file_and_removes_the_temporary(
     assert json.loads(target.read_text()) == {"v": 1} and _temps(target.parent) == []
 
 
-def test_writes_are_fsynced_before_the_rename(tmp_path, monkeypatch):
-    events: list[str] = []
+def _record_syncs(monkeypatch, events: list[str]) -> None:
+    """Wrap os.fsync and os.replace to record, in order, what was synced (`fsync file NAME`, `fsync dir
+    NAME`) and renamed (`replace NAME`)."""
     real_fsync, real_replace = os.fsync, os.replace
 
     def fsync(fd):
-        events.append("fsync")
+        kind = "dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"
+        events.append(f"fsync {kind} {Path(os.readlink(f'/proc/self/fd/{fd}')).name}")
         return real_fsync(fd)
 
     def replace(src, dst):
@@ -120,10 +123,35 @@ def test_writes_are_fsynced_before_the_rename(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
+
+
+def test_writes_are_fsynced_before_the_rename_and_their_folder_after(tmp_path, monkeypatch):
+    """A power cut after a write returned keeps the file: its bytes are on disk before the rename, and the
+    rename itself (the folder's entry) after it."""
+    events: list[str] = []
+    _record_syncs(monkeypatch, events)
     hio.write_bytes(tmp_path / "a", b"a")
     with hio.atomic_path(tmp_path / "b") as tmp:
         tmp.write_bytes(b"b")
-    assert events == ["fsync", "replace a", "fsync", "replace b"]
+    folder = tmp_path.name
+    assert [e.split(".a.tmp-")[0].split(".b.tmp-")[0] for e in events] == [
+        "fsync file ", "replace a", f"fsync dir {folder}", "fsync file ", "replace b", f"fsync dir {folder}"
+    ]  # fmt: skip
+
+
+def test_folders_created_for_a_write_are_synced_into_their_parents(tmp_path, monkeypatch):
+    events: list[str] = []
+    _record_syncs(monkeypatch, events)
+    hio.write_bytes(tmp_path / "new" / "deeper" / "a", b"a")
+    assert (tmp_path / "new" / "deeper" / "a").read_bytes() == b"a"
+    dirs = [e for e in events if e.startswith("fsync dir")]
+    # each new folder's entry, then the file's
+    assert dirs == [f"fsync dir {tmp_path.name}", "fsync dir new", "fsync dir deeper"]
+    events.clear()
+    src = tmp_path / "tree.tmp"
+    src.mkdir()
+    hio.replace_tree(src, tmp_path / "tree")
+    assert events == [f"fsync dir {tmp_path.name}"]
 
 
 def test_files_get_the_default_mode_even_when_a_library_creates_them_0600(tmp_path):
@@ -442,3 +470,45 @@ def test_pickled_numpy_arrays_are_read_without_running_pickled_code(tmp_path):
     np.save(tmp_path / "plain.npy", a)
     with pytest.raises(hio.PickledArrayError, match="not a PyTorch"):
         hio.read_pickled_array(tmp_path / "plain.npy")
+
+
+def _npy_with_header(path, header: bytes):
+    """An `.npy` whose header dict is `header` (padded as numpy pads it), followed by 12 zero bytes."""
+    import struct
+
+    h = header + b" " * (63 - len(header) % 64) + b"\n"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h + b"\0" * 12)
+    return path
+
+
+BAD_NPY_HEADERS = {
+    "unterminated": b"{'descr': '<f4', 'fortran_order': False, 'shape': (3,",
+    "unterminated-string": b"{'descr': '<f4",
+    "not-a-dict": b"[1,2]",
+    "bad-descr": b"{'descr': 5, 'fortran_order': False, 'shape': (3,), }",
+    "bad-shape": b"{'descr': '<f4', 'fortran_order': False, 'shape': 'x', }",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_NPY_HEADERS))
+def test_every_npy_reader_names_the_file_of_a_malformed_header(tmp_path, case):
+    """numpy parses the header with Python's tokenizer: an unterminated header raised tokenize.TokenError
+    through every reader. Each gives its command's error naming the file instead."""
+    from hype.data.uids import UidError, load_subset
+    from hype.io import load_npy
+    from hype.scoring.stage_clusters import (
+        ClassFeatureError,
+        ClustersError,
+        read_centroids_file,
+        read_class_features_file,
+    )
+
+    bad = _npy_with_header(tmp_path / f"{case}.npy", BAD_NPY_HEADERS[case])
+    for read, error in (
+        (load_npy, ValueError),
+        (load_subset, UidError),
+        (lambda p: read_centroids_file(p, None), ClustersError),
+        (lambda p: read_class_features_file(p, 8), ClassFeatureError),
+    ):
+        with pytest.raises(error, match=case):
+            read(bad)

@@ -154,6 +154,19 @@ def test_a_bare_state_dict_needs_the_architecture(reference, tmp_path):
         read_open_clip(layouts["bare .bin"][0], arch="ViT-B-32")
 
 
+def test_a_logit_scale_above_the_clamp_is_used_as_stored(reference, registered, tmp_path):
+    """open_clip clamps the logit scale at 100 only in its training loop; a model read from a file whose
+    stored scale is 150 scores with 150, as open_clip's own model does."""
+    sd = {k: v.clone() for k, v in reference.state_dict().items()}
+    sd["logit_scale"] = torch.tensor(150.0).log()
+    save_file(sd, str(tmp_path / "w.safetensors"))
+    oc = open_clip.create_model(registered).eval()
+    oc.load_state_dict(sd)
+    imported = read_open_clip(tmp_path / "w.safetensors", arch=registered)
+    assert imported.model.logit_scale.item() == pytest.approx(oc.logit_scale.exp().item(), rel=1e-6)
+    assert imported.model.logit_scale.item() == pytest.approx(150.0, rel=1e-6)
+
+
 def test_a_real_size_state_dict_error_names_the_candidate_architectures(tmp_path):
     # Shapes only (meta tensors are not saveable): the candidates are listed from the tensors' shapes.
     from hype.models.open_clip_files import _candidates
@@ -425,3 +438,108 @@ def test_openai_release_archive_loads_without_arch(tmp_path, dtype):
         torch.testing.assert_close(
             model.encode_text(tokens), oc.encode_text(tokens, normalize=True), atol=1e-6, rtol=0
         )
+
+
+_OK_CFG = {"embed_dim": 8, "vision_cfg": {}, "text_cfg": {}}
+MALFORMED_CONFIGS = {
+    "not JSON": "{",
+    "a list": "[1]",
+    "model_cfg a string": json.dumps({"model_cfg": "x"}),
+    "model_cfg empty": json.dumps({"model_cfg": {}}),
+    "vision_cfg a string": json.dumps({"model_cfg": {**_OK_CFG, "vision_cfg": "x"}}),
+    "text_cfg a number": json.dumps({"model_cfg": {**_OK_CFG, "text_cfg": 5}}),
+    "preprocess_cfg a string": json.dumps({"model_cfg": _OK_CFG, "preprocess_cfg": "x"}),
+    "embed_dim a string": json.dumps({"model_cfg": {**_OK_CFG, "embed_dim": "8"}}),
+    "negative width": json.dumps({"model_cfg": {**_OK_CFG, "vision_cfg": {"width": -1}}}),
+    "tokenizer_kwargs a list": json.dumps({"model_cfg": {**_OK_CFG, "text_cfg": {"tokenizer_kwargs": [1]}}}),
+}
+
+
+@pytest.mark.parametrize("name", list(MALFORMED_CONFIGS))
+def test_a_malformed_open_clip_config_is_a_clear_error_naming_the_file(tmp_path, name):
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "open_clip_config.json").write_text(MALFORMED_CONFIGS[name])
+    save_file({"logit_scale": torch.zeros(())}, str(hf / "open_clip_model.safetensors"))
+    for native in (True, False):
+        with pytest.raises(ModelFileError, match=r"hf/open_clip_config\.json: "):
+            read_open_clip(hf, native=native)
+
+
+def test_a_small_folder_cannot_make_the_reader_allocate_a_huge_model(tmp_path):
+    """A few hundred bytes (a config asking for a width-8192, 24-layer ViT, one tiny tensor) are refused
+    after a meta-device build, before that model's tens of GB are allocated (`hype convert open-clip`)."""
+    from memory_support import run_bounded
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    huge = {**TINY, "vision_cfg": {**TINY["vision_cfg"], "width": 8192, "layers": 24, "head_width": 64}}
+    (hf / "open_clip_config.json").write_text(json.dumps({"model_cfg": huge}))
+    save_file({"logit_scale": torch.zeros(())}, str(hf / "open_clip_model.safetensors"))
+    assert sum(f.stat().st_size for f in hf.iterdir()) < 1024
+    setup = "import hype.models, open_clip\nfrom hype.convert.open_clip import convert_open_clip"
+    result = run_bounded(setup, f"convert_open_clip({str(hf)!r}, {str(tmp_path / 'o.safetensors')!r})")
+    assert result["error"] and result["error"].startswith("ModelFileError: "), result
+    assert "do not match architecture" in result["error"] and result["growth_mb"] < 200, result
+
+
+def _cache_entry(root: Path, source: Path, ref: str) -> Path:
+    """models--org--m/ with refs/main = `ref` and blobs/ + snapshots/c0ffee/ symlinks as hf writes them."""
+    cache = root / "models--org--m"
+    (cache / "refs").mkdir(parents=True)
+    (cache / "refs" / "main").write_text(ref)
+    (cache / "blobs").mkdir()
+    snap = cache / "snapshots" / "c0ffee"
+    snap.mkdir(parents=True)
+    for f in source.iterdir():
+        shutil.copy(f, cache / "blobs" / f.name)
+        (snap / f.name).symlink_to(Path("../../blobs") / f.name)
+    return cache
+
+
+def test_a_hugging_face_cache_entry_is_read_only_inside_itself(reference, tmp_path):
+    """refs/main names a snapshot inside the entry, and every file read resolves inside the entry (hf's
+    own symlinks into blobs/ do): a ref such as ../../../outside/snap or a symlink out is refused."""
+    layouts = _write_layouts(tmp_path / "layouts", reference)
+    hf = layouts["HF folder (safetensors)"][0]
+    good = _cache_entry(tmp_path / "good", hf, "c0ffee")
+    assert read_open_clip(good).weights.parent.name == "c0ffee"
+
+    outside = tmp_path / "outside" / "snap"
+    shutil.copytree(hf, outside)
+    escaping = _cache_entry(tmp_path / "ref", hf, "../../../outside/snap")
+    shutil.rmtree(escaping / "snapshots" / "c0ffee")
+    (escaping / "snapshots" / "other").mkdir()  # two candidate snapshots would not resolve either
+    (escaping / "snapshots" / "more").mkdir()
+    with pytest.raises(ModelFileError, match=r"refs/main.*'\.\./\.\./\.\./outside/snap'.*not a snapshot"):
+        read_open_clip(escaping)
+
+    linked = _cache_entry(tmp_path / "link", hf, "c0ffee")
+    weights = linked / "snapshots" / "c0ffee" / "open_clip_model.safetensors"
+    weights.unlink()
+    weights.symlink_to(outside / "open_clip_model.safetensors")
+    with pytest.raises(
+        ModelFileError, match=r"open_clip_model\.safetensors.*outside the Hugging Face cache entry"
+    ):
+        read_open_clip(linked)
+
+
+def test_a_model_name_with_control_characters_is_refused(tmp_path):
+    """A name is written into files (the fork's params.txt): a newline in it would add lines there and
+    change the model read back. Configs refuse control characters, so a checkpoint carrying one is a
+    clear error and nothing is exported."""
+    from hype.checkpoint import CheckpointError, read_checkpoint_metadata
+    from hype.models import ModelConfig
+    from hype.models.config import ConfigError
+
+    with pytest.raises(ConfigError, match="name"):
+        ModelConfig(name="tiny\ngeometry: clip")
+    path, model = _tiny_hype(tmp_path, "tiny-hyperbolic")
+    meta = read_checkpoint_metadata(path)
+    cfg = {**meta["model_config"], "name": "tiny\ngeometry: clip"}
+    evil = tmp_path / "evil.safetensors"
+    metadata = {"format": meta["format"], "model_config": json.dumps(cfg), "extra": "{}"}
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(evil), metadata=metadata)
+    with pytest.raises(CheckpointError, match=r"evil\.safetensors: .*name.*control character"):
+        export_open_clip(evil, tmp_path / "out")
+    assert not (tmp_path / "out" / "params.txt").exists()

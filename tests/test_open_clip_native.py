@@ -477,3 +477,62 @@ def test_a_hugging_face_tokenizer_is_read_from_the_model_folder_or_the_cache(mon
         load_model_file(hf)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
     assert torch.equal(load_model_file(hf).tokenizer()(TEXTS), tokenizer(TEXTS))
+
+
+# --- a model folder is data, never code ---------------------------------------------------------------
+
+_EVIL_TOKENIZER = """
+import pathlib
+pathlib.Path({marker!r}).write_text("the model folder ran its own code")
+from transformers import PreTrainedTokenizerFast
+
+
+class EvilTokenizer(PreTrainedTokenizerFast):
+    pass
+"""
+
+
+def _evil_tokenizer_folder(tmp_path: Path, kwargs: dict) -> tuple[Path, Path]:
+    """A model folder whose tokenizer declares its own code (`auto_map`) and whose config asks for
+    `tokenizer_kwargs` `kwargs`; importing that code writes `marker`."""
+    hf, marker = tmp_path / "hf", tmp_path / "executed"
+    _hf_tokenizer_model(hf, "org/evil")
+    (hf / "tokenization_evil.py").write_text(_EVIL_TOKENIZER.format(marker=str(marker)))
+    tok = json.loads((hf / "tokenizer_config.json").read_text())
+    tok["auto_map"] = {"AutoTokenizer": [None, "tokenization_evil.EvilTokenizer"]}
+    tok["tokenizer_class"] = "EvilTokenizer"
+    (hf / "tokenizer_config.json").write_text(json.dumps(tok))
+    cfg = json.loads((hf / "open_clip_config.json").read_text())
+    cfg["model_cfg"]["text_cfg"]["tokenizer_kwargs"] = kwargs
+    (hf / "open_clip_config.json").write_text(json.dumps(cfg))
+    return hf, marker
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"trust_remote_code": True}, {"clean": "canonicalize"}],
+    ids=["asks for trust_remote_code", "plain options"],
+)
+def test_a_model_folder_never_runs_its_own_code(monkeypatch, tmp_path, kwargs):
+    """`hype score --clip DIR` / `hype eval --model DIR` load DIR with `load_model_file`: a tokenizer that
+    declares its own Python (`auto_map`) is refused by name, whatever loader options the config asks for
+    (`trust_remote_code` among them), and its code is never imported."""
+    transformers = pytest.importorskip("transformers")
+    monkeypatch.setattr(transformers.dynamic_module_utils, "HF_MODULES_CACHE", str(tmp_path / "modules"))
+    hf, marker = _evil_tokenizer_folder(tmp_path, kwargs)
+    refusal = r"tokenizer_config\.json: declares Python code|tokenizer_kwargs 'trust_remote_code'"
+    with pytest.raises(ModelFileError, match=refusal):
+        load_model_file(hf)
+    assert not marker.exists()
+
+
+def test_tokenizer_options_from_a_model_file_are_an_allow_list(tmp_path):
+    """Only the tokenizer options open_clip's configs use (and only their known values) pass from a model
+    file to a tokenizer; anything else (a loader option such as `trust_remote_code`, `bpe_path`, a
+    `cache_dir`) is refused by name before any loader is called."""
+    for bad in ({"trust_remote_code": True}, {"bpe_path": "/etc/passwd"}, {"clean": "exec"}):
+        cfg = json.loads(json.dumps(TINY_RN_CFG))
+        cfg["text_cfg"]["tokenizer_kwargs"] = bad
+        hf, _ = _hf_folder(tmp_path / f"rn-{next(iter(bad))}", cfg, {})
+        with pytest.raises(ModelFileError, match=rf"tokenizer_kwargs.*{next(iter(bad))}"):
+            load_model_file(hf)

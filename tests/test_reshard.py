@@ -244,3 +244,55 @@ def test_cli_and_errors(pool, tmp_path):
         base.update(dict(zip(args[::2], args[1::2], strict=True)))
         res = CliRunner().invoke(main, ["reshard", *[x for kv in base.items() for x in kv], "--no-progress"])
         assert res.exit_code == 2 and message in res.output, res.output
+
+
+def _tiny_pool(folder: Path, uids_per_tar: list[list]) -> Path:
+    """Pool tars whose samples carry the given json uids (any value), in order."""
+    from test_train_data import _jpeg, write_shard
+
+    for t, uids in enumerate(uids_per_tar):
+        samples = [
+            {"jpg": _jpeg((40 * t, 9 * i, 0)), "txt": f"{t} {i}", "json": {"uid": u}}
+            for i, u in enumerate(uids)
+        ]
+        write_shard(folder / f"{t:08d}.tar", samples, parquet=False)
+    return folder
+
+
+def _webdataset_keys(out: Path) -> list[str]:
+    """Keys of the output as webdataset reads it (it raises on a key repeated within a tar)."""
+    ds = wds.WebDataset(sorted(str(p) for p in out.glob("*.tar")), shardshuffle=False)
+    return [s["__key__"] for s in ds]
+
+
+def test_a_uid_found_twice_in_the_pool_gets_distinct_keys(tmp_path):
+    a, b, c, d = (f"{i:032x}" for i in (10, 11, 12, 13))
+    shards = _tiny_pool(tmp_path / "pool", [[a, b, b, c], [b, d]])  # b twice in a tar, and in another tar
+    for rows, copies in (([b], 3), ([b, b], 6)):
+        save_subset(tmp_path / "s.npy", rows)
+        out = tmp_path / f"out{copies}"
+        meta = reshard(shards, tmp_path / "s.npy", out, shard_size=100, workers=1, progress=False)
+        assert meta["output_samples"] == copies and meta["duplicate_pool_uids"] == 2
+        assert _webdataset_keys(out) == [f"{b}-{j}" for j in range(copies)]
+        # Copies in pool order, the same sample's copies together: (tar 0, 2nd), (tar 0, 3rd), (tar 1, 1st).
+        captions = [f["txt"].decode() for _, f in read_output(out)]
+        per = copies // 3
+        assert captions == ["0 1"] * per + ["0 2"] * per + ["1 0"] * per
+
+
+def test_odd_uids_are_written_canonical_or_skipped_with_a_reason(tmp_path):
+    u = [f"{i:032x}" for i in range(1, 8)]
+    full_width = "12345678901234567890123456789012".translate(
+        str.maketrans("0123456789", "０１２３４５６７８９")
+    )
+    values = [u[0], "0" * 80 + u[1], full_width, f" {u[3].upper()}\n", "0x" + u[4], "B" * 32, u[6]]
+    shards = _tiny_pool(tmp_path / "pool", [values])
+    save_subset(tmp_path / "s.npy", [*u, "12345678901234567890123456789012", "b" * 32])
+    out = tmp_path / "out"
+    meta = reshard(shards, tmp_path / "s.npy", out, shard_size=100, workers=1, progress=False)
+    assert _webdataset_keys(out) == [f"{x}-0" for x in (u[0], u[3], "b" * 32, u[6])]
+    assert meta["skipped"]["counts"] == {"bad_uid": 3}
+    assert any("0x" in m for m in meta["skipped"]["examples"]["bad_uid"])
+    with tarfile.open(next(out.glob("*.tar"))) as tar:
+        names = tar.getnames()
+    assert all(len(n.split(".")[0]) == 34 and n.isascii() and n.isprintable() for n in names)

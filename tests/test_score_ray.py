@@ -4,9 +4,14 @@ holds a shard; every shard is still scored exactly once, byte-identical to the i
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pyarrow.dataset as ds
+import yaml
 from ray_support import needs_ray, ray_env
 from test_score_support import (
     POOL_SIZE,
@@ -21,6 +26,7 @@ from test_score_support import (
 )
 
 pytestmark = needs_ray
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_ray_executor_survives_a_killed_worker_and_matches_the_local_run(
@@ -74,3 +80,53 @@ def test_ray_executor_survives_a_killed_worker_and_matches_the_local_run(
     assert (
         len({json.loads(p.read_text())["worker"]["pid"] for p in (run / "embed").glob("*_stats.json")}) >= 2
     )
+
+
+class _HangsOnce:
+    """A stage whose first attempt at each task hangs (as a worker stuck in I/O would); the second runs."""
+
+    name = "hangs-once"
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def run(self, task: int) -> dict:
+        marker = self.folder / f"{task}.started"
+        if not marker.exists():
+            marker.write_text(str(os.getpid()))
+            time.sleep(3600)
+        return {"task": task, "square": task * task}
+
+
+def test_a_hung_task_times_out_and_is_retried_on_a_fresh_worker(ray_cluster, tmp_path):
+    import ray.cloudpickle
+
+    from pipelines.ray_executor import RayExecutor
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import tests/
+    start = time.monotonic()
+    with RayExecutor(ray_cluster, device="cpu", cpus_per_worker=1, retries=1, task_timeout=20) as ex:
+        result = ex.map(_HangsOnce(tmp_path), [2, 3])
+    assert [r["square"] for r in result.results] == [4, 9] and not result.failures
+    assert result.retries == 2 and result.ran == 2
+    assert time.monotonic() - start < 120  # not an hour
+    hung = [int((tmp_path / f"{task}.started").read_text()) for task in (2, 3)]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(_alive(pid) for pid in hung):
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in hung)  # the hung workers were killed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
+def test_the_cluster_dashboard_listens_on_localhost_only():
+    """configs/cluster/ray-gpu.yaml: the dashboard (which runs jobs) is reached through an SSH tunnel."""
+    cfg = yaml.safe_load((REPO / "configs" / "cluster" / "ray-gpu.yaml").read_text())
+    (start,) = [c for c in cfg["head_start_ray_commands"] if "ray start" in c]
+    assert "--dashboard-host=127.0.0.1" in start
+    assert "0.0.0.0" not in (REPO / "configs" / "cluster" / "ray-gpu.yaml").read_text()

@@ -252,6 +252,28 @@ def test_metadata_index_finds_uids_across_files(tmp_path):
     assert feature_source(metadata_files(tmp_path), have_clip=False) == ("npz", [])
 
 
+def test_metadata_uids_are_read_as_shard_uids_are(tmp_path):
+    """The metadata index reads uids with `normalize_uid`, as scoring reads a shard's: an upper-case or
+    padded uid is the same uid (its scores and .npz row kept), a malformed one is left out and counted
+    (it used to fail the whole run, and a padded uid was refused)."""
+    from hype.scoring.metadata import MetadataLookup, build_index
+
+    a, b = "ab" * 16, "cd" * 16
+    listed = [f"  {a.upper()}\n", "0x" + b[2:], b, None]
+    feats = np.arange(8, dtype=np.float32).reshape(4, 2)
+    pq.write_table(
+        pa.table({"uid": listed, "clip_l14_similarity_score": np.float32([0.1, 0.2, 0.3, 0.4])}),
+        tmp_path / "m.parquet",
+    )
+    np.savez(tmp_path / "m.npz", l14_img=feats)
+    info = build_index(tmp_path, tmp_path / "run" / "index.npy", "clip_l14_similarity_score")
+    assert info["rows"] == 2 and info["malformed_uids"] == 2
+    found, scores, got = MetadataLookup(tmp_path, tmp_path / "run" / "index.npy", "l14_img").lookup([b, a])
+    assert found.all()
+    np.testing.assert_array_equal(scores, np.float32([0.3, 0.1]))
+    np.testing.assert_array_equal(got, feats[[2, 0]])
+
+
 def test_parquet_only_metadata_needs_clip_and_still_lists_the_pool(tmp_path):
     """DataComp's default download has no .npz: the uids still come from the parquet, the features from
     --clip; without --clip the error says what to download or pass."""

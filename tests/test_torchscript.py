@@ -310,3 +310,44 @@ def test_big_endian_archive_is_byteswapped(tmp_path):
     }
     big = _rewrite(path, tmp_path / "big.pt", {f"{top}/byteorder": b"big", **swapped})
     _assert_same(read_torchscript_state_dict(big), dict(module.state_dict()))
+
+
+def _patched_numel(data_pkl: bytes, numel: int) -> bytes:
+    """data.pkl of a one-storage archive with the storage's declared element count replaced."""
+    ops = list(pickletools.genops(data_pkl))
+    at = next(i for i, (_, arg, _) in enumerate(ops) if arg == "cpu")  # ('storage', type, key, 'cpu', numel)
+    op, _, pos = next(o for o in ops[at + 1 :] if o[0].name.startswith("BININT"))
+    end = pos + 1 + {"BININT1": 1, "BININT2": 2, "BININT": 4}[op.name]
+    return data_pkl[:pos] + b"J" + numel.to_bytes(4, "little", signed=True) + data_pkl[end:]
+
+
+def test_a_compressed_tensor_entry_is_refused_before_it_is_inflated(tmp_path):
+    """torch.jit.save stores tensor data uncompressed; a crafted archive whose small deflated entry
+    declares 128 MiB is refused before a byte of it is allocated (the bound is the file's own size)."""
+    from memory_support import run_bounded
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        src = _save(torch.jit.script(torch.nn.Linear(2, 3, bias=False)), tmp_path / "lin.pt")
+    top, numel = _top(src), 32 * 2**20  # float32: 128 MiB
+    bomb = tmp_path / "bomb.pt"
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(bomb, "w") as zout:
+        for info in zin.infolist():
+            if info.filename == f"{top}/data/0":
+                deflated = zipfile.ZipInfo(info.filename)
+                deflated.compress_type = zipfile.ZIP_DEFLATED
+                with zout.open(deflated, "w", force_zip64=True) as f:
+                    for _ in range(8):
+                        f.write(bytes(16 * 2**20))
+            elif info.filename == f"{top}/data.pkl":
+                zout.writestr(info.filename, _patched_numel(zin.read(info.filename), numel))
+            else:
+                zout.writestr(info, zin.read(info.filename))
+    assert bomb.stat().st_size < 2**20
+    result = run_bounded(
+        "from hype.io.torchscript import read_torchscript_state_dict",
+        f"read_torchscript_state_dict({str(bomb)!r})",
+    )
+    assert result["error"] and result["error"].startswith("TorchScriptError: "), result
+    assert "compressed" in result["error"] and str(bomb) in result["error"], result
+    assert result["growth_mb"] < 64, result

@@ -277,3 +277,36 @@ def test_caption_template_uses_json_fields_and_counts_missing_ones(tmp_path):
     assert seen == ["cats : a cat 0", "cats : a cat 0"]
     assert batch["skips"]["counts"] == {"caption_transform_failed": 1}
     assert "subreddit" in batch["skips"]["examples"]["caption_transform_failed"][0]
+
+
+def test_subset_matches_a_uid_in_any_accepted_spelling_and_counts_the_rest(tmp_path):
+    samples = [
+        good(0xAB, uid=_uid(0xAB).upper()),
+        good(2, uid=f" {_uid(2)}\n"),
+        good(3, uid="0x" + _uid(3)[2:]),
+    ]
+    shard = write_shard(tmp_path / "00000000.tar", [*samples, good(4)], parquet=False)
+    index = SubsetIndex(uids_to_array([_uid(0xAB), _uid(2), _uid(3), _uid(4)]), "s.npy")
+    batches = take(stream([shard], subset=index, batch_size=3, resampled=False), 4)
+    assert {int(t) for b in batches for t in b["tokens"][:, 0]} == {0xAB, 2, 4}
+    total = SkipStats()
+    for b in batches:
+        total.merge(b["skips"])
+    assert set(total.counts) == {"bad_uid"} and "0x" in total.examples["bad_uid"][0]
+
+
+def test_one_small_shard_trains_with_the_default_shuffle_buffer(tmp_path):
+    """18 samples, fewer than the 100 the shuffle buffer takes in before it gives any out: no sample is
+    decoded in the first 5 shard reads, which is no reason to declare the data unusable."""
+    shard = write_shard(tmp_path / "00000000.tar", [good(i) for i in range(18)])
+    ts = TrainStream([str(shard)], batch_size=4, image_transform=transform, tokenize=tokenize)
+    assert [b["images"].shape[0] for b in take(ts, 3)] == [4, 4, 4]
+    # Data with no usable sample still stops: once the 5 reads' 90 samples were all decoded.
+    junk = write_shard(
+        tmp_path / "junk" / "00000000.tar", [{"jpg": b"junk", "txt": f"t {i}"} for i in range(18)]
+    )
+    ts = TrainStream([str(junk)], batch_size=4, image_transform=transform, tokenize=tokenize)
+    with pytest.raises(
+        DataError, match=r"no usable sample in 90 samples of \d+ shard reads.*corrupt_image: 90"
+    ):
+        take(ts, 1)

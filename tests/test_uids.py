@@ -16,8 +16,8 @@ from hype.data.uids import (
     is_sorted,
     load_subset,
     load_uid_file,
+    normalize_uid,
     pair_to_uid,
-    parse_uid,
     save_subset,
     to_structured,
     uid_to_pair,
@@ -50,14 +50,37 @@ def test_every_form_of_the_codec_agrees():
     assert [len(a) for a in uids_to_pairs([])] == [0, 0]
 
 
-def test_parse_uid_reads_json_uids_as_datacomp_does():
-    # DataComp's resharder reads `int(uid, 16)`: case and length are not checked, only the 128-bit range.
-    for u in UIDS:
-        assert parse_uid(u) == uid_to_pair(u) == parse_uid(u.upper())
-    assert parse_uid("f") == (0, 15)
-    assert parse_uid("1" + "0" * 32) is None  # 2**128: does not fit
-    for bad in ("", "xyz", None, 42, "-1"):
-        assert parse_uid(bad) is None
+FULL_WIDTH = str.maketrans("0123456789", "０１２３４５６７８９")
+
+
+def test_normalize_uid_canonicalises_two_spellings_and_refuses_the_rest():
+    u = UIDS[3]
+    # The same 128-bit uid, spelled with surrounding whitespace or in upper case: canonicalised.
+    for spelling in (u, u.upper(), f"  {u}\n", f"\t{u.upper()} "):
+        assert normalize_uid(spelling) == u
+    # What Python's int(uid, 16) (and so DataComp's resharder) also reads, refused: names built from them
+    # would not be 32 hex digits.
+    digits = "12345678901234567890123456789012"
+    for bad in (
+        "0" * 80 + u,  # leading zeros: a 112-character member name, too long for ustar
+        digits.translate(FULL_WIDTH),  # full-width digits
+        "0x" + u,
+        "0x" + u[2:],  # 32 characters, but not 32 hex digits
+        u[:16] + "_" + u[17:],
+        "+" + u[1:],
+        "f",
+        "",
+        "g" * 32,
+        None,
+        42,
+        int(u, 16),
+    ):
+        assert normalize_uid(bad) is None, bad
+    # A final newline is not part of a uid for the strict checks either (`$` matched before it).
+    with pytest.raises(UidError):
+        uid_to_pair(u + "\n")
+    with pytest.raises(UidError):
+        uids_to_array([u + "\n"])
 
 
 def test_array_is_sorted_u8u8_and_round_trips_with_duplicates():
@@ -180,3 +203,89 @@ def test_missing_subset_files_and_writing(tmp_path):
         load_subset(tmp_path)
     with pytest.raises(UidError, match="must end in .npy"):
         save_subset(tmp_path / "subset.bin", UIDS)
+
+
+def test_scoring_training_and_reshard_read_uids_alike(tmp_path):
+    """One uid reading (`normalize_uid`) behind the three readers of a shard sample's json["uid"]."""
+    from test_train_data import _jpeg, write_shard
+
+    from hype.data.samples import SkipStats, iter_tar_samples, sample_uid
+    from hype.data.uids import UidMultiset
+    from hype.reshard.index import index_tar
+    from hype.scoring.decode import Decoded, DecodeSpec
+
+    values = [
+        UIDS[3],
+        UIDS[3].upper(),
+        f" {UIDS[0]}\n",
+        "B" * 32,  # kept by reshard, matched by nothing in train --subset, kept in upper case by scoring
+        "0" * 80 + UIDS[1],
+        "12345678901234567890123456789012".translate(FULL_WIDTH),
+        "0x" + UIDS[2],
+        7,
+    ]
+    samples = [{"jpg": _jpeg(), "txt": "c", "json": {"uid": v}} for v in values]
+    shard = str(write_shard(tmp_path / "00000000.tar", samples, parquet=False))
+    expected = [UIDS[3], UIDS[3], UIDS[0], "b" * 32, None, None, None, None]
+    reasons = {"bad_uid": 3, "no_uid": 1}
+
+    train_stats = SkipStats()
+    train = [sample_uid(s, train_stats) for s in iter_tar_samples(shard, SkipStats())]
+    spec = DecodeSpec(preps=(), draft=False, labelled=False)
+    decoded = [spec(s) for s in iter_tar_samples(shard, SkipStats())]
+    scoring = [d.uid if isinstance(d, Decoded) else None for d in decoded]
+    subset = UidMultiset(uids_to_array(sorted({u for u in expected if u})))
+    index = index_tar(shard, subset)
+    assert train == scoring == expected
+    assert [m[0] for m in index.matched] == [u for u in expected if u]
+    assert train_stats.counts == index.skipped["counts"] == reasons
+    assert sorted(d.reason for d in decoded if not isinstance(d, Decoded)) == ["bad_uid"] * 3 + ["no_uid"]
+
+
+def test_normalize_arrow_uids_agrees_with_normalize_uid():
+    import pyarrow as pa
+
+    from hype.data.uids import normalize_arrow_uids
+
+    values = [
+        UIDS[0],
+        UIDS[1].upper(),
+        f"\t{UIDS[2]} \n",
+        None,
+        "0" * 80 + UIDS[3],
+        "12345678901234567890123456789012".translate(FULL_WIDTH),
+        "0x" + UIDS[3][2:],
+        "é" * 16,  # 32 bytes, 16 characters
+        "",
+        UIDS[3],
+    ]
+    expected = [normalize_uid(v) for v in values]
+    for arr in (
+        pa.array(values),
+        pa.array(values, pa.large_string()),
+        pa.chunked_array([values[:4], values[4:]]),
+        pa.array(["pad", *values])[1:],  # an offset into the buffers
+    ):
+        hi, lo, valid = normalize_arrow_uids(arr)
+        got = [pair_to_uid(h, x) if v else None for h, x, v in zip(hi, lo, valid, strict=True)]
+        assert got == expected
+    assert [len(a) for a in normalize_arrow_uids(pa.array([1, 2]))] == [2, 2, 2]  # not strings: no uid
+
+
+@pytest.mark.parametrize("memory_rows,buckets", [(10**9, 1024), (50, 8), (50, 1)])
+def test_uid_repeats_are_counted_exactly_in_bounded_memory(memory_rows, buckets):
+    from collections import Counter
+
+    from hype.data.uids import UidRepeats
+
+    rng = np.random.default_rng(1)
+    uids = [f"{int(x):032x}" for x in rng.integers(0, 2**62, 400)] + [f"{i:032x}" for i in range(30)]
+    uids += uids[::7] + uids[:3]  # repeats, some three times
+    counter = UidRepeats(memory_rows=memory_rows, buckets=buckets)
+    for i in range(0, len(uids), 37):  # chunks, as one per metadata file
+        counter.add(*uids_to_pairs(uids[i : i + 37]))
+    assert counter.spilled == (len(uids) > memory_rows)
+    n, examples = counter.count(examples=5)
+    ref = Counter(uids)
+    assert n == sum(c - 1 for c in ref.values()) and len(examples) == 5
+    assert all(ref[u] > 1 for u in examples)

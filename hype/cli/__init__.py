@@ -54,6 +54,17 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+def lock_output(out: str, command: str, *, option: str = "--out") -> None:
+    """Take the lock of a command's output (`hype.io.lock`, the one `hype score` takes on its run
+    directory) until the command returns; an output another command holds is refused, holder named."""
+    from hype.io.lock import LockError, output_lock
+
+    try:
+        click.get_current_context().with_resource(output_lock(out, command, option=option))
+    except LockError as e:
+        raise click.ClickException(str(e)) from None
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)

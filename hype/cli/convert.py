@@ -34,6 +34,9 @@ def _common(f: Callable) -> Callable:
 
 
 def _run(convert_fn: Callable, ckpt: str, out: str, as_json: bool, **kwargs) -> None:
+    from hype.cli import lock_output
+
+    lock_output(out, "convert")
     try:
         report = convert_fn(ckpt, out, **kwargs)
     except (ValueError, FileNotFoundError) as e:

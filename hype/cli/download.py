@@ -95,6 +95,7 @@ def download(
     OUT/_hype/summary.json (img2dataset's own log: OUT/_hype/img2dataset.log). KEY=VALUE overrides any
     config field (img2dataset.encode_quality=90, allowed_networks=10.2.0.0/16, ...).
     """
+    from hype.cli import lock_output
     from hype.download import DownloadError, format_summary, load_download_config, run_download
     from hype.models import ConfigError
 
@@ -121,6 +122,7 @@ def download(
         raise click.UsageError(str(e)) from None
     if cfg.metadata is None or cfg.out is None:
         raise click.UsageError("missing --metadata or --out (or set them in the config)")
+    lock_output(str(cfg.out), "download")
     try:
         summary = run_download(cfg)
     except DownloadError as e:

@@ -96,8 +96,10 @@ def eval_cmd(
     if workers is not None and workers < 0:
         raise click.BadParameter(f"must be >= 0, got {workers}", param_hint="--workers")
 
+    from hype.cli import lock_output
     from hype.scoring.decode import share_cores_with_decoders
 
+    lock_output(out, "eval")
     share_cores_with_decoders()  # decode workers and torch's OpenMP threads share the cores
     import torch
 

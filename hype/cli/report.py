@@ -47,11 +47,13 @@ def report(
     """Write one self-contained HTML page: metric histograms of pool vs subset, their correlations,
     thumbnails per 20% percentile bucket of eps_i and eps_t, and the run's and the selection's summaries.
     No script, no external resource: open it anywhere, attach it to a review."""
+    from hype.cli import lock_output
     from hype.report import write_report
     from hype.select.errors import SelectError
 
     if per_bucket < 0 or bins < 2 or workers < 1:
         raise click.UsageError("--per-bucket must be >= 0, --bins >= 2 and --workers >= 1")
+    lock_output(out, "report")
     try:
         info = write_report(
             scores,

@@ -39,9 +39,11 @@ def reshard(
     shard gets a _stats.json after it has been read back and checked; meta.json (counts, uids missing from
     the pool, skipped samples) is written last. An interrupted run resumes where it stopped.
     """
+    from hype.cli import lock_output
     from hype.reshard import reshard as run
     from hype.select.errors import SelectError
 
+    lock_output(out, "reshard")
     try:
         meta = run(
             pool, subset, out, shard_size=shard_size, workers=workers, overwrite=overwrite, progress=progress

@@ -107,11 +107,13 @@ def select(
       hype select --scores run --frac 0.2 --intersect dfn.npy --out hype_dfn.npy
       hype select --scores run --keep-all --filter basic --out basic.npy
     """
+    from hype.cli import lock_output
     from hype.select import SelectError
     from hype.select.run import SelectRequest, format_summary, select_subset
 
     if workers < 1:
         raise click.BadParameter(f"must be >= 1, got {workers}", param_hint="--workers")
+    lock_output(out, "select")
     req = SelectRequest(
         scores=scores,
         out=out,

@@ -52,9 +52,11 @@ def submit(
     evaluate.py --submit uploads) after checking the subset (dtype u8,u8, sorted, within the scale's pool,
     and with --scores: every uid in the pool) and the results as DataComp reads them (each of its 38 scored
     tasks once, under its key, display name and main metric; no synthetic-world results)."""
+    from hype.cli import lock_output
     from hype.select.errors import SelectError
     from hype.submit import make_submission
 
+    lock_output(out, "submit")
     try:
         meta = make_submission(
             scale,

@@ -103,6 +103,7 @@ def train(
     if config is None:
         raise click.UsageError("--config NAME|PATH is required (see `hype train --list` for presets)")
 
+    from hype.cli import lock_output
     from hype.data.errors import SelectError
     from hype.data.pipeline import DataError
     from hype.data.shards import ShardError
@@ -124,6 +125,8 @@ def train(
         raise click.UsageError(
             "no training data: pass --data DIR_OR_PATTERN (or set data.train in the config)"
         )
+    if _rank() == 0:  # one lock per run: rank 0 holds it for every rank of a distributed run
+        lock_output(cfg.out, "train")
 
     try:
         summary = run_training(cfg, resume=resume, progress=progress)

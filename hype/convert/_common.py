@@ -22,6 +22,7 @@ import torch
 from hype.checkpoint import save_checkpoint
 from hype.io.weights import ModelFileError, listing
 from hype.models import ContrastiveModel, ModelConfig, create_model
+from hype.models.config import fit_scalar_bounds
 
 Tensor = torch.Tensor
 
@@ -266,11 +267,15 @@ class ConversionReport:
         return out
 
 
-def build_model(config: ModelConfig, mapped: Mapping[str, Tensor]) -> ContrastiveModel:
-    """A CPU fp32 model holding exactly the mapped tensors (strict: every key, every shape)."""
+def build_model(config: ModelConfig, mapped: Mapping[str, Tensor]) -> tuple[ContrastiveModel, list[str]]:
+    """A CPU fp32 model holding exactly the mapped tensors (strict: every key, every shape), and notes.
+
+    Stored scalars outside the config's clamps are kept: the config's bounds are widened to them
+    (`fit_scalar_bounds`), so the model computes what the released code computes with them."""
+    config, notes = fit_scalar_bounds(config, mapped)
     model = create_model(config)
     model.load_state_dict(dict(mapped), strict=True)  # copies and casts fp16/bf16 sources to fp32
-    return model.eval()
+    return model.eval(), notes
 
 
 SCALARS = {  # report name -> (model log-parameter, model property)
@@ -281,20 +286,14 @@ SCALARS = {  # report name -> (model log-parameter, model property)
 }
 
 
-def read_scalars(model: ContrastiveModel) -> tuple[dict[str, float], dict[str, float], list[str]]:
-    """(effective values, stored values, notes on any value the config's clamps change)."""
-    effective, stored, notes = {}, {}, []
+def read_scalars(model: ContrastiveModel) -> tuple[dict[str, float], dict[str, float]]:
+    """(values the model uses, values stored in its parameters): equal for a model from `build_model`."""
+    effective, stored = {}, {}
     with torch.no_grad():
         for name, (param, prop) in SCALARS.items():
             stored[name] = math.exp(float(getattr(model, param)))
             effective[name] = float(getattr(model, prop))
-            if not math.isclose(stored[name], effective[name], rel_tol=1e-6):
-                notes.append(
-                    f"stored {name} {stored[name]:.6g} lies outside the config's bounds; the model uses "
-                    f"{effective[name]:.6g} (hype clamps the scalars to the config's bounds, as MERU does at "
-                    "every training step)"
-                )
-    return effective, stored, notes
+    return effective, stored
 
 
 def prepare_output(source: Path, out: Path, overwrite: bool) -> None:
@@ -326,7 +325,7 @@ def finish(
     details: Mapping[str, Any],
 ) -> ConversionReport:
     """Read the scalars, build the report, write the checkpoint; return the report."""
-    effective, stored, scalar_notes = read_scalars(model)
+    effective, stored = read_scalars(model)
     report = ConversionReport(
         kind=kind,
         source=str(ckpt),
@@ -340,7 +339,7 @@ def finish(
         stored_scalars=stored,
         ignored_top_level=list(top_level),
         ignored_keys=list(details["ignored_keys"]),
-        notes=list(details["notes"]) + scalar_notes,
+        notes=list(details["notes"]),
     )
     write(model, out, report)
     return report

@@ -6,13 +6,15 @@ bias, `ln_pre`, heads = width / 64, `proj` (1024, 768)), the text tower at the t
 (`token_embedding`, `positional_embedding`, `transformer.resblocks.*`, `ln_final`, `text_projection`)
 and the 0-dim log-scalars `logit_scale`, `curvature`, `alpha_img`, `alpha_txt`. Activations are
 nn.GELU; every LayerNorm uses eps = finfo(dtype).eps (2^-23 in fp32), which the config reproduces with
-`ln_eps: 1.1920928955078125e-07`. Images are normalized with OpenAI's mean/std. Its `encode_image` /
-`encode_text` return α-scaled tangent vectors; hype's `encode_*` also apply the exponential map, which
-HYPE's `hyperbolic.expm` applies before every distance.
+`ln_eps: 1.1920928955078125e-07`. Images are squashed to 224 x 224 (`Resize((224, 224))`, bilinear, no
+center crop), which the converted model's preprocess config keeps, and normalized with OpenAI's
+mean/std. Its `encode_image` / `encode_text` return α-scaled tangent vectors; hype's `encode_*` also
+apply the exponential map, which HYPE's `hyperbolic.expm` applies before every distance.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -41,6 +43,10 @@ Tensor = torch.Tensor
 DEFAULT_CONFIG = "hype-meru-vit-l14"
 WHAT = "HYPE's release (naver-ai/hype)"
 FP32_EPS = torch.finfo(torch.float32).eps
+# The release's `model_init` passes `model.visual.image_size`, the tuple (224, 224), to its
+# `image_transform`: `Resize((224, 224), interpolation=BICUBIC)` then a no-op `CenterCrop((224, 224))`, i.e.
+# both sides to the model's size (no crop: a non-square photo is squashed), bicubic.
+RELEASE_PREPROCESS = {"resize_mode": "squash", "interpolation": "bicubic"}
 
 # open_clip ResidualAttentionBlock parameter names (the release uses the same module layout).
 _BLOCK = [
@@ -121,6 +127,9 @@ def resolve_hype_config(
         )
     config = load_model_config(DEFAULT_CONFIG if model_config is None else model_config)
     check_hyperbolic(config, source)
+    config = dataclasses.replace(
+        config, preprocess=dataclasses.replace(config.preprocess, **RELEASE_PREPROCESS)
+    )
     problems = architecture_mismatches(found, config)
     if problems:
         raise ConversionError(
@@ -182,5 +191,6 @@ def convert_hype_release(
     config, mapped, details = hype_release_state_dict_to_hype(
         sd, model_config, source=str(ckpt), ignore_keys=ignore_keys
     )
-    model = build_model(config, mapped)
+    model, scalar_notes = build_model(config, mapped)
+    details["notes"] = [*details["notes"], *scalar_notes]
     return finish("HYPE release", ckpt, out, model, sd, top_level, details)

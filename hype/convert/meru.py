@@ -252,5 +252,6 @@ def convert_meru(
     config, mapped, details = meru_state_dict_to_hype(
         sd, model_config, source=str(ckpt), ignore_keys=ignore_keys
     )
-    model = build_model(config, mapped)
+    model, scalar_notes = build_model(config, mapped)
+    details["notes"] = [*details["notes"], *scalar_notes]
     return finish("MERU", ckpt, out, model, sd, top_level, details)

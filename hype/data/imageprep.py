@@ -9,9 +9,10 @@ result is bit-identical to `model.preprocess(train=False)` on the same image (te
 crop arithmetic below is torchvision's for PIL images, and the float steps are ToTensor's and
 Normalize's, element by element.
 
-The scorer converts images to RGB before resizing (`decode_rgb`), like the training pipeline
-(`hype.data.samples`), so that scorer and trainer see the same pixels; eval hands images over in their
-own mode and `pixels` converts after the crop, where open_clip does. Big JPEGs are decoded at a reduced
+Every image is decoded by `open_image` (a pixel cap checked before decoding, 16-bit and float images
+scaled to 8 bits). The scorer converts images to RGB before resizing (`decode_rgb`), like the training
+pipeline (`hype.data.samples`), so that scorer and trainer see the same pixels; eval hands images over in
+their own mode and `pixels` converts after the crop, where open_clip does. Big JPEGs are decoded at a reduced
 DCT scale (`draft`) that still leaves at least twice the model's input size, so the bicubic resize that
 follows sees nearly the same image at a fraction of the decoding cost.
 """
@@ -28,6 +29,21 @@ from PIL import Image
 _PIL_INTERP = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR}
 
 
+CORRUPT_IMAGE = "corrupt_image"
+IMAGE_TOO_LARGE = "image_too_large"
+
+# The most pixels one decode may allocate (8192 x 8192). Checked on the header, after `open()` and before
+# `load()`, so a small file that expands to gigabytes (a 440 KB PNG of 12000 x 12000) costs nothing. A
+# decoded image takes at most 4 bytes per pixel in Pillow (RGB is stored as 4) and the conversion to RGB or
+# to 8 bits as much again: about 512 MiB per decode worker at the cap. A JPEG is checked at the reduced
+# scale `draft` decodes it at, so a big photo scored at 224 px is still read.
+MAX_PIXELS = 8192 * 8192
+
+# Modes with more than 8 bits per sample (16-bit PNG and TIFF, 32-bit integer and float TIFF), and the
+# value that maps to white in each: Pillow's convert() clips them at 255, which turns them white.
+_WIDE_MODES = {"I;16": 65535, "I;16L": 65535, "I;16B": 65535, "I;16N": 65535, "I": 65535, "F": 1.0}
+
+
 class ImageError(ValueError):
     """An image that cannot be used; `reason` is the skip reason counted in the shard's stats."""
 
@@ -36,23 +52,70 @@ class ImageError(ValueError):
         self.reason = reason
 
 
-def decode_rgb(data: bytes, draft_size: int | None = None) -> tuple[Image.Image, tuple[int, int]]:
-    """Bytes -> (fully decoded RGB image, size in the file). Raises `ImageError` (corrupt_image,
-    image_too_large)."""
+def open_image(
+    data: bytes, *, formats: tuple[str, ...] | None = None, draft_size: int | None = None
+) -> tuple[Image.Image, tuple[int, int]]:
+    """Bytes -> (fully decoded image with 8-bit samples, in its own mode; size in the file): the one image
+    decoder of scoring, training, evaluation and the report. `formats` is a hint tried first (content that
+    does not match it, common in web data, is still opened by probing every format); `draft_size` lets a
+    JPEG decode at a reduced scale that leaves at least twice that size. Raises `ImageError` (corrupt_image,
+    image_too_large: more than `MAX_PIXELS` to decode)."""
     with warnings.catch_warnings():
-        # Pillow warns on odd web images (EXIF noise, palette transparency, big images); they decode.
+        # Pillow warns on odd web images (EXIF noise, palette transparency, big images); they decode, and
+        # size is checked here against MAX_PIXELS, which is below Pillow's own bomb limits.
         warnings.simplefilter("ignore")
         try:
-            img = Image.open(io.BytesIO(data))
+            img = _open(data, formats)
             size = img.size
             if draft_size and img.format == "JPEG":
                 img.draft("RGB", (2 * draft_size, 2 * draft_size))
+            w, h = img.size  # what load() will allocate
+            if w * h > MAX_PIXELS:
+                raise ImageError(
+                    IMAGE_TOO_LARGE,
+                    f"{size[0]}x{size[1]} image: decoding {w}x{h} pixels is more than the {MAX_PIXELS} "
+                    "allowed (hype.data.imageprep.MAX_PIXELS)",
+                )
             img.load()
-            return img.convert("RGB"), size
+            return to_8bit(img), size
+        except ImageError:
+            raise
         except Image.DecompressionBombError as e:
-            raise ImageError("image_too_large", f"{e}") from None
+            raise ImageError(IMAGE_TOO_LARGE, f"{e}") from None
         except Exception as e:  # Pillow raises many types (OSError, SyntaxError, ValueError, ...)
-            raise ImageError("corrupt_image", f"{type(e).__name__}: {e}") from None
+            raise ImageError(CORRUPT_IMAGE, f"{type(e).__name__}: {e}") from None
+
+
+def _open(data: bytes, formats: tuple[str, ...] | None) -> Image.Image:
+    if formats is not None:
+        try:
+            return Image.open(io.BytesIO(data), formats=formats)
+        except Image.UnidentifiedImageError:
+            pass  # e.g. a PNG named .jpg: probe every format
+    return Image.open(io.BytesIO(data))
+
+
+def to_8bit(img: Image.Image) -> Image.Image:
+    """An image with more than 8 bits per sample (`_WIDE_MODES`) as 8-bit grayscale ("L"), its full range
+    scaled to 0..255 (16-bit: the high byte; float: 0..1); any other image as it is."""
+    white = _WIDE_MODES.get(img.mode)
+    if white is None:
+        return img
+    values = np.asarray(img)
+    if img.mode == "F":
+        values = np.clip(np.nan_to_num(values), 0.0, 1.0) * 255.0 + 0.5
+    else:  # 32-bit "I" holds 16-bit PNGs in older Pillows; values past 16 bits saturate
+        values = np.clip(values, 0, white) >> 8
+    return Image.fromarray(values.astype(np.uint8), "L")
+
+
+def decode_rgb(data: bytes, draft_size: int | None = None) -> tuple[Image.Image, tuple[int, int]]:
+    """Bytes -> (fully decoded RGB image, size in the file); `open_image` then RGB. Raises `ImageError`."""
+    img, size = open_image(data, draft_size=draft_size)
+    try:
+        return (img if img.mode == "RGB" else img.convert("RGB")), size
+    except Exception as e:  # a mode Pillow cannot convert
+        raise ImageError(CORRUPT_IMAGE, f"{type(e).__name__}: {e}") from None
 
 
 def _resize_shortest(img: Image.Image, size: int, resample) -> Image.Image:

@@ -41,7 +41,9 @@ class DataError(RuntimeError):
 class _Progress:
     shards_read: int = 0
     passed: int = 0  # raw samples kept by the subset filter (repeats included)
+    tried: int = 0  # samples out of the shuffle buffer and decoded, usable or not
     good: int = 0  # samples decoded into a training pair
+    judge_at: int | None = None  # samples passed in the first `_give_up_after` shard reads
 
 
 class TrainStream(IterableDataset):
@@ -109,8 +111,8 @@ class TrainStream(IterableDataset):
                 yield mine[int(i)]
 
     def _give_up_after(self, num_workers: int) -> int:
-        # Shard reads without a single usable sample after which the data is declared unusable. With
-        # resampling, 5 draws per shard reach all but ~0.7% of the shards.
+        # Shard reads whose samples, once all decoded, must hold one usable sample, or the data is declared
+        # unusable. With resampling, 5 draws per shard reach all but ~0.7% of the shards.
         per_worker = (
             len(self.shards) if self.resampled else -(-len(self.shards) // (self.world_size * num_workers))
         )
@@ -130,8 +132,17 @@ class TrainStream(IterableDataset):
                     prog.passed += 1
                     yield sample
             prog.shards_read += 1
-            if prog.good == 0 and prog.shards_read >= limit:
-                raise DataError(self._nothing_usable(prog, stats))
+            if prog.shards_read == limit:
+                # Judged on decoded samples, not on reads: the shuffle buffer holds up to `shuffle_buffer`
+                # samples back, more than a few small shards hold, so none may be decoded yet.
+                prog.judge_at = prog.passed
+                if prog.passed == 0:
+                    raise DataError(self._nothing_usable(prog, stats))
+
+    def _check_usable(self, prog: _Progress, stats: SkipStats) -> None:
+        """Stop once all samples of the first `_give_up_after` shard reads were decoded, none usable."""
+        if prog.good == 0 and prog.judge_at is not None and prog.tried >= prog.judge_at:
+            raise DataError(self._nothing_usable(prog, stats))
 
     def _nothing_usable(self, prog: _Progress, stats: SkipStats) -> str:
         if prog.passed == 0 and self.subset is not None:
@@ -141,8 +152,9 @@ class TrainStream(IterableDataset):
             )
         counts = ", ".join(f"{k}: {v}" for k, v in sorted(stats.counts.items())) or "none"
         examples = "; ".join(m for msgs in stats.examples.values() for m in msgs[:1])
-        return f"{self.data_spec}: no usable sample in {prog.shards_read} shard reads (skipped: {counts})" + (
-            f"; e.g. {examples}" if examples else ""
+        return (
+            f"{self.data_spec}: no usable sample in {prog.tried} samples of {prog.shards_read} shard reads "
+            f"(skipped: {counts})" + (f"; e.g. {examples}" if examples else "")
         )
 
     def _shuffled(self, items: Iterator[RawSample], rng: np.random.Generator) -> Iterator[RawSample]:
@@ -180,11 +192,11 @@ class TrainStream(IterableDataset):
         captions: list[str] = []
         shards_reported = 0
         for sample in self._shuffled(self._raw(rng, worker, num_workers, stats, prog), rng):
+            prog.tried += 1
             pair = decode_pair(sample, stats)
-            if pair is None:
-                continue
-            caption = self._caption(sample, pair[1], stats)
-            if caption is None:
+            caption = None if pair is None else self._caption(sample, pair[1], stats)
+            if pair is None or caption is None:
+                self._check_usable(prog, stats)
                 continue
             images.append(self.image_transform(pair[0]))
             captions.append(caption)

@@ -3,21 +3,22 @@
 A tar written by img2dataset (or DataComp's resharder) stores each sample as consecutive members
 `<key>.jpg|png|webp`, `<key>.txt` (caption) and `<key>.json` (metadata with the `uid`). `iter_tar_samples`
 groups members by key (`hype.io.tar`'s rule) without extracting anything to disk; `decode_image` turns the
-bytes into an RGB image. Nothing here raises on bad data: every problem becomes a reason counted in
-`SkipStats` (DESIGN §4.5), so callers can report what was left out and why.
+bytes into an RGB image (`hype.data.imageprep.open_image`, the one decoder); `uid_from_meta` reads the uid
+(`hype.data.uids.normalize_uid`, the one uid reading). Nothing here raises on bad data: every problem
+becomes a reason counted in `SkipStats` (DESIGN §4.5), so callers can report what was left out and why.
 """
 
 from __future__ import annotations
 
-import io
 import json
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from PIL import Image
 
-from hype.io.tar import MISSING_SHARD, UNREADABLE_SHARD, read_samples
+from hype.data.imageprep import CORRUPT_IMAGE, IMAGE_TOO_LARGE, ImageError, decode_rgb
+from hype.data.uids import normalize_uid
+from hype.io.tar import MEMBER_TOO_LARGE, MISSING_SHARD, UNREADABLE_SHARD, read_samples
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 CAPTION_EXT = "txt"
@@ -27,9 +28,11 @@ META_EXT = "json"
 NO_IMAGE = "no_image"
 NO_CAPTION = "no_caption"
 BAD_CAPTION = "bad_caption"  # not UTF-8
-CORRUPT_IMAGE = "corrupt_image"
+# CORRUPT_IMAGE, IMAGE_TOO_LARGE (hype.data.imageprep): undecodable, or more pixels than MAX_PIXELS
 BAD_JSON = "bad_json"  # needed only when a uid is looked up (subset training)
 NO_UID = "no_uid"
+BAD_UID = "bad_uid"  # a uid that `normalize_uid` refuses (not 32 hex digits)
+# MEMBER_TOO_LARGE (hype.io.tar): a member bigger than MAX_MEMBER_BYTES, not read
 # UNREADABLE_SHARD (hype.io.tar): a tar that cannot be opened or is truncated mid-way
 # MISSING_SHARD (hype.io.tar): a tar that was listed but no longer exists
 EMPTY_SHARD = "empty_shard"
@@ -38,8 +41,11 @@ SKIP_REASONS = (
     NO_CAPTION,
     BAD_CAPTION,
     CORRUPT_IMAGE,
+    IMAGE_TOO_LARGE,
     BAD_JSON,
     NO_UID,
+    BAD_UID,
+    MEMBER_TOO_LARGE,
     UNREADABLE_SHARD,
     MISSING_SHARD,
     EMPTY_SHARD,
@@ -133,35 +139,47 @@ def iter_tar_samples(path: str, stats: SkipStats) -> Iterator[RawSample]:
         yield RawSample(key=key, shard=path, files=files)
 
 
-class ImageDecodeError(ValueError):
-    pass
+ImageDecodeError = ImageError  # the name the report catches
 
 
 def decode_image(data: bytes) -> Image.Image:
-    """Bytes -> RGB PIL image, fully decoded (so truncated files fail here, not later in a transform)."""
-    try:
-        with warnings.catch_warnings():
-            # Pillow warns (DecompressionBombWarning, EXIF noise) on odd web images; they still decode.
-            warnings.simplefilter("ignore")
-            img = Image.open(io.BytesIO(data))
-            img.load()
-            return img.convert("RGB")
-    except Exception as e:  # Pillow raises many types (OSError, SyntaxError, ValueError, bomb errors)
-        raise ImageDecodeError(f"{type(e).__name__}: {e}") from None
+    """Bytes -> fully decoded RGB PIL image (so truncated files fail here, not later in a transform);
+    raises `ImageError` with the skip reason."""
+    return decode_rgb(data)[0]
+
+
+class SampleSkip(ValueError):
+    """A sample that must be skipped; `reason` is counted in `SkipStats`, the message is an example."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def uid_from_meta(meta: dict | None, where: str) -> str:
+    """The canonical uid of a sample's parsed `.json` (`normalize_uid`); raises `SampleSkip` (no_uid,
+    bad_uid) naming the sample and the value."""
+    value = None if meta is None else meta.get("uid")
+    if not isinstance(value, str):
+        raise SampleSkip(NO_UID, f"{where}: no uid in its .json")
+    uid = normalize_uid(value)
+    if uid is None:
+        raise SampleSkip(BAD_UID, f"{where}: malformed uid {value!r} (need 32 hex digits)")
+    return uid
 
 
 def sample_uid(sample: RawSample, stats: SkipStats) -> str | None:
-    """The sample's `json["uid"]`, or None (counted) when it is missing or unreadable."""
+    """The sample's canonical `json["uid"]`, or None (counted) when it is missing, unreadable or malformed."""
     try:
         meta = sample.meta()
     except (ValueError, UnicodeDecodeError) as e:
         stats.add(BAD_JSON, f"{sample.where}: {e}")
         return None
-    uid = None if meta is None else meta.get("uid")
-    if not isinstance(uid, str):
-        stats.add(NO_UID, f"{sample.where}: no uid in its .json")
+    try:
+        return uid_from_meta(meta, sample.where)
+    except SampleSkip as e:
+        stats.add(e.reason, str(e))
         return None
-    return uid
 
 
 def decode_pair(sample: RawSample, stats: SkipStats) -> tuple[Image.Image, str] | None:
@@ -180,7 +198,7 @@ def decode_pair(sample: RawSample, stats: SkipStats) -> tuple[Image.Image, str] 
         return None
     try:
         image = decode_image(data)
-    except ImageDecodeError as e:
-        stats.add(CORRUPT_IMAGE, f"{sample.where}: {e}")
+    except ImageError as e:
+        stats.add(e.reason, f"{sample.where}: {e}")
         return None
     return image, caption

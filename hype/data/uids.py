@@ -1,7 +1,7 @@
 """The one uid codec: DataComp's 128-bit sample ids and its subset files.
 
 Scalar functions convert one uid at a time (`uid_to_pair`, `pair_to_uid`, `validate_uid`, and
-`parse_uid`, DataComp's laxer reading of a shard's `json["uid"]`); the vectorised ones (`arrow_to_pairs`,
+`normalize_uid`, the one reading of a shard sample's `json["uid"]`); the vectorised ones (`arrow_to_pairs`,
 `pairs_to_arrow`, `uids_to_pairs`, `sort_order`, `UidMultiset`) do the same on whole Arrow / NumPy
 arrays with a lookup table over the raw string bytes, for tables with millions of rows (one Python
 `int()` per uid takes minutes at DataComp scale); tests check that both agree exactly.
@@ -18,18 +18,20 @@ command-line option, which every command taking a subset file goes through.
 from __future__ import annotations
 
 import re
+import tempfile
 from collections.abc import Iterable, Sequence
 from os import PathLike
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from hype.data.errors import SelectError
-from hype.io import local_file, save_npy, storage
+from hype.io import NPY_ERRORS, local_file, save_npy, storage
 
 UID_DTYPE = np.dtype("u8,u8")
-_UID_RE = re.compile(r"^[0-9a-f]{32}$")
+_UID_RE = re.compile(r"[0-9a-f]{32}", re.ASCII)  # always with fullmatch: `$` would let a final "\n" in
 
 
 class UidError(ValueError):
@@ -38,7 +40,7 @@ class UidError(ValueError):
 
 def validate_uid(uid: object) -> str:
     """Return `uid` if it is a 32-char lowercase hex string, else raise `UidError` naming it."""
-    if not isinstance(uid, str) or not _UID_RE.match(uid):
+    if not isinstance(uid, str) or not _UID_RE.fullmatch(uid):
         raise UidError(f"malformed uid {uid!r}: expected 32 lowercase hex characters (a 128-bit hash)")
     return uid
 
@@ -48,19 +50,23 @@ def uid_to_pair(uid: str) -> tuple[int, int]:
     return divmod(int(validate_uid(uid), 16), 2**64)
 
 
-def parse_uid(value: object) -> tuple[int, int] | None:
-    """DataComp's resharder's parse of a sample's `json["uid"]`: any string `int(uid, 16)` reads whose
-    value fits 128 bits, as `(hi, lo)`; None for anything else. Laxer than `uid_to_pair` on purpose: a
-    shard sample is matched the way DataComp matches it."""
+def normalize_uid(value: object) -> str | None:
+    """The canonical form of a shard sample's `json["uid"]`, or None when it has none.
+
+    Canonical is 32 lowercase ASCII hex digits. Two spellings of such a uid are accepted and rewritten:
+    surrounding whitespace (stripped) and upper case (lowered). Everything else is refused, not guessed at:
+    a non-string, another length (leading zeros, a `0x` prefix, a short uid), non-ASCII digits (Python's
+    `int(uid, 16)`, and so DataComp's resharder, reads full-width digits), signs and underscores. Scoring,
+    training (`--subset`) and reshard all read uids through here, so a sample is the same uid, or the
+    same counted `bad_uid` skip, in each of them, and names built from it are always `<32 hex>-<j>`.
+    """
     if not isinstance(value, str):
         return None
-    try:
-        v = int(value, 16)
-    except ValueError:
+    uid = value.strip()
+    if len(uid) != 32 or not uid.isascii():  # isascii first: lower() of some non-ASCII letters is ASCII
         return None
-    if not 0 <= v < 2**128:
-        return None
-    return divmod(v, 2**64)
+    uid = uid.lower()
+    return uid if _UID_RE.fullmatch(uid) else None
 
 
 def pair_to_uid(hi: int, lo: int) -> str:
@@ -74,7 +80,7 @@ def pair_to_uid(hi: int, lo: int) -> str:
 def uids_to_array(uids: Iterable[str], *, sort: bool = True) -> np.ndarray:
     """Encode uids into a `"u8,u8"` structured array (sorted by default, duplicates kept)."""
     uids = list(uids)
-    bad = [u for u in uids if not isinstance(u, str) or not _UID_RE.match(u)]
+    bad = [u for u in uids if not isinstance(u, str) or not _UID_RE.fullmatch(u)]
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         raise UidError(f"malformed uid {bad[0]!r}{more}: expected 32 lowercase hex characters")
@@ -171,7 +177,7 @@ _TEXT_BYTES = bytes(range(0x20, 0x7F)) + b"\t\n\r"
 def _load_npy(path: Path) -> np.ndarray:
     try:
         arr = np.load(path, allow_pickle=False)
-    except (ValueError, EOFError) as e:  # object arrays (pickles), a damaged header, truncated data
+    except NPY_ERRORS as e:  # object arrays (pickles), a damaged header, truncated data
         raise UidError(f"{path}: found {_describe_npy(path, e)}; {_EXPECTED}") from None
     if not _is_uid_dtype(arr.dtype) or arr.ndim != 1:
         raise UidError(
@@ -212,7 +218,7 @@ def _describe_npy(path: Path, error: Exception) -> str:
                 else np.lib.format.read_array_header_2_0
             )
             shape, _, dtype = read(f)
-    except (ValueError, EOFError):
+    except NPY_ERRORS:
         return f"a NumPy file whose header cannot be read ({error})"
     what = f"a NumPy file holding {_describe_array(shape, dtype)}"
     if dtype.hasobject:
@@ -285,6 +291,41 @@ def arrow_to_pairs(
     hi = octets[:, :8].copy().view(">u8").ravel().astype(np.uint64)
     lo = octets[:, 8:].copy().view(">u8").ravel().astype(np.uint64)
     return hi, lo
+
+
+_NIBBLE_ANY_CASE = _NIBBLE.copy()
+_NIBBLE_ANY_CASE[np.frombuffer(b"ABCDEF", dtype=np.uint8)] = np.arange(10, 16, dtype=np.uint8)
+
+
+def normalize_arrow_uids(uids: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`normalize_uid` over a whole Arrow array: `(hi, lo, valid)`, the halves of each row's canonical uid
+    and whether it has one (rows without: nulls, non-strings, malformed uids, are 0 in `hi` and `lo`)."""
+    if isinstance(uids, pa.ChunkedArray):
+        uids = uids.combine_chunks() if uids.num_chunks != 1 else uids.chunk(0)
+    n = len(uids)
+    hi, lo, valid = np.zeros(n, np.uint64), np.zeros(n, np.uint64), np.zeros(n, dtype=bool)
+    if n == 0 or not (pa.types.is_string(uids.type) or pa.types.is_large_string(uids.type)):
+        return hi, lo, valid
+    uids = pc.utf8_trim_whitespace(uids)
+    # Rows of exactly 32 bytes (a non-ASCII character makes fewer than 32 characters), gathered into one
+    # contiguous array so that they read as an (n, 32) block of bytes.
+    ok = pc.fill_null(pc.equal(pc.binary_length(uids), 32), False)
+    rows = np.flatnonzero(ok.to_numpy(zero_copy_only=False))
+    if len(rows) == 0:
+        return hi, lo, valid
+    kept = uids.filter(ok) if len(rows) < n else uids
+    offset_type = np.int64 if pa.types.is_large_string(kept.type) else np.int32
+    buffers = kept.buffers()
+    start = int(np.frombuffer(buffers[1], dtype=offset_type)[kept.offset])
+    data = np.frombuffer(buffers[2], dtype=np.uint8)[start : start + 32 * len(rows)]
+    nibbles = _NIBBLE_ANY_CASE[data.reshape(len(rows), 32)]
+    hex_rows = ~(nibbles == 255).any(axis=1)
+    rows, nibbles = rows[hex_rows], nibbles[hex_rows]
+    octets = (nibbles[:, 0::2] << 4) | nibbles[:, 1::2]
+    hi[rows] = octets[:, :8].copy().view(">u8").ravel()
+    lo[rows] = octets[:, 8:].copy().view(">u8").ravel()
+    valid[rows] = True
+    return hi, lo, valid
 
 
 def _bad_uid(uids: pa.Array, i: int, where: str) -> None:
@@ -436,3 +477,93 @@ def splitmix64(x: np.ndarray) -> np.ndarray:
         z = (z ^ (z >> np.uint64(30))) * _M1
         z = (z ^ (z >> np.uint64(27))) * _M2
         return z ^ (z >> np.uint64(31))
+
+
+# Counting repeats in bounded memory ------------------------------------------------------------
+
+
+class UidRepeats:
+    """Counts repeated uids over a stream of `(hi, lo)` chunks (e.g. one per metadata file) in bounded memory.
+
+    Up to `memory_rows` uids are held in memory (16 bytes each: 256 MiB at the default 2^24, about twice
+    that while sorting). Past that bound every held uid goes to one of `buckets` files in a temporary folder
+    (`tmp_dir`, else the system's; chosen by a hash of the uid, 16 bytes per uid on disk) and each file is
+    counted on its own at the end, so memory stays within the same bound up to `buckets * memory_rows` uids
+    (17 billion at the defaults, more than DataComp's largest pool).
+    """
+
+    def __init__(self, memory_rows: int = 2**24, buckets: int = 1024, tmp_dir: str | None = None):
+        if buckets < 1 or buckets & (buckets - 1):
+            raise ValueError(f"buckets must be a power of two, got {buckets}")
+        self.memory_rows, self.buckets, self.tmp_dir = memory_rows, buckets, tmp_dir
+        self._his: list[np.ndarray] = []
+        self._los: list[np.ndarray] = []
+        self._held = 0
+        self._spill_dir: tempfile.TemporaryDirectory | None = None
+
+    @property
+    def spilled(self) -> bool:
+        return self._spill_dir is not None
+
+    def add(self, hi: np.ndarray, lo: np.ndarray) -> None:
+        self._his.append(np.asarray(hi, dtype=np.uint64))
+        self._los.append(np.asarray(lo, dtype=np.uint64))
+        self._held += len(self._his[-1])
+        if self._held > self.memory_rows:
+            self._spill()
+
+    def _bucket_file(self, b: int) -> Path:
+        return Path(self._spill_dir.name) / f"{b:05d}.u8u8"  # type: ignore[union-attr]
+
+    def _spill(self) -> None:
+        if self._spill_dir is None:
+            self._spill_dir = tempfile.TemporaryDirectory(prefix="hype-uids-", dir=self.tmp_dir)
+        shift = np.uint64(64 - (self.buckets.bit_length() - 1))
+        pieces: dict[int, list[np.ndarray]] = {}
+        while self._his:  # chunk by chunk: no concatenation of everything held
+            hi, lo = self._his.pop(), self._los.pop()
+            # A hash, not the uid's own top bits: made-up sequential uids would all share one bucket.
+            bucket = np.zeros(len(hi), np.int64)
+            if shift < 64:  # (one bucket: a shift by 64 is undefined)
+                bucket = (splitmix64(hi ^ splitmix64(lo)) >> shift).astype(np.int64)
+            order = np.argsort(bucket, kind="stable")
+            records = to_structured(hi[order], lo[order])
+            bounds = np.searchsorted(bucket[order], np.arange(self.buckets + 1))
+            for b in np.flatnonzero(np.diff(bounds)):
+                pieces.setdefault(int(b), []).append(records[bounds[b] : bounds[b + 1]])
+        for b, records in pieces.items():
+            with open(self._bucket_file(b), "ab") as f:
+                for r in records:
+                    r.tofile(f)
+        self._held = 0
+
+    def count(self, examples: int = 5) -> tuple[int, list[str]]:
+        """(rows whose uid appeared in an earlier row, up to `examples` of the repeated uids); ends the
+        counter (the spill folder is removed)."""
+        if self._spill_dir is None:
+            hi = np.concatenate(self._his) if self._his else np.empty(0, np.uint64)
+            lo = np.concatenate(self._los) if self._los else np.empty(0, np.uint64)
+            self._his, self._los = [], []
+            return _repeats(hi, lo, examples)
+        self._spill()
+        total, shown = 0, []
+        try:
+            for b in range(self.buckets):
+                path = self._bucket_file(b)
+                if path.exists():
+                    records = np.fromfile(path, dtype=UID_DTYPE)
+                    n, ex = _repeats(*from_structured(records), examples - len(shown))
+                    total, shown = total + n, shown + ex
+        finally:
+            self._spill_dir.cleanup()
+            self._spill_dir = None
+        return total, shown
+
+
+def _repeats(hi: np.ndarray, lo: np.ndarray, examples: int) -> tuple[int, list[str]]:
+    order = sort_order(hi, lo)
+    hi, lo = hi[order], lo[order]
+    del order
+    same = (hi[1:] == hi[:-1]) & (lo[1:] == lo[:-1])
+    first = np.flatnonzero(same & ~np.concatenate(([False], same[:-1])))[: max(examples, 0)]
+    return int(same.sum()), [pair_to_uid(hi[i], lo[i]) for i in first]

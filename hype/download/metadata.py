@@ -12,9 +12,11 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from hype.data.uids import UidRepeats, normalize_arrow_uids
 from hype.download.network import NetworkPolicy
 from hype.io import AnyPath, read_parquet, read_parquet_schema, storage
 
@@ -33,8 +35,10 @@ class MetadataPlan:
     files: list[AnyPath]
     rows: list[int]  # per file
     shards: list[tuple[int, int]]  # (shard id, samples), img2dataset's numbering
-    duplicate_uids: int = 0  # rows whose uid appeared before (in any file)
+    duplicate_uids: int = 0  # rows whose uid appeared before (in any file; uids read by normalize_uid)
     duplicate_examples: list[str] = field(default_factory=list)
+    malformed_uids: int = 0  # rows with no uid `hype.data.uids.normalize_uid` reads: scoring skips them
+    malformed_examples: list[str] = field(default_factory=list)
     has_bbox: bool = False  # every file has the bbox column
     refused: dict[str, int] = field(default_factory=dict)  # urls refused by their host alone, per kind
     refused_examples: list[str] = field(default_factory=list)
@@ -70,7 +74,11 @@ def plan_metadata(
     files = metadata_files(path)
     rows: list[int] = []
     shards: list[tuple[int, int]] = []
-    uids: list[pa.ChunkedArray] = []
+    # The uid index over all files: 16 bytes per row, in bounded memory (UidRepeats: 256 MiB held, the rest
+    # spilled to the temporary folder), not the uid strings of the whole pool in the driver.
+    repeats = UidRepeats()
+    malformed = 0
+    malformed_examples: list[str] = []
     host_counts: dict[tuple[str, str], int] = {}
     examples: dict[tuple[str, str], str] = {}
     has_bbox = bbox_col is not None
@@ -94,15 +102,13 @@ def plan_metadata(
         for i in range(math.ceil(n / samples_per_shard)):
             shards.append((first + i, min(samples_per_shard, n - i * samples_per_shard)))
         rows.append(n)
-        uids.append(table.column("uid"))
+        malformed += _index_uids(table.column("uid"), repeats, malformed_examples)
         _count_hosts(table.column("url"), host_counts, examples)
     plan = MetadataPlan(files=files, rows=rows, shards=shards, has_bbox=has_bbox)
-    _count_duplicates(uids, plan)
+    plan.duplicate_uids, plan.duplicate_examples = repeats.count(EXAMPLES)
+    plan.malformed_uids, plan.malformed_examples = malformed, malformed_examples
     for (scheme, host), n in sorted(host_counts.items(), key=lambda kv: -kv[1]):
-        if scheme in ("http", "https"):
-            kind = policy.host_refusal(host)
-        else:  # other schemes fail in img2dataset anyway; only those urllib could open are refusals
-            kind = policy.scheme_refusal(scheme)
+        kind = policy.scheme_refusal(scheme) or policy.host_refusal(host)
         if kind is not None:
             plan.refused[kind] = plan.refused.get(kind, 0) + n
             if len(plan.refused_examples) < EXAMPLES:
@@ -128,11 +134,11 @@ def _count_hosts(urls: pa.ChunkedArray, counts: dict, examples: dict) -> None:
         examples.setdefault((scheme, host), example)
 
 
-def _count_duplicates(uids: list[pa.ChunkedArray], plan: MetadataPlan) -> None:
-    if not uids:
-        return
-    column = pa.chunked_array([c for u in uids for c in u.cast(pa.string()).chunks], type=pa.string())
-    counts = pc.value_counts(column)
-    repeated = pc.filter(counts, pc.greater(pc.struct_field(counts, "counts"), 1))
-    plan.duplicate_uids = int(pc.sum(pc.subtract(pc.struct_field(repeated, "counts"), 1)).as_py() or 0)
-    plan.duplicate_examples = [str(u) for u in pc.struct_field(repeated, "values")[:EXAMPLES].to_pylist()]
+def _index_uids(column: pa.ChunkedArray, repeats: UidRepeats, examples: list[str]) -> int:
+    """Add a file's canonical uids to the index; returns the number of rows without one (the first few go
+    to `examples`)."""
+    hi, lo, valid = normalize_arrow_uids(column)
+    repeats.add(hi[valid], lo[valid])
+    bad = np.flatnonzero(~valid)
+    examples += [repr(column[int(i)].as_py()) for i in bad[: EXAMPLES - len(examples)]]
+    return len(bad)

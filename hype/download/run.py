@@ -5,7 +5,9 @@ img2dataset does the downloading; hype adds what a pool needs around it:
   sample's json, webdataset output, incremental mode (a rerun skips shards with a `_stats.json`);
 - every download worker refuses private-network targets (`hype.download.network`) unless allowed: the
   Downloader img2dataset builds is swapped for `hype.download.worker.GuardedDownloader`, which installs
-  the guard in the worker process before fetching;
+  the guard in the worker process before fetching, and first checks (here and in each worker) that
+  img2dataset's own fetch goes through it: a probe url the guard always refuses must come back refused,
+  else nothing is downloaded (fail closed); only http(s) urls are fetched, whatever the flags;
 - the metadata is checked up front (files, columns, duplicate uids, urls refused by their host alone);
 - img2dataset's own chatter (prints from the driver and every worker) goes to `OUT/_hype/img2dataset.log`
   and a progress bar over samples shows on stderr instead (its logger process, which only prints or
@@ -15,9 +17,10 @@ img2dataset does the downloading; hype adds what a pool needs around it:
 - the outcome is read back from the shards' `_stats.json` into one summary, `OUT/_hype/summary.json`.
   It lives in a sub-folder because img2dataset treats every `OUT/*.json` as a shard's stats file.
 
-OUT may be a URL (s3://...): img2dataset writes there itself through fsspec (hype's storage options
-reach it, and its worker processes, as fsspec's `FSSPEC_<PROTOCOL>` variables); hype reads the stats
-and markers back through `hype.io`, and its log is written locally and uploaded at the end.
+OUT may be a URL (s3://...): img2dataset writes there itself through fsspec. hype's storage options
+become fsspec's defaults in this process for the download's duration, and travel to every worker inside
+the pickled downloader (also to Ray workers on other nodes), never through the environment; hype reads
+the stats and markers back through `hype.io`, and its log is written locally and uploaded at the end.
 """
 
 from __future__ import annotations
@@ -30,13 +33,14 @@ import signal
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from hype.download.config import DownloadConfig, load_download_config
 from hype.download.metadata import DownloadError, MetadataPlan, plan_metadata
-from hype.download.network import REFUSED, NetworkPolicy
+from hype.download.network import REFUSED, SCHEME_REFUSED, NetworkPolicy, install_guard
 from hype.io import AnyPath, read_bytes, storage, write_bytes, write_json
 
 # img2dataset arguments hype depends on: scoring reads webdataset shards with `uid` in each json.
@@ -51,6 +55,7 @@ FIXED: dict[str, Any] = {
 # may change between a run and its resumption: they do not change what a shard holds
 RUN_SETTINGS = ("processes_count", "thread_count", "timeout", "retries", "max_shard_retry", "enable_wandb")
 RUN_SETTINGS += ("wandb_project", "user_agent_token")
+ALLOW_PRIVATE = "pass --allow-private-network to download from private addresses (e.g. a local server)"
 HYPE_DIR = "_hype"  # summary, log and the config used; not `OUT/*.json` (see the module docstring)
 
 
@@ -106,10 +111,16 @@ def run_download(cfg: DownloadConfig) -> dict:
         )
     refused_upfront = sum(plan.refused.values())
     if plan.total_rows and refused_upfront == plan.total_rows:
+        kinds = ", ".join(f"{n} {k}" for k, n in plan.refused.items())
+        schemes = [k.endswith(": url") for k in plan.refused]  # refused whatever the flags
+        hints = []
+        if not all(schemes):
+            hints.append(ALLOW_PRIVATE)
+        if any(schemes):
+            hints.append("only http(s) urls are downloaded")
         raise DownloadError(
-            f"{cfg.metadata}: every url ({plan.total_rows}) is a private network target, e.g. "
-            f"{plan.refused_examples[0]}; pass --allow-private-network to download from private addresses "
-            "(e.g. a local server)"
+            f"{cfg.metadata}: every url ({plan.total_rows}) is refused ({kinds}), e.g. "
+            f"{plan.refused_examples[0]}; {'; '.join(hints)}"
         )
     hype_dir = out / HYPE_DIR
     storage.makedirs(hype_dir)
@@ -160,11 +171,19 @@ def _run_img2dataset(
     import img2dataset
     from tqdm import tqdm
 
-    from hype.download.worker import GuardedDownloader
+    from hype.download.worker import GuardedDownloader, GuardNotInUse, protocols, verify_guard
+
+    try:  # before any worker starts: each checks again before its first fetch
+        with _guarded_here(policy) as opener:
+            verify_guard(opener)
+    except GuardNotInUse as e:
+        raise DownloadError(str(e)) from None
 
     main = sys.modules["img2dataset.main"]  # the package's `main` attribute is a function of that name
     patches = {
-        (main, "Downloader"): functools.partial(GuardedDownloader, policy=policy),
+        (main, "Downloader"): functools.partial(
+            GuardedDownloader, policy=policy, storage_options=storage.snapshot()
+        ),
         # its bar has no total; ours (over samples, with rate and ETA) replaces it
         (sys.modules["img2dataset.distributor"], "tqdm"): functools.partial(tqdm, disable=True),
     }
@@ -174,13 +193,23 @@ def _run_img2dataset(
         patches[(main, "LoggerProcess")] = _NoLogger
     sigint = signal.getsignal(signal.SIGINT)
     try:
-        with _patched(patches), _ray(cfg), _fsspec_options(out, storage.location(url_list)):
+        with _patched(patches), _ray(cfg), _fsspec_options(protocols(out, url_list)):
             img2dataset.download(url_list=url_list, output_folder=str(out), **kwargs)
     except SystemExit as e:
         # img2dataset's SIGINT handler exits with status 0; an interrupted download is not a success
         raise KeyboardInterrupt from e
     finally:
         signal.signal(signal.SIGINT, sigint)  # img2dataset leaves its handler installed
+
+
+@contextlib.contextmanager
+def _guarded_here(policy: NetworkPolicy) -> Iterator[urllib.request.OpenerDirector]:
+    """The guard installed in this process for the block, then this process's opener as it was."""
+    saved = urllib.request._opener
+    try:
+        yield install_guard(policy)
+    finally:
+        urllib.request.install_opener(saved)
 
 
 class _NoLogger:
@@ -218,36 +247,23 @@ def _same_folder(a: AnyPath, b: AnyPath) -> bool:
 
 
 @contextlib.contextmanager
-def _fsspec_options(*paths: AnyPath) -> Iterator[None]:
-    """hype's storage options for the protocols of `paths` (OUT, the metadata), for img2dataset's own
-    fsspec calls here and in the processes it starts (fsspec reads `FSSPEC_<PROTOCOL>` when imported).
-    Only in the environment, for the download's duration: never written to a file."""
+def _fsspec_options(protocols: list[str]) -> Iterator[None]:
+    """hype's storage options as fsspec's defaults for `protocols` (OUT's, the metadata's), for
+    img2dataset's own fsspec calls in this process, for the download's duration (the workers get them
+    from the downloader: `hype.download.worker.configure_fsspec`). Never written to a file."""
     import fsspec.config
 
-    protocols = sorted(
-        {p.protocol if isinstance(p.protocol, str) else p.protocol[0] for p in paths if storage.is_url(p)}
-    )
-    saved = {
-        proto: (os.environ.get(f"FSSPEC_{proto.upper()}"), fsspec.config.conf.get(proto))
-        for proto in protocols
-    }
-    for proto in protocols:
-        options = storage.options_for(proto)
-        os.environ[f"FSSPEC_{proto.upper()}"] = json.dumps(options)
-        fsspec.config.conf[proto] = options
+    saved = {protocol: fsspec.config.conf.get(protocol) for protocol in protocols}
+    for protocol in protocols:
+        fsspec.config.conf[protocol] = storage.options_for(protocol)
     try:
         yield
     finally:
-        for proto, (saved_env, saved_conf) in saved.items():
-            name = f"FSSPEC_{proto.upper()}"
-            if saved_env is None:
-                os.environ.pop(name, None)
+        for protocol, conf in saved.items():
+            if conf is None:
+                fsspec.config.conf.pop(protocol, None)
             else:
-                os.environ[name] = saved_env
-            if saved_conf is None:
-                fsspec.config.conf.pop(proto, None)
-            else:
-                fsspec.config.conf[proto] = saved_conf
+                fsspec.config.conf[protocol] = conf
 
 
 @contextlib.contextmanager
@@ -390,6 +406,7 @@ def build_summary(
             if reason != "success":
                 reasons[reason] = reasons.get(reason, 0) + int(n)
     refused = sum(n for r, n in reasons.items() if REFUSED in r)
+    refused_scheme = sum(n for r, n in reasons.items() if SCHEME_REFUSED in r)
     done = len(plan.shards) - len(failed)
     return {
         "status": "complete" if not failed else "incomplete",
@@ -403,6 +420,8 @@ def build_summary(
             "rows": plan.total_rows,
             "duplicate_uids": plan.duplicate_uids,
             "duplicate_examples": plan.duplicate_examples,
+            "malformed_uids": plan.malformed_uids,  # no 32-hex uid: downloaded, but scoring skips them
+            "malformed_examples": plan.malformed_examples,
             "refused_by_host": plan.refused,  # counted before downloading, from the urls alone
             "refused_examples": plan.refused_examples,
             "face_blurring": plan.has_bbox,
@@ -418,6 +437,7 @@ def build_summary(
             **totals,
             "failures_by_reason": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
             "refused_private_network": refused,
+            "refused_scheme": refused_scheme,  # not http(s): file:, ftp:, data:, ... (after redirects too)
         },
         "this_run": now,
         "seconds": round(seconds, 3),
@@ -442,16 +462,23 @@ def format_summary(s: dict, top: int = 8) -> str:
     if len(reasons) > top:
         rest = sum(n for _, n in reasons[top:])
         lines.append(f"    {rest:>8}  ({len(reasons) - top} other reasons; see {s['summary_file']})")
-    if sa["refused_private_network"] or inp["refused_by_host"]:
+    if sa["refused_private_network"] or sa.get("refused_scheme") or inp["refused_by_host"]:
         kinds = ", ".join(f"{n} {k}" for k, n in inp["refused_by_host"].items()) or "-"
         lines.append(
-            f"  refused private network targets: {sa['refused_private_network']} samples "
-            f"(by url alone: {kinds}); --allow-private-network downloads them"
+            f"  refused private network targets: {sa['refused_private_network']} samples, other schemes than "
+            f"http(s): {sa.get('refused_scheme', 0)} (by url alone: {kinds}); --allow-private-network "
+            "downloads from private addresses"
         )
     if inp["duplicate_uids"]:
         examples = ", ".join(inp["duplicate_examples"][:3])
         lines.append(
             f"  duplicate uids in the metadata: {inp['duplicate_uids']} repeated rows (e.g. {examples})"
+        )
+    if inp.get("malformed_uids"):
+        examples = ", ".join(inp["malformed_examples"][:3])
+        lines.append(
+            f"  rows without a 32-hex uid: {inp['malformed_uids']} (e.g. {examples}); scoring, training and "
+            "reshard skip them (README 'uids and subset files')"
         )
     rate = f", {s['images_per_s']} images/s" if s["images_per_s"] else ""
     lines.append(f"  time: {s['seconds']:.1f} s{rate}; summary: {s['summary_file']}")

@@ -3,19 +3,118 @@ pickles of it load there."""
 
 from __future__ import annotations
 
+import functools
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from img2dataset import downloader as i2d_downloader
 from img2dataset.downloader import Downloader
 
-from hype.download.network import NetworkPolicy, install_guard
+from hype.download.network import SCHEME_REFUSED, NetworkPolicy, install_guard
+from hype.io import storage, sync_path
+
+# What the guard must refuse whatever the policy allows; a data: url needs neither network nor disk.
+PROBE_URL = "data:,hype-guard-probe"
+TESTED = "img2dataset>=1.47,<1.48"  # the versions whose fetch path hype has checked (pyproject.toml)
+
+
+_verified: urllib.request.OpenerDirector | None = None  # the opener this process has checked
+
+
+class GuardNotInUse(RuntimeError):
+    """img2dataset does not fetch through hype's guarded opener: downloading would be unguarded."""
+
+
+def verify_guard(opener: urllib.request.OpenerDirector) -> None:
+    """Fail closed unless img2dataset's own fetch function goes through `opener` (the installed guard):
+    it must refuse a probe url that the guard refuses whatever the policy. A version of img2dataset that
+    opened urls another way (its own opener, another HTTP library) would bypass every check."""
+    try:
+        _, stream, error = i2d_downloader.download_image((0, PROBE_URL), 1, None, None)
+    except Exception as e:  # noqa: BLE001 - another signature, another behaviour: not the tested code
+        stream, error = None, f"{type(e).__name__}: {e}"
+    if stream is not None or SCHEME_REFUSED not in str(error) or urllib.request._opener is not opener:
+        raise GuardNotInUse(
+            "img2dataset does not fetch through hype's network guard (its download of the probe url "
+            f"{PROBE_URL} was not refused by the guard: {error!r}); nothing was downloaded. hype is tested "
+            f"with {TESTED}: install that version"
+        )
 
 
 class GuardedDownloader(Downloader):
     """img2dataset's Downloader that obeys a `NetworkPolicy` in whichever process runs it: img2dataset
-    pickles the downloader into every worker, and the guard is installed there before the first fetch."""
+    pickles the downloader into every worker, and the guard is installed there before the first fetch.
 
-    def __init__(self, *args, policy: NetworkPolicy, **kwargs):
+    A local shard is made durable in the order that counts: img2dataset writes the tar and the parquet,
+    then the `_stats.json` that marks the shard done (for hype's summary and for both resumes), and
+    syncs none of them; here the data files are synced when the writer closes (before the marker is
+    written), then the marker and the folder, so a power cut never leaves a marker over a lost shard."""
+
+    def __init__(
+        self, *args, policy: NetworkPolicy, storage_options: Mapping[str, Any] | None = None, **kwargs
+    ):
         super().__init__(*args, **kwargs)
         self.policy = policy
+        # The driver's storage options travel with the downloader into every task (an argument, never the
+        # environment or a Ray runtime_env): a worker on another node has no other way to get them, and
+        # without them it would write with whatever credentials and endpoint that node has.
+        self.storage_options = dict(storage_options or {})
+        self.local = not storage.is_url(self.output_folder)
+        if self.local:
+            self.sample_writer_class = functools.partial(_SyncedWriter, self.sample_writer_class)
 
     def __call__(self, row):
-        install_guard(self.policy)
+        global _verified
+        configure_fsspec(self.storage_options, self.output_folder, row[1])  # OUT, the shard's input file
+        opener = install_guard(self.policy)
+        if _verified is not opener:  # once per process (and after a reinstall)
+            verify_guard(opener)  # raised, not caught by img2dataset: the download stops
+            _verified = opener
         return super().__call__(row)
+
+    def download_shard(self, row):
+        super().download_shard(row)
+        if self.local:
+            name = f"{row[0]:0{self.oom_shard_count}d}_stats.json"
+            sync_path(Path(self.output_folder) / name)
+            sync_path(self.output_folder)
+
+
+def protocols(*paths: Any) -> list[str]:
+    """The fsspec protocols of the URLs among `paths` (local paths have none)."""
+    found = set()
+    for path in paths:
+        if storage.is_url(path):
+            protocol = storage.location(path).protocol
+            found.add(protocol if isinstance(protocol, str) else protocol[0])
+    return sorted(found)
+
+
+def configure_fsspec(options: Mapping[str, Any], *paths: Any) -> None:
+    """Worker side: the driver's storage `options` become this process's, and fsspec's defaults for the
+    protocols of `paths`, since img2dataset opens its files through fsspec itself."""
+    import fsspec.config
+
+    storage.configure(options)
+    for protocol in protocols(*paths):
+        fsspec.config.conf[protocol] = storage.options_for(protocol)
+
+
+class _SyncedWriter:
+    """Wraps an img2dataset sample writer: on close, the shard's files and their folder are synced."""
+
+    def __init__(self, writer_class, shard_id, output_folder, *args, **kwargs):
+        self.writer = writer_class(shard_id, output_folder, *args, **kwargs)
+        self.folder = Path(output_folder)
+        self.stem = f"{shard_id:0{self.writer.oom_shard_count}d}"
+
+    def write(self, *args, **kwargs):
+        return self.writer.write(*args, **kwargs)
+
+    def close(self) -> None:
+        self.writer.close()
+        for path in sorted(self.folder.glob(f"{self.stem}.*")):  # .tar and .parquet (or other formats')
+            sync_path(path)
+        sync_path(self.folder)

@@ -36,8 +36,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from hype.data.imageprep import Preprocess
-from hype.io import AnyPath, read_bytes, storage
+from hype.data.imageprep import CORRUPT_IMAGE, ImageError, Preprocess, open_image
+from hype.io import NPY_ERRORS, AnyPath, read_bytes, storage
 
 IMAGE_EXTS = ("webp", "png", "jpg", "jpeg")  # CLIP_benchmark's order of preference
 MAX_ERROR_EXAMPLES = 5
@@ -167,18 +167,10 @@ _PIL_FORMATS = {"webp": ("WEBP",), "png": ("PNG",), "jpg": ("JPEG",), "jpeg": ("
 
 
 def decode_image(data: bytes, ext: str | None = None) -> Image.Image:
-    """Decode now, so a truncated file fails here and not inside the transform. The extension is only a
-    hint (PIL otherwise probes every plugin, a third of the decode time); content that does not match
-    it, common in web data, is still opened by probing."""
-    formats = _PIL_FORMATS.get(ext or "")
-    try:
-        img = Image.open(io.BytesIO(data), formats=formats)
-    except Image.UnidentifiedImageError:
-        if formats is None:
-            raise
-        img = Image.open(io.BytesIO(data))
-    img.load()
-    return img
+    """Decode now (`hype.data.imageprep.open_image`: pixel cap, 8 bits), so a truncated file fails here
+    and not inside the transform. The extension is only a hint (PIL otherwise probes every plugin, a third
+    of the decode time). Raises `ImageError`."""
+    return open_image(data, formats=_PIL_FORMATS.get(ext or ""))[0]
 
 
 def decode_npy(data: bytes) -> np.ndarray:
@@ -213,7 +205,7 @@ class WdsBatches(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[dict]:
         import webdataset as wds
 
-        from hype.io.tar import read_samples
+        from hype.io.tar import MEMBER_TOO_LARGE, read_samples
 
         # Errors raised while reading go to the stats of the batch being filled; `current` is swapped
         # for a new object at every yield, so a batch's stats never change after it left.
@@ -221,7 +213,10 @@ class WdsBatches(torch.utils.data.IterableDataset):
 
         class Problems:  # hype.io.tar reports a damaged tar here, then goes on with the next shard
             def add(self, reason: str, message: str) -> None:
-                current[0].skip(f"unreadable tar data: {message}", read_error=True)
+                if reason == MEMBER_TOO_LARGE:  # one sample left out, unread: a skip, not a read error
+                    current[0].skip(message)
+                else:
+                    current[0].skip(f"unreadable tar data: {message}", read_error=True)
 
         urls = [u["url"] for u in wds.split_by_worker([{"url": u} for u in self.shards])]
         samples = (
@@ -263,8 +258,8 @@ class WdsBatches(torch.utils.data.IterableDataset):
                 return None
             try:
                 meta = decode_npy(sample["npy"]).astype(np.float64).reshape(-1)
-            except (ValueError, TypeError, OSError) as e:
-                stats.skip(f"{where}: unreadable .npy ({e})")
+            except (OSError, *NPY_ERRORS) as e:
+                stats.skip(f"{where}: unreadable .npy ({type(e).__name__}: {e})")
                 return None
             need = len(self.spec.metadata_fields)
             if meta.shape[0] < need:
@@ -289,7 +284,11 @@ class WdsBatches(torch.utils.data.IterableDataset):
                 return None
         try:
             image = self.transform.pixels(decode_image(sample[ext], ext))
-        except Exception as e:  # PIL raises many types for corrupt data; any of them means "skip"
+        except ImageError as e:  # corrupt, or too many pixels to decode
+            what = "corrupt" if e.reason == CORRUPT_IMAGE else "too large"
+            stats.skip(f"{where}: {what} .{ext} ({e})")
+            return None
+        except Exception as e:  # PIL raises many types in the transform too; any of them means "skip"
             stats.skip(f"{where}: corrupt .{ext} ({type(e).__name__}: {e})")
             return None
         return image, label, meta, captions

@@ -1,4 +1,5 @@
-"""hype's I/O layer: atomic writes, tolerant reads, digests and webdataset tars (see `files`, `tar`).
+"""hype's I/O layer: atomic writes, tolerant reads, digests, webdataset tars and the one lock on an output
+(see `files`, `tar`, `lock`).
 
 A core module: it imports the standard library, numpy, pyarrow and (for URLs, on first use) fsspec and
 universal_pathlib, not torch, not webdataset (which imports torch), and nothing of the commands'
@@ -8,6 +9,7 @@ packages, so every command reads and writes files one way, on a local disk or an
 """
 
 from hype.io.files import (
+    NPY_ERRORS,
     atomic_path,
     atomic_sink,
     atomic_write,
@@ -18,6 +20,7 @@ from hype.io.files import (
     json_text,
     load_npy,
     local_file,
+    make_folder,
     open_input,
     parquet_bytes,
     read_bytes,
@@ -27,6 +30,7 @@ from hype.io.files import (
     replace_tree,
     save_npy,
     sync,
+    sync_path,
     write_bytes,
     write_json,
     write_parquet,
@@ -36,6 +40,7 @@ from hype.io.pickled import PickledArrayError, read_pickled_array
 from hype.io.storage import AnyPath, StorageError, is_url, location
 
 __all__ = [
+    "NPY_ERRORS",
     "AnyPath",
     "StorageError",
     "is_url",
@@ -50,6 +55,7 @@ __all__ = [
     "json_text",
     "load_npy",
     "local_file",
+    "make_folder",
     "open_input",
     "read_bytes",
     "read_parquet",
@@ -61,6 +67,7 @@ __all__ = [
     "replace_tree",
     "save_npy",
     "sync",
+    "sync_path",
     "write_bytes",
     "write_json",
     "write_parquet",

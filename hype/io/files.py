@@ -1,7 +1,9 @@
 """Files: the one way in (`open_input`) and the one way out (`atomic_write`), and the helpers on them.
 
 Every output is written to a hidden temporary name in its folder (`.<name>.tmp-<pid>-<8 hex>`), flushed,
-fsynced and renamed over the target, so a reader sees the old file or the new one, never part of one; a
+fsynced and renamed over the target, and then the folder itself is fsynced (the rename is an entry of the
+folder: without it a power cut can undo a write that returned), so a reader sees the old file or the new
+one, never part of one, and a file once written survives a crash; a
 write that fails or is killed leaves at most a temporary, which `is_temp_name` recognises and the commands
 delete on their next run. A completion marker (`_stats.json`, `meta.json`, ...) is written the same way
 and last, after the data it vouches for. Files get the user's default mode (0666 minus the umask), also
@@ -21,6 +23,7 @@ import json
 import os
 import shutil
 import tempfile
+import tokenize
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -121,14 +124,14 @@ def atomic_write(path: str | PathLike, mode: str = "wb", *, encoding: str | None
             yield f
         return
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     tmp = temp_name(path)
     try:
         with open(tmp, mode, encoding=encoding if "b" not in mode else None) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        _rename_durably(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -144,14 +147,13 @@ def atomic_path(path: str | PathLike) -> Iterator[Path]:
             yield tmp
         return
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     tmp = temp_name(path)
     try:
         yield tmp
         os.chmod(tmp, 0o666 & ~_umask())
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        sync_path(tmp)
+        _rename_durably(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -196,18 +198,52 @@ def sync(f: IO) -> None:
     os.fsync(f.fileno())
 
 
+def sync_path(path: str | PathLike) -> None:
+    """fsync a local file or folder by name: a file's bytes, or a folder's entries (files created, renamed
+    or removed in it), reach the disk. For files written by a library that does not sync them."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_folder(folder: str | PathLike) -> None:
+    """`mkdir -p folder`, durably: each folder it creates is synced into its parent, so that a file
+    written into it and synced is not lost with a folder entry a power cut undid."""
+    folder = Path(folder)
+    if folder.is_dir():
+        return
+    missing = []
+    p = folder
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    for created in reversed(missing):
+        sync_path(created.parent)
+
+
+def _rename_durably(src: Path, dst: Path) -> None:
+    os.replace(src, dst)
+    sync_path(dst.parent)  # the rename is an entry of the folder: synced, it survives a power cut
+
+
 def replace_tree(tmp: str | PathLike, out: str | PathLike) -> None:  # local folders only (hype synth)
     """Move the finished folder `tmp` to `out`, replacing a previous `out`, so `out` only ever holds a
-    complete tree (a crash between the two renames leaves the old tree as `.<out>.old`)."""
+    complete tree (a crash between the two renames leaves the old tree as `.<out>.old`); the renames are
+    synced into the parent folder before the old tree is deleted."""
     tmp, out = Path(tmp), Path(out)
     if not out.exists():
         tmp.rename(out)
+        sync_path(out.parent)
         return
     old = out.parent / f".{out.name}.old"
     if old.exists():
         shutil.rmtree(old)
     out.rename(old)
     tmp.rename(out)
+    sync_path(out.parent)
     shutil.rmtree(old)
 
 
@@ -311,12 +347,21 @@ def read_parquet_schema(path: str | PathLike | storage.AnyPath) -> pa.Schema:
     return storage.with_retries(read, str(p))
 
 
+# What np.load raises for a damaged or hostile `.npy` (numpy parses the header dict with Python's tokenizer:
+# an unterminated header is a tokenize.TokenError, a malformed one a SyntaxError, odd values TypeErrors).
+NPY_ERRORS = (ValueError, EOFError, SyntaxError, TypeError, OverflowError, tokenize.TokenError)
+
+
 def load_npy(path: str | PathLike | storage.AnyPath, *, mmap: bool = False) -> np.ndarray:
-    """np.load of a `.npy`, never unpickling; `mmap` maps a local file (a URL is read into memory)."""
+    """np.load of a `.npy`, never unpickling; `mmap` maps a local file (a URL is read into memory). A file
+    that is not a readable `.npy` is a ValueError naming it."""
     p = storage.location(path)
-    if not storage.is_url(p):
-        return np.load(p, mmap_mode="r" if mmap else None, allow_pickle=False)
-    return np.load(io.BytesIO(read_bytes(p)), allow_pickle=False)
+    try:
+        if not storage.is_url(p):
+            return np.load(p, mmap_mode="r" if mmap else None, allow_pickle=False)
+        return np.load(io.BytesIO(read_bytes(p)), allow_pickle=False)
+    except NPY_ERRORS as e:
+        raise ValueError(f"{p}: not a readable .npy file ({type(e).__name__}: {e})") from None
 
 
 def save_npy(path: str | PathLike, array: np.ndarray) -> Path:

@@ -8,7 +8,7 @@ either, so the stages never ask which they hold. What object stores lack, and ho
   completed multipart upload) under its final name only when complete (`hype.io.files.atomic_write`); a
   write that fails or is killed leaves no object, and the completion marker is uploaded last as before.
 - No advisory locks. `create_exclusive` is a conditional create (S3 `If-None-Match: *`), the one
-  primitive the run directory's lock needs (see `hype.scoring.rundir.RunLock`).
+  primitive the run directory's lock needs (see `hype.io.lock`).
 - No cheap stat. `list_sizes(folder)` lists a folder once (one LIST call per 1000 names), so resuming a
   run reads one listing per stage instead of stat-ing every marker.
 - A network. Sequential reads (pool shards) go through `RemoteStream`: a background thread fetches the

@@ -12,9 +12,11 @@ Two readers apply it: `read_samples` streams members with their bytes (scoring, 
 (resharding, report thumbnails, eval progress totals). Neither raises on a damaged tar: the problem goes to
 `problems` (anything with `add(reason, message)`, e.g. `hype.data.samples.SkipStats`) and the samples
 before the damage are still yielded. The stream reports any damage as `unreadable_shard`; the index, which
-knows member sizes, reports a cut as `truncated_member`. A tar cut at a member boundary, which `tarfile`
-ends quietly, is caught by its missing end-of-archive marker; that is why the member loop is ours and not
-webdataset's `tar_file_iterator` (the same `tarfile` stream and filters, but it hides where reading ended).
+knows member sizes, reports a cut as `truncated_member`. Both leave out, counted as `member_too_large`, a
+sample with a member over `MAX_MEMBER_BYTES`, decided on its header before any of its data is read.
+A tar cut at a member boundary, which `tarfile` ends quietly, is caught by its missing end-of-archive
+marker; that is why the member loop is ours and not webdataset's `tar_file_iterator` (the same `tarfile`
+stream and filters, but it hides where reading ended).
 
 `write_tar` writes ustar members with fixed metadata, so equal members give equal bytes: those `tarfile`
 writes (and webdataset's `TarWriter` with mode 0644, mtime 0 and no user or group), faster.
@@ -36,6 +38,12 @@ from hype.io.storage import StorageError, is_url
 UNREADABLE_SHARD = "unreadable_shard"  # a tar that cannot be opened or read to its end
 MISSING_SHARD = "missing_shard"  # a tar (object) that no longer exists: deleted after the run was planned
 TRUNCATED = "truncated_member"  # (index) member data past the end of the file, or no end-of-archive marker
+MEMBER_TOO_LARGE = "member_too_large"  # a sample with a member over MAX_MEMBER_BYTES: skipped, never read
+
+# The largest member a reader loads into memory, checked on its header before any of its data is read. A
+# sample with a bigger member is skipped whole (one count), so nothing reads 300 MiB to find a bad image.
+# Web images are a few MB; a JPEG at the decoder's pixel cap (hype.data.imageprep.MAX_PIXELS) is ~20 MB.
+MAX_MEMBER_BYTES = 32 * 2**20
 
 BLOCK = 512
 RECORD = 20 * BLOCK
@@ -71,15 +79,42 @@ def group_members(members: Iterable[tuple[str, str, V]]) -> Iterator[tuple[str, 
 
 
 def read_samples(path: str | PathLike, problems: Problems) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """(key, {suffix: bytes}) for each sample of a tar (or compressed tar), streamed in file order."""
-    return group_members(_stream_members(_name(path), problems))
+    """(key, {suffix: bytes}) for each sample of a tar (or compressed tar), streamed in file order; a sample
+    with a member over `MAX_MEMBER_BYTES` is counted and left out, its data skipped unread."""
+    name = _name(path)
+    return _capped(name, group_members(_stream_members(name, problems)), problems)
 
 
 def index_samples(
     path: str | PathLike, problems: Problems
 ) -> Iterator[tuple[str, dict[str, tuple[int, int]]]]:
-    """(key, {suffix: (data offset, size)}) for each sample of an uncompressed tar, reading headers only."""
-    return group_members(_header_members(_name(path), problems))
+    """(key, {suffix: (data offset, size)}) for each sample of an uncompressed tar, reading headers only;
+    a sample with a member over `MAX_MEMBER_BYTES` is counted and left out, as in `read_samples`."""
+    name = _name(path)
+    return _capped(name, group_members(_header_members(name, problems)), problems)
+
+
+class _TooLarge(int):
+    """Stands for the data of a member over `MAX_MEMBER_BYTES` (its size), which was not read."""
+
+
+def _capped(path: str, samples: Iterator[tuple[str, dict]], problems: Problems) -> Iterator[tuple[str, dict]]:
+    for key, files in samples:
+        big = [f"{key}.{ext} ({_size(v)} bytes)" for ext, v in files.items() if _size(v) > MAX_MEMBER_BYTES]
+        if big:
+            problems.add(
+                MEMBER_TOO_LARGE,
+                f"{path}: {', '.join(big)}: over the {MAX_MEMBER_BYTES}-byte member limit "
+                "(hype.io.tar.MAX_MEMBER_BYTES); sample not read",
+            )
+            continue
+        yield key, files
+
+
+def _size(value: bytes | tuple[int, int] | _TooLarge) -> int:
+    if isinstance(value, tuple):  # (offset, size) from the header index
+        return value[1]
+    return int(value) if isinstance(value, _TooLarge) else len(value)
 
 
 def _name(path: str | PathLike) -> str:
@@ -90,7 +125,10 @@ def _stream_members(path: str, problems: Problems) -> Iterator[tuple[str, str, b
     try:
         with open_input(path, stream=True) as f, tarfile.open(fileobj=f, mode="r|*") as tar:
             for member, key, ext in _sample_files(tar):
-                yield key, ext, tar.extractfile(member).read()  # type: ignore[union-attr]
+                if member.size > MAX_MEMBER_BYTES:  # from the header: the stream skips the data unread
+                    yield key, ext, _TooLarge(member.size)
+                else:
+                    yield key, ext, tar.extractfile(member).read()  # type: ignore[union-attr]
                 tar.members = []  # as webdataset does: a streamed tar need not remember its members
             if tar.fileobj.comptype == "tar" and not _ends_with_marker(f, tar.offset):  # type: ignore[attr-defined]
                 problems.add(

@@ -66,6 +66,11 @@ _STORAGE_DTYPES: dict[str, torch.dtype] = {
 }
 
 
+# The most bytes a non-tensor member (data.pkl, a code file) may declare: far above any real model's
+# (OpenAI's ViT-L/14 has a few MB of code), far below what would strain memory.
+_MAX_RECORD = 256 * 2**20
+
+
 # --- detection ----------------------------------------------------------------------------------
 
 
@@ -132,6 +137,7 @@ class _Archive:
                 "torch.save load it as a state dict instead"
             )
         self.prefix, self.names = prefix, set(names)
+        self.size = path.stat().st_size
         self.swap = self._byteorder() != sys.byteorder
         self.storages: dict[str, torch.Tensor] = {}
 
@@ -141,6 +147,16 @@ class _Archive:
             raise TorchScriptError(
                 f"{self.path}: the archive has no member {full!r}; it is incomplete or not a TorchScript "
                 "module saved with torch.jit.save; download it again"
+            )
+        return self.read(full)
+
+    def read(self, full: str) -> bytes:
+        """A non-tensor member (data.pkl, code, byteorder), its declared size bounded before reading."""
+        declared = self.zf.getinfo(full).file_size
+        if declared > _MAX_RECORD:
+            raise TorchScriptError(
+                f"{self.path}: member {full} declares {declared} bytes, more than any TorchScript record "
+                f"({_MAX_RECORD} bytes); the archive is crafted or damaged and is not read"
             )
         return self.zf.read(full)
 
@@ -167,7 +183,7 @@ class _Archive:
         for name in sorted(self.names):
             if name.startswith(code) and name.endswith(".py"):
                 qualifier = name[len(code) : -len(".py")].replace("/", ".")
-                text = self.zf.read(name).decode("utf-8", "replace")
+                text = self.read(name).decode("utf-8", "replace")
                 found.update(_parse_classes(qualifier, text))
         if not found:
             raise TorchScriptError(
@@ -194,7 +210,21 @@ class _Archive:
             )
         itemsize = torch.empty((), dtype=record.dtype).element_size()
         expected = record.numel * itemsize
-        size = self.zf.getinfo(name).file_size
+        info = self.zf.getinfo(name)
+        # torch.jit.save stores tensor data uncompressed, so an entry's bytes lie in the file itself: its
+        # size is bounded by the file's before anything is allocated. A deflated entry could expand a
+        # small file to gigabytes and is refused.
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise TorchScriptError(
+                f"{self.path}: tensor data {name} is compressed, which torch.jit.save never writes; the "
+                "archive was rewritten or crafted and is not inflated. Re-save the model with torch.jit.save"
+            )
+        if info.file_size > self.size:
+            raise TorchScriptError(
+                f"{self.path}: tensor data {name} declares {info.file_size} bytes, more than the whole file "
+                f"({self.size}); the archive is damaged; download it again"
+            )
+        size = info.file_size
         if size != expected:
             raise TorchScriptError(
                 f"{self.path}: {name} holds {size} bytes, expected {expected} ({record.numel} elements of "

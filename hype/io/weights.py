@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pickle
 import re
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,9 @@ from typing import Any
 import torch
 
 Tensor = torch.Tensor
+
+# torch.load(weights_only=True) could be made to run code before torch 2.6 (CVE-2025-32434).
+SAFE_TORCH_LOAD = (2, 6)
 
 # How many keys an error lists before summarizing the rest: enough to see the pattern, short enough to read.
 _MAX_LISTED = 12
@@ -56,6 +58,7 @@ def load_source(path: str | Path) -> Any:
             return load_file(str(path), device="cpu")
         except Exception as e:  # safetensors raises its own error types for bad headers
             raise ModelFileError(f"{path}: unreadable safetensors file ({e})") from e
+    require_safe_torch_load(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -75,12 +78,27 @@ def load_source(path: str | Path) -> Any:
             f"{path}: not a readable PyTorch checkpoint ({detail.group(1).strip() if detail else e}); the "
             "file may be truncated or of another format; download it again"
         ) from None
-    except (RuntimeError, EOFError, KeyError, ValueError, zipfile.BadZipFile, OSError) as e:
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - torch.load raises many types (IndexError, ...) on malformed bytes
         detail = str(e).strip() or type(e).__name__
         raise ModelFileError(
             f"{path}: not a readable PyTorch checkpoint ({detail}); the file may be truncated or of "
             "another format; download it again"
         ) from None
+
+
+def require_safe_torch_load(path: str | Path) -> None:
+    """Refuse to open `path` with torch.load on a torch whose weights-only unpickler can be bypassed."""
+    from torch.torch_version import TorchVersion
+
+    if TorchVersion(torch.__version__) < SAFE_TORCH_LOAD:
+        need = ".".join(map(str, SAFE_TORCH_LOAD))
+        raise ModelFileError(
+            f"{path}: not opened: torch {torch.__version__} has a torch.load(weights_only=True) that a "
+            f"crafted file can make run code (CVE-2025-32434); upgrade with pip install 'torch>={need}' "
+            "(safetensors files load on any torch)"
+        )
 
 
 def _is_safetensors(path: Path) -> bool:

@@ -18,6 +18,8 @@ Every mistake is a `ConfigError` (a `ValueError`) naming the file and the dotted
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,6 +177,11 @@ class ModelConfig:
     preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
 
     def __post_init__(self) -> None:
+        # A name is written into files (params.txt, logs): a newline would add lines there.
+        if not isinstance(self.name, str) or not self.name.isprintable():
+            raise ConfigError(
+                "name", f"{self.name!r} contains control characters (e.g. a newline); rename it"
+            )
         if self.geometry not in GEOMETRIES:
             raise ConfigError(
                 "geometry", f"unknown geometry {self.geometry!r}; choose one of: {', '.join(GEOMETRIES)}"
@@ -289,3 +296,47 @@ def _resolve_loss(loss: LossConfig, geometry: Any) -> LossConfig:
         raise ConfigError("entailment_weight", f"must be >= 0, got {weight}")
     positive(out, "entailment_K")
     return out
+
+
+# Each clamp of `ScalarsConfig`: the model's log-parameters it bounds, and which side.
+_SCALAR_BOUNDS = {
+    "logit_scale_max": (("log_logit_scale",), "upper"),
+    "curv_min": (("log_curv",), "lower"),
+    "curv_max": (("log_curv",), "upper"),
+    "alpha_max": (("log_alpha_img", "log_alpha_txt"), "upper"),
+}
+_SCALAR_NAMES = {
+    "log_logit_scale": "logit scale",
+    "log_curv": "curvature",
+    "log_alpha_img": "image alpha",
+    "log_alpha_txt": "text alpha",
+}
+
+
+def fit_scalar_bounds(config: ModelConfig, logs: Mapping[str, Any]) -> tuple[ModelConfig, list[str]]:
+    """`config` with its scalar clamps widened to hold stored log-scalars (`log_curv`, ... -> tensors or
+    floats), and a note for each stored value that lay outside.
+
+    A released model (MERU, HYPE, open_clip) clamps its scalars only in its training step; its encoders
+    use the stored values as they are. A model read from such a file must compute the same, so the clamps
+    move out to the stored values rather than the values in to the clamps (training from the result
+    then starts from the file's values)."""
+    found = {k: math.exp(float(v)) for k, v in logs.items() if k in _SCALAR_NAMES and v is not None}
+    widened: dict[str, float] = {}
+    notes = []
+    for bound, (params, side) in _SCALAR_BOUNDS.items():
+        limit = getattr(config.scalars, bound)
+        for param in params:
+            value = found.get(param)
+            if limit is None or value is None or (value >= limit if side == "lower" else value <= limit):
+                continue
+            current = widened.get(bound, limit)
+            widened[bound] = min(current, value) if side == "lower" else max(current, value)
+            notes.append(
+                f"stored {_SCALAR_NAMES[param]} {value:.6g} lies outside the config's bounds ({bound} "
+                f"{limit:g}); the model uses it as stored, as the released code does at inference (it "
+                "clamps only while training), and its config's bound moves to it"
+            )
+    if not widened:
+        return config, []
+    return dataclasses.replace(config, scalars=dataclasses.replace(config.scalars, **widened)), notes

@@ -30,6 +30,7 @@ import torch
 from hype.geometry import GEOMETRIES
 from hype.io import bytes_digest, file_digest
 from hype.io.weights import ModelFileError, load_source, unwrap_state_dict
+from hype.models.config import fit_scalar_bounds
 from hype.models.contrastive import ContrastiveModel
 from hype.models.factory import create_model
 from hype.models.open_clip_format import (
@@ -113,14 +114,18 @@ def read_open_clip(
 
     model_cfg, preprocess_cfg, name, arch_origin = _architecture(arch, hf_config, params, sd, weights)
     geometry, geometry_origin = _geometry(geometry, params, sd)
-    if native and geometry == "clip" and unsupported_features(model_cfg):
-        folder = hf_config.parent if hf_config is not None else None
-        model = build_open_clip_model(model_cfg, preprocess_cfg, name=name, folder=folder)
-        _load_strict(model.open_clip, open_clip_state_dict(model, sd), weights, name)
-    else:
-        config = model_config_from_open_clip(model_cfg, preprocess_cfg, name=name, geometry=geometry)
-        model = create_model(config)
-        _load_strict(model, state_dict_from_open_clip(sd), weights, name)
+    described = hf_config or _params_file(weights) or weights
+    try:
+        model = _build(model_cfg, preprocess_cfg, name, geometry, native, hf_config, sd, weights)
+    except ModelFileError as e:
+        if str(described) in str(e) or str(weights) in str(e):
+            raise
+        raise type(e)(f"{described}: {e}") from None  # name the file the problem comes from
+    except (ValueError, TypeError, KeyError, AttributeError) as e:  # ConfigError, malformed config values
+        raise ModelFileError(
+            f"{described}: open_clip architecture {name!r} cannot be built from this config "
+            f"({type(e).__name__}: {e})"
+        ) from None
     return ImportedModel(
         model=model.eval(),
         weights=weights,
@@ -131,6 +136,36 @@ def read_open_clip(
         source_tensors=len(sd),
         ignored_top_level=top_level,
     )
+
+
+def _build(
+    model_cfg: dict,
+    preprocess_cfg: dict,
+    name: str,
+    geometry: str,
+    native: bool,
+    hf_config: Path | None,
+    sd: dict,
+    weights: Path,
+) -> ContrastiveModel | OpenClipModel:
+    """The model, built first on the meta device and checked against the file's tensors: memory is
+    allocated only for a model whose every tensor the file holds (a config cannot ask for more)."""
+    if native and geometry == "clip" and unsupported_features(model_cfg):
+        folder = hf_config.parent if hf_config is not None else None
+        with torch.device("meta"):
+            probe = build_open_clip_model(model_cfg, preprocess_cfg, name=name, folder=folder, device="meta")
+        _check_tensors(probe.open_clip, open_clip_state_dict(probe, sd), weights, name)
+        model = build_open_clip_model(model_cfg, preprocess_cfg, name=name, folder=folder)
+        _load_strict(model.open_clip, open_clip_state_dict(model, sd), weights, name)
+        return model
+    config = model_config_from_open_clip(model_cfg, preprocess_cfg, name=name, geometry=geometry)
+    mapped = state_dict_from_open_clip(sd)
+    # open_clip clamps the logit scale (and the fork its curvature, α) only while training.
+    config, _ = fit_scalar_bounds(config, mapped)
+    _check_tensors(create_model(config, device="meta"), mapped, weights, name)
+    model = create_model(config)
+    _load_strict(model, mapped, weights, name)
+    return model
 
 
 # --- where the parts come from --------------------------------------------------------------------
@@ -163,21 +198,43 @@ def _config_beside(weights: Path) -> Path | None:
 
 def _hf_snapshot(folder: Path) -> Path:
     # A Hugging Face cache entry (models--org--name/) keeps files under snapshots/<commit>/, the
-    # current one named by refs/main.
+    # current one named by refs/main. Everything read from an entry stays inside it: refs/main names a
+    # folder of snapshots/ (one path component), and each file of the snapshot resolves inside the entry
+    # (hf's own symlinks point into its blobs/).
     ref = folder / "refs" / "main"
-    if (folder / "snapshots").is_dir():
-        if ref.is_file():
-            snap = folder / "snapshots" / ref.read_text().strip()
-            if snap.is_dir():
-                return snap
+    if not (folder / "snapshots").is_dir():
+        return folder
+    snap = None
+    if ref.is_file():
+        commit = ref.read_text(errors="replace").strip()
+        if not commit or commit in (".", "..") or any(c in commit for c in "/\\") or not commit.isprintable():
+            raise ModelFileError(
+                f"{ref}: names {commit!r}, not a snapshot folder under {folder / 'snapshots'}; the cache "
+                "entry is damaged or crafted. Pass the snapshot folder itself (snapshots/<commit>/)"
+            )
+        if (folder / "snapshots" / commit).is_dir():
+            snap = folder / "snapshots" / commit
+    if snap is None:
         snaps = sorted(d for d in (folder / "snapshots").iterdir() if d.is_dir())
-        if len(snaps) == 1:
-            return snaps[0]
-        raise ModelFileError(
-            f"{folder}: a Hugging Face cache folder with {len(snaps)} snapshots and no refs/main; pass the "
-            "snapshot folder itself (snapshots/<commit>/)"
-        )
-    return folder
+        if len(snaps) != 1:
+            raise ModelFileError(
+                f"{folder}: a Hugging Face cache folder with {len(snaps)} snapshots and no refs/main naming "
+                "one; pass the snapshot folder itself (snapshots/<commit>/)"
+            )
+        snap = snaps[0]
+    _confine(snap, folder)
+    return snap
+
+
+def _confine(snap: Path, entry: Path) -> None:
+    root = entry.resolve()
+    for item in snap.iterdir():
+        target = item.resolve()
+        if not target.is_relative_to(root):
+            raise ModelFileError(
+                f"{item}: resolves to {target}, outside the Hugging Face cache entry {entry}; hype reads a "
+                "cache entry's files only inside it. Pass a folder holding the model's own files"
+            )
 
 
 def _train_checkpoints(folder: Path) -> list[Path]:
@@ -227,8 +284,9 @@ def _architecture(
         try:
             data = json.loads(hf_config.read_text())
             model_cfg = data["model_cfg"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
             raise ModelFileError(f"{hf_config}: not an open_clip config with a model_cfg ({e})") from None
+        _check_config_types(hf_config, data)
         name = builtin_name(model_cfg) or hf_config.parent.name
         return model_cfg, data.get("preprocess_cfg") or {}, name, str(hf_config)
     if params.get("model"):
@@ -250,6 +308,22 @@ def _architecture(
         f"{weights}: a bare state dict does not say its architecture (ViT-B-32 and ViT-B-32-quickgelu hold "
         f"the same tensors); pass --arch NAME{_candidates(sd)}"
     )
+
+
+def _check_config_types(path: Path, data: dict) -> None:
+    """The JSON types of an open_clip_config.json's sections (values are checked when it is built)."""
+    model_cfg = data["model_cfg"]
+    problems = [] if isinstance(model_cfg, dict) else ["model_cfg is not an object"]
+    if not problems:
+        problems += [
+            f"model_cfg.{k} is not an object"
+            for k in ("vision_cfg", "text_cfg")
+            if not isinstance(model_cfg.get(k, {}), dict)
+        ]
+    if not isinstance(data.get("preprocess_cfg") or {}, dict):
+        problems.append("preprocess_cfg is not an object")
+    if problems:
+        raise ModelFileError(f"{path}: not a valid open_clip config: {'; '.join(problems)}")
 
 
 def _candidates(sd: dict) -> str:
@@ -298,6 +372,13 @@ def _geometry(geometry: str | None, params: dict[str, str], sd: dict) -> tuple[s
 
 
 def _load_strict(model: torch.nn.Module, mapped: dict, weights: Path, name: str) -> None:
+    _check_tensors(model, mapped, weights, name)
+    with torch.no_grad():
+        model.load_state_dict(mapped, strict=True)  # casts fp16 releases to the model's fp32
+
+
+def _check_tensors(model: torch.nn.Module, mapped: dict, weights: Path, name: str) -> None:
+    """Every tensor of `model` (meta or real) in `mapped`, with its shape, and nothing else."""
     want = model.state_dict()
     missing = sorted(set(want) - set(mapped))
     unexpected = sorted(set(mapped) - set(want))
@@ -319,15 +400,9 @@ def _load_strict(model: torch.nn.Module, mapped: dict, weights: Path, name: str)
             + "; ".join(x for x in parts if x)
             + ". Check --arch (open_clip.list_models()) or that the file is an open_clip CLIP checkpoint"
         )
-    with torch.no_grad():
-        model.load_state_dict(mapped, strict=True)  # casts fp16 releases to the model's fp32
 
 
 def _is_hype_checkpoint(p: Path) -> bool:
-    from hype.checkpoint import CheckpointError, read_checkpoint_metadata
+    from hype.checkpoint import is_hype_checkpoint
 
-    try:
-        read_checkpoint_metadata(p)
-        return True
-    except CheckpointError:
-        return False
+    return is_hype_checkpoint(p)

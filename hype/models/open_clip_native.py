@@ -29,7 +29,7 @@ import importlib.util
 import json
 import logging
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,7 +163,9 @@ def build_open_clip_model(
     tokenizer = _tokenizer(text, folder, name)
     if text.get("hf_model_name"):
         # open_clip reads the text tower's Hugging Face config by name; give it the local copy.
-        text["hf_model_name"] = str(_hf_local(text["hf_model_name"], ("config.json",), "text tower", name))
+        tower = _hf_local(text["hf_model_name"], ("config.json",), "text tower", name)
+        _refuse_custom_code(tower, name)
+        text["hf_model_name"] = str(tower)
         cfg["text_cfg"] = text
     model = _create(cfg, dict(preprocess_cfg or {}), name, device)
     config = _config(model, dict(model_cfg), name, tokenizer)
@@ -279,27 +281,88 @@ def _config(model: nn.Module, model_cfg: dict, name: str, tokenizer: Any) -> Ope
 # --- tokenizers and Hugging Face files -------------------------------------------------------------
 
 
+# The tokenizer options an open_clip config may set (`text_cfg.tokenizer_kwargs`), per tokenizer, with a
+# test of each value. hype builds the options it hands a tokenizer from this list and its own fixed ones:
+# nothing else in a model file (trust_remote_code, cache_dir, bpe_path, ...) ever reaches a loader.
+_CLEAN = ("canonicalize", "lower", "whitespace")
+_TOKENIZER_OPTIONS: dict[str, dict[str, Callable[[Any], bool]]] = {
+    "SimpleTokenizer": {
+        "clean": lambda v: v in _CLEAN,
+        "reduction_mask": lambda v: v in ("", "simple", "random", "shuffle", "syntax"),
+    },
+    "HFTokenizer": {
+        "clean": lambda v: v in _CLEAN,
+        "strip_sep_token": lambda v: isinstance(v, bool),
+        "language": lambda v: isinstance(v, str),
+    },
+}
+# Files in which a Hugging Face folder declares Python code of its own for transformers to import.
+_CODE_DECLARATIONS = ("tokenizer_config.json", "config.json", "processor_config.json")
+
+
+def _tokenizer_options(text_cfg: Mapping[str, Any], kind: str, name: str) -> dict[str, Any]:
+    given = text_cfg.get("tokenizer_kwargs") or {}
+    allowed = _TOKENIZER_OPTIONS[kind]
+    if not isinstance(given, Mapping):
+        raise ModelFileError(f"open_clip architecture {name!r}: text_cfg.tokenizer_kwargs is not a mapping")
+    for key, value in given.items():
+        if key not in allowed or not allowed[key](value):
+            raise ModelFileError(
+                f"open_clip architecture {name!r}: text_cfg.tokenizer_kwargs {key!r}: {value!r} is not a "
+                f"tokenizer option hype accepts from a model file (for {kind}: {', '.join(allowed)} with "
+                "open_clip's values); hype never passes loader options from a model file to a loader. "
+                "Remove it from the model's open_clip_config.json"
+            )
+    return dict(given)
+
+
+def _refuse_custom_code(folder: Path, name: str) -> None:
+    """Refuse a Hugging Face folder that declares code of its own (`auto_map`): hype reads model files
+    as data, and transformers would import that code when asked to trust it."""
+    for filename in _CODE_DECLARATIONS:
+        path = folder / filename
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise ModelFileError(f"{path}: unreadable JSON ({e}); open_clip architecture {name!r}") from None
+        if isinstance(data, dict) and ("auto_map" in data or data.get("trust_remote_code")):
+            raise ModelFileError(
+                f"{path}: declares Python code of its own (auto_map / trust_remote_code); hype never runs "
+                f"code from a model folder (open_clip architecture {name!r}). Use a tokenizer and text "
+                "tower that transformers implements itself"
+            )
+
+
 def _tokenizer(text_cfg: Mapping[str, Any], folder: Path | None, name: str) -> Any:
     """open_clip's `get_tokenizer` choice for this text config, with Hugging Face files read locally."""
     from open_clip.tokenizer import DEFAULT_CONTEXT_LENGTH, HFTokenizer, SimpleTokenizer
 
     context_length = text_cfg.get("context_length", DEFAULT_CONTEXT_LENGTH)
-    kwargs = dict(text_cfg.get("tokenizer_kwargs") or {})
     repo = text_cfg.get("hf_tokenizer_name")
     if not repo:
-        return SimpleTokenizer(context_length=context_length, **kwargs)
+        return SimpleTokenizer(
+            context_length=context_length, **_tokenizer_options(text_cfg, "SimpleTokenizer", name)
+        )
+    options = _tokenizer_options(text_cfg, "HFTokenizer", name)
+    mode = text_cfg.get("tokenizer_mode")
+    if mode not in (None, "", "clips"):
+        raise ModelFileError(f"open_clip architecture {name!r}: unknown text_cfg.tokenizer_mode {mode!r}")
     # open_clip reads a local-dir model's Hugging Face tokenizer from the model's folder; else by name.
     if folder is not None and any((folder / f).is_file() for f in TOKENIZER_FILES):
         source = folder
     else:
         source = _hf_local(repo, TOKENIZER_FILES, "tokenizer", name)
+    _refuse_custom_code(source, name)
     try:
         return HFTokenizer(
             str(source),
             context_length=context_length,
-            tokenizer_mode=text_cfg.get("tokenizer_mode"),
+            tokenizer_mode=mode,
             local_files_only=True,
-            **kwargs,
+            trust_remote_code=False,
+            **options,
         )
     except (OSError, ValueError) as e:
         raise ModelFileError(f"open_clip architecture {name!r}: tokenizer {repo!r} at {source}: {e}") from e

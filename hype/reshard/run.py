@@ -2,9 +2,10 @@
 
 Output layout (what DataComp's `resharder.py` writes, so DataComp/open_clip training reads it as is):
 `OUT/{k:08d}.tar` holding, for every pool sample whose `json["uid"]` is in the subset, one copy per
-occurrence of the uid in the subset, keyed `<uid>-<j>` (j = 0, 1, ...), with the sample's members copied
-byte for byte in suffix order (`.jpg`, `.json`, `.txt`; the `.json` is not modified, as in DataComp
-without `--inject-blur-metadata`), at most `--shard-size` samples per tar; `OUT/{k:08d}_stats.json`
+occurrence of the uid in the subset, keyed `<uid>-<j>` (the canonical uid, `hype.data.uids.normalize_uid`;
+j = 0, 1, ... numbered across the whole pool, so a uid found twice gives distinct keys), with the sample's
+members copied byte for byte in suffix order (`.jpg`, `.json`, `.txt`; the `.json` is not modified, as in
+DataComp without `--inject-blur-metadata`), at most `--shard-size` samples per tar; `OUT/{k:08d}_stats.json`
 (`{"successes": n, "count": n}`) written after its tar (the completion marker); `OUT/meta.json` last.
 
 Unlike DataComp's resharder, the output is deterministic (input shards in order, samples in tar order,
@@ -14,7 +15,7 @@ copies together), every output shard is full but the last, and a run can resume:
    in `OUT/.reshard/index/` keyed on the tar's path, size and mtime, so a rerun skips indexed tars;
 2. write: output shard k holds copies [k*N, (k+1)*N) of the concatenated selection; shards whose
    `_stats.json` exists are skipped; each new tar is read back and its keys and uids compared with the
-   plan before its `_stats.json` is written;
+   plan, and checked against webdataset's rule (no key twice in a row), before its `_stats.json` is written;
 3. verify: the per-shard counts add up to the planned total, and `meta.json` records the subset, the
    counts, the uids of the subset missing from the pool and the skipped samples, plus the two keys
    DataComp's `train.py` reads (`output_shard_count`, `output_shard_format`).
@@ -37,12 +38,12 @@ from hype import __version__
 from hype.data.errors import SelectError
 from hype.data.samples import SkipStats, iter_tar_samples
 from hype.data.shards import ShardError, expand_shards
-from hype.data.uids import UidMultiset, load_uid_file
+from hype.data.uids import UidMultiset, load_uid_file, normalize_uid
 from hype.executor import MapResult, PoolExecutor, Progress, Stage
 from hype.io import file_digest, is_temp_name, load_npy, open_input, read_json, save_npy, storage, write_json
 from hype.io.storage import AnyPath
 from hype.io.tar import write_tar
-from hype.reshard.index import index_tar
+from hype.reshard.index import INDEX_FORMAT, index_tar
 
 STATE = ".reshard"
 META = "meta.json"
@@ -69,12 +70,14 @@ def _load_subset(state_dir: str) -> UidMultiset:
 
 
 def _saved_index(tar: str, index_path: str) -> dict | None:
-    """The index saved by an earlier run, if it is of this very tar (path, size, mtime or ETag)."""
+    """The index saved by an earlier run, if it is of this very tar (path, size, mtime or ETag) and in this
+    hype's format."""
     saved = read_json(index_path)  # None when missing or unreadable: index again
     if not saved:
         return None
     st = storage.info(tar)
-    if [saved.get(k) for k in ("tar", "size", "mtime_ns")] == [tar, st["size"], st["version"]]:
+    same = [saved.get(k) for k in ("format", "tar", "size", "mtime_ns")]
+    if same == [INDEX_FORMAT, tar, st["size"], st["version"]]:
         return saved
     return None
 
@@ -125,26 +128,44 @@ class _WriteStage(Stage):
         return _write_job(self.out, *task)
 
 
-def _copies(index: dict) -> Iterator[tuple[str, int, list]]:
-    """(uid, j, members) for every copy the shard contributes, in output order."""
-    for uid, count, members in index["matched"]:
-        for j in range(count):
+def _copies(index: dict, first_j: dict[int, int]) -> Iterator[tuple[str, int, list]]:
+    """(uid, j, members) for every copy the shard contributes, in output order; `first_j` maps a matched
+    entry to the number of its first copy when that is not 0 (`_first_copy_numbers`)."""
+    for e, (uid, count, members) in enumerate(index["matched"]):
+        j0 = first_j.get(e, 0)
+        for j in range(j0, j0 + count):
             yield uid, j, members
 
 
-def _write_job(out: str, k: int, pieces: list[tuple[str, int, int]]) -> dict:
-    """Write output shard k from `pieces` = [(index file, first copy, end copy)], read it back, then write
-    its `_stats.json`. Returns {"count", "keys_digest"}."""
+def _first_copy_numbers(idx: np.ndarray, counts: np.ndarray, numbered: np.ndarray) -> dict[int, int]:
+    """{matched entry: number j of its first copy} for the entries of one input tar whose first copy is
+    not j = 0, updating `numbered` (copies of each subset uid numbered so far, in pool order). A uid found
+    twice (inside one tar or in two) gets keys `<uid>-0..` then the next free numbers: webdataset refuses a
+    tar in which a key repeats ("duplicate file name in tar file")."""
+    if len(np.unique(idx)) == len(idx):
+        first = numbered[idx]  # a copy (fancy indexing)
+        numbered[idx] += counts[idx]
+    else:  # a uid repeated inside this tar (rare): entry by entry
+        first = np.empty(len(idx), dtype=np.int64)
+        for e, u in enumerate(idx):
+            first[e] = numbered[u]
+            numbered[u] += counts[u]
+    return {int(e): int(first[e]) for e in np.flatnonzero(first)}
+
+
+def _write_job(out: str, k: int, pieces: list[tuple[str, int, int, dict[int, int]]]) -> dict:
+    """Write output shard k from `pieces` = [(index file, first copy, end copy, first copy numbers)], read
+    it back, then write its `_stats.json`. Returns {"count"}."""
     tar_path = storage.join(out, SHARD_FORMAT.format(k))
     expected: list[tuple[str, str]] = []  # (key, uid) in order
 
     def members() -> Iterator[tuple[str, bytes]]:
-        for index_file, start, end in pieces:
+        for index_file, start, end, first_j in pieces:
             index = read_json(index_file)
             if index is None:
                 raise SelectError(f"{index_file}: the index of pass 1 is unreadable; rerun hype reshard")
             with open_input(index["tar"], stream=True) as f:  # forward seeks: served from read-ahead
-                for pos, (uid, j, mems) in enumerate(_copies(index)):
+                for pos, (uid, j, mems) in enumerate(_copies(index, first_j)):
                     if pos < start:
                         continue
                     if pos >= end:
@@ -167,12 +188,17 @@ def _write_job(out: str, k: int, pieces: list[tuple[str, int, int]]) -> dict:
     got = []
     for sample in iter_tar_samples(str(tar_path), stats):
         meta = sample.meta() or {}
-        got.append((sample.key, meta.get("uid")))
+        got.append((sample.key, normalize_uid(meta.get("uid"))))
     if got != expected or stats.counts:
         raise SelectError(
             f"{tar_path}: read back {len(got)} samples, expected {len(expected)} (or keys/uids differ); "
             "the output disk may be full or failing; delete the file and rerun"
         )
+    # webdataset's rule, stricter than the reader's: a key may not repeat in consecutive members (its
+    # group_by_keys raises "duplicate file name in tar file"); the reader splits them into two samples.
+    clash = next((a for (a, _), (b, _) in zip(got, got[1:], strict=False) if a == b), None)
+    if clash is not None:
+        raise SelectError(f"{tar_path}: key {clash} written twice in a row, which webdataset refuses")
     stats_json = {"successes": len(expected), "count": len(expected)}
     write_json(storage.join(out, STATS_FORMAT.format(k)), stats_json, ensure_ascii=False)
     return {"count": len(expected)}
@@ -228,12 +254,15 @@ def reshard(
     duplicates = 0
     skipped = SkipStats()
     copies: list[int] = []
+    first_js: list[dict[int, int]] = []
+    numbered = np.zeros(len(ms), dtype=np.int64)
     samples_seen = matched = 0
     indexes = _run(_IndexStage(str(state)), list(zip(inputs, index_files, strict=True)), workers, progress)
     for index in indexes.results:
         idx = np.asarray(index["found"], dtype=np.int64)
         duplicates += int(found[idx].sum()) + (len(idx) - len(np.unique(idx)))
         found[idx] = True
+        first_js.append(_first_copy_numbers(idx, ms.counts, numbered))
         skipped.merge(index["skipped"])
         copies.append(sum(m[1] for m in index["matched"]))
         samples_seen += index["samples"]
@@ -257,7 +286,7 @@ def reshard(
         while i < len(inputs) and bounds[i] < hi_pos:
             s, e = max(lo_pos, bounds[i]) - bounds[i], min(hi_pos, bounds[i + 1]) - bounds[i]
             if e > s:
-                pieces.append((index_files[i], int(s), int(e)))
+                pieces.append((index_files[i], int(s), int(e), first_js[i]))
             i += 1
         plans.append(pieces)
     writes = _run(_WriteStage(str(out)), list(enumerate(plans)), workers, progress)

@@ -117,10 +117,13 @@ class ExecutorConfig:
     cpus_per_worker: float = 0.0  # 0: 1 per actor on CPU clusters; on GPU clusters the CPUs per GPU share
     gpus_per_worker: float = 1.0  # only when device is cuda; fractions share a GPU
     retries: int = 2  # extra attempts for a shard whose worker died or raised
+    # Ray: seconds one attempt at a shard may take; then its worker (hung, or on a lost node) is killed
+    # and the shard counts a failed attempt. 0: no limit.
+    task_timeout: float = 3600.0  # counted from submission: a fresh worker's start is included
 
     def __post_init__(self) -> None:
         one_of(self, "kind", EXECUTORS)
-        at_least(self, 0, "workers", "retries", "cpus_per_worker")
+        at_least(self, 0, "workers", "retries", "cpus_per_worker", "task_timeout")
         positive(self, "gpus_per_worker")
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -32,16 +31,15 @@ from hype.data.samples import (
     NO_IMAGE,
     NO_UID,
     RawSample,
+    SampleSkip,
     SkipStats,
     iter_tar_samples,
+    uid_from_meta,
 )
 
-BAD_UID = "bad_uid"  # a uid that is not 32 hex characters
 NO_CLASS = "no_class"  # a labelled reference image without a readable .cls
 DECODE_MODES = ("processes", "threads")
 CHUNK = 16  # samples per task sent to a decode worker
-
-_UID_RE = re.compile(r"^[0-9a-f]{32}$")
 
 
 @dataclass
@@ -86,12 +84,10 @@ class DecodeSpec:
                 return Skipped(BAD_JSON, f"{sample.where}: unreadable .json ({e})")
             if meta is None:
                 return Skipped(NO_UID, f"{sample.where}: no .json member (it holds the uid)")
-            uid = meta.get("uid")
-            if not isinstance(uid, str):
-                return Skipped(NO_UID, f"{sample.where}: no uid in its .json")
-            uid = uid.strip().lower()
-            if not _UID_RE.match(uid):
-                return Skipped(BAD_UID, f"{sample.where}: malformed uid {meta.get('uid')!r} (need 32 hex)")
+            try:
+                uid = uid_from_meta(meta, sample.where)  # the one uid reading (hype.data.uids)
+            except SampleSkip as e:
+                return Skipped(e.reason, str(e))
             try:
                 text = sample.caption()
             except UnicodeDecodeError as e:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hype.data.uids import UidError, uids_to_pairs, validate_uid
+from hype.data.uids import normalize_arrow_uids, uids_to_pairs
 from hype.io import load_npy, open_input, read_parquet, storage
 from hype.io.storage import AnyPath
 from hype.scoring.rundir import atomic_write_bytes, atomic_write_json, file_identity, fingerprint, read_json
@@ -83,7 +83,7 @@ def build_index(folder: str | Path, index_path: Path, score_column: str | None) 
     if done is not None and done.get("fingerprint") == fp and storage.is_file(index_path):
         return done
     started = time.perf_counter()
-    parts = []
+    parts, malformed = [], 0
     for i, path in enumerate(files):
         columns = ["uid"] if score_column is None else ["uid", score_column]
         try:
@@ -93,20 +93,17 @@ def build_index(folder: str | Path, index_path: Path, score_column: str | None) 
                 f"{path}: cannot read columns {', '.join(columns)} ({e}); set metadata.score_column to "
                 "the CLIP score column of this metadata"
             ) from None
-        uids = [u.lower() for u in table.column("uid").to_pylist()]
-        try:
-            for u in uids:
-                validate_uid(u)
-        except UidError as e:
-            raise MetadataError(f"{path}: {e}") from None
-        hi, lo = uids_to_pairs(uids)
-        part = np.empty(len(uids), INDEX_DTYPE)
-        part["hi"], part["lo"], part["file"] = hi, lo, i
-        part["row"] = np.arange(len(uids), dtype=np.uint32)
+        # The uids as shard samples' are read (`normalize_uid`); a row without one matches no sample.
+        hi, lo, valid = normalize_arrow_uids(table.column("uid"))
+        rows = np.flatnonzero(valid)
+        malformed += len(valid) - len(rows)
+        part = np.empty(len(rows), INDEX_DTYPE)
+        part["hi"], part["lo"], part["file"] = hi[rows], lo[rows], i
+        part["row"] = rows.astype(np.uint32)  # the row in the file (and in its row-aligned .npz)
         part["score"] = (
             np.nan
             if score_column is None
-            else table.column(score_column).to_numpy(zero_copy_only=False).astype(np.float32)
+            else table.column(score_column).to_numpy(zero_copy_only=False).astype(np.float32)[rows]
         )
         parts.append(part)
     index = np.concatenate(parts)
@@ -120,6 +117,7 @@ def build_index(folder: str | Path, index_path: Path, score_column: str | None) 
         "folder": storage.absolute(folder),
         "files": [p.name for p in files],
         "rows": int(index.shape[0]),
+        "malformed_uids": malformed,  # rows without a 32-hex uid: left out, they match no sample
         "score_column": score_column,
         "seconds": round(time.perf_counter() - started, 3),
     }

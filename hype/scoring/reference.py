@@ -114,6 +114,9 @@ def _read_reference(local: Path, path: AnyPath, dim: int | None) -> ReferenceSet
         except SafetensorError as e:
             raise ReferenceError(f"{path}: unreadable safetensors file ({e})") from e
     else:
+        from hype.io.weights import require_safe_torch_load
+
+        require_safe_torch_load(path)  # before the try: its message says what to upgrade
         try:
             data = torch.load(local, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - any refusal means we will not read it

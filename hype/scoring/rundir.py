@@ -46,13 +46,9 @@ Nothing lost, nothing let in:
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
-import socket
-import time
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from os import PathLike
@@ -63,6 +59,7 @@ import pyarrow as pa
 
 import hype.io as hype_io
 from hype.io import is_temp_name, read_json, storage
+from hype.io.lock import FileLock, ObjectLock, lock_at
 from hype.io.storage import AnyPath
 from hype.scoring.schema import scores_dir
 
@@ -98,7 +95,7 @@ def parquet_options(schema: pa.Schema) -> dict[str, Any]:
 
 
 class RunDirError(RuntimeError):
-    """A run directory that cannot be used (locked by another run, unwritable)."""
+    """A run directory that cannot be used (unwritable; a locked one raises `hype.io.lock.LockError`)."""
 
 
 @dataclass(frozen=True)
@@ -310,98 +307,10 @@ class RunDir:
                     n += 1
         return n
 
-    def lock(self) -> RunLock | ObjectLock:
-        return ObjectLock(self.root / ".lock", self._given) if self.remote else RunLock(self.root / ".lock")
-
-
-class RunLock:
-    """An exclusive advisory lock so two `hype score` drivers never write one run directory at once
-    (local disk: `flock`, released by the kernel when the driver dies)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._fd: int | None = None
-
-    def __enter__(self) -> RunLock:
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = Path(self.path).read_text().strip() or "?"
-            os.close(self._fd)
-            self._fd = None
-            raise RunDirError(
-                f"{self.path.parent}: another `hype score` (pid {holder}) is running on this run directory; "
-                "wait for it or use another --out"
-            ) from None
-        os.ftruncate(self._fd, 0)
-        os.write(self._fd, str(os.getpid()).encode())
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
-
-
-class ObjectLock:
-    """The run lock in a bucket: a `.lock` object created only if absent (a conditional PUT), holding
-    who took it, and deleted on exit.
-
-    Failure mode (DESIGN §4.1): a driver that is killed leaves the object behind. A later run on the same
-    host whose recorded pid is gone takes it over; from another host the run is refused with the holder
-    and the command that removes the lock. On a store without conditional writes the create is
-    check-then-write, so two drivers starting in the same instant could both get in."""
-
-    def __init__(self, path: AnyPath, run: str):
-        self.path = path
-        self.run = run
-        self.token = uuid.uuid4().hex
-        self.held = False
-
-    def _record(self) -> bytes:
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "token": self.token, "since": time.time()}
-        return json.dumps(me).encode()
-
-    def __enter__(self) -> ObjectLock:
-        for _ in range(2):
-            if storage.create_exclusive(self.path, self._record()):
-                self.held = True
-                return self
-            holder = read_json(self.path) or {}
-            if holder.get("token") == self.token:  # our own create, retried after a lost reply
-                self.held = True
-                return self
-            if not _dead_here(holder):
-                break
-            storage.remove(self.path)  # its driver died on this host: take it over
-        who = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
-        raise RunDirError(
-            f"{self.run}: another `hype score` ({who}) holds this run directory's lock ({self.path}); "
-            f"wait for it or use another --out. If that run is dead (killed on another machine), delete "
-            f"the lock object, e.g. `aws s3 rm {self.path}`, and run again"
-        )
-
-    def __exit__(self, *exc) -> None:
-        if self.held:
-            try:
-                storage.remove(self.path)
-            except OSError:  # the store is unreachable: the next run on this host takes the lock over
-                pass
-            self.held = False
-
-
-def _dead_here(holder: Mapping) -> bool:
-    if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
-        return False
-    try:
-        os.kill(holder["pid"], 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    def lock(self) -> FileLock | ObjectLock:
+        """The run's lock (`hype.io.lock`, the one every command takes on its output), kept inside the
+        run directory: two `hype score` drivers never write one run directory at once."""
+        return lock_at(self.root / ".lock", str(self._given), "score", what="run directory")
 
 
 def completed(

@@ -26,6 +26,7 @@ from typing import Any
 
 from hype.executor import EXECUTORS, MapResult, Progress, StageSetupError
 from hype.io import StorageError, cached_copy, storage
+from hype.io.lock import LockError
 from hype.scoring import summary as summary_mod
 from hype.scoring.config import ScoreConfig
 from hype.scoring.dedup import find_duplicates, load_duplicates
@@ -258,7 +259,7 @@ def run_score(cfg: ScoreConfig, *, executor=None, progress: bool | None = None) 
             except (ScoreError, RunDirError, StorageError) as e:
                 _mark_failed(state, str(e))
                 raise
-    except (RunDirError, StorageError) as e:  # locked, unwritable, or the store failed: say so and stop
+    except (RunDirError, LockError, StorageError) as e:  # locked, unwritable, the store failed: say so, stop
         raise ScoreError(str(e)) from None
     finally:
         if own_executor:

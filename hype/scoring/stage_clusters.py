@@ -112,7 +112,7 @@ def read_centroids_file(path: str | Path, dim: int | None) -> np.ndarray:
 
 
 def _read_centroids(local: Path, path: Any, dim: int | None) -> np.ndarray:
-    from hype.io import PickledArrayError, read_pickled_array
+    from hype.io import NPY_ERRORS, PickledArrayError, read_pickled_array
 
     with open(local, "rb") as f:
         magic = f.read(6)
@@ -123,7 +123,7 @@ def _read_centroids(local: Path, path: Any, dim: int | None) -> np.ndarray:
             arr = read_pickled_array(local)
         else:
             arr = faiss_index_vectors(str(local))
-    except (PickledArrayError, ValueError, OSError) as e:
+    except (PickledArrayError, OSError, *NPY_ERRORS) as e:
         detail = str(e).removeprefix(f"{local}: ").removeprefix(f"{path}: ")
         raise ClustersError(
             f"{path}: cannot read centroids ({detail}); --centroids takes a (K, d) float .npy, DataComp's "

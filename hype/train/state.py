@@ -114,6 +114,9 @@ def save_training_checkpoint(
 
 def load_training_state(paths: CheckpointPaths) -> dict[str, Any]:
     """Read a state file without unpickling arbitrary objects."""
+    from hype.io.weights import require_safe_torch_load
+
+    require_safe_torch_load(paths.state)  # before the try: its message says what to upgrade
     try:
         with local_file(paths.state) as path:
             state = torch.load(path, map_location="cpu", weights_only=True)
