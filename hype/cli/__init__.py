@@ -39,6 +39,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "reshard",
         "Write training shards for a subset (DataComp resharder layout).",
     ),
+    "verify": (
+        "hype.cli.verify",
+        "verify",
+        "Check a run's score card: recompute its sampled scores from the pool.",
+    ),
     "report": ("hype.cli.report", "report", "Write an HTML report of a scored pool and a subset."),
     "submit": ("hype.cli.submit", "submit", "Assemble and validate a DataComp submission folder."),
     "download": (

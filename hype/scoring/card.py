@@ -28,18 +28,10 @@ import numpy as np
 import pyarrow.dataset as pads
 
 import hype
-from hype.data.samples import SkipStats, iter_tar_samples, uid_from_meta
+from hype.data.samples import SkipStats, iter_tar_samples, sample_uid
 from hype.data.shards import expand_shards
-from hype.io import read_json, storage
-from hype.scoring.rundir import (
-    SHARD_STAGES,
-    RunDir,
-    atomic_write_json,
-    file_digest,
-    fingerprint,
-    make_tasks,
-    read_json as read_marker,
-)
+from hype.io import load_npy, read_json, storage
+from hype.scoring.rundir import SHARD_STAGES, RunDir, atomic_write_json, file_digest, fingerprint, make_tasks
 from hype.scoring.schema import scores_dir
 
 FORMAT = "hype-score-card/1"
@@ -61,15 +53,21 @@ def _checksum(rows: list[list]) -> str:
 
 def _sample(run: RunDir, seed: int, n: int) -> list[list]:
     """`n` rows of the scores table, seeded: up to SAMPLE_PARTS parts drawn, rows drawn within them."""
-    parts = sorted(storage.list_files(scores_dir(run.root), "*.parquet")) if run.remote else sorted(
-        Path(scores_dir(run.root)).glob("part-*.parquet")
-    )
+    folder = scores_dir(run.root)
+    names = storage.list_names(folder) if storage.exists(folder) else []
+    parts = [
+        storage.join(folder, n) for n in sorted(names) if n.startswith("part-") and n.endswith(".parquet")
+    ]
     if not parts:
         return []
     rng = np.random.default_rng(seed)
     chosen = sorted(rng.choice(len(parts), size=min(SAMPLE_PARTS, len(parts)), replace=False))
-    tables = [pads.dataset(str(parts[i]), format="parquet").to_table(columns=["uid", *COLUMNS]) for i in chosen]
-    rows = [r for t in tables for r in zip(*(t.column(c).to_pylist() for c in ["uid", *COLUMNS]), strict=True)]
+    tables = [
+        pads.dataset(str(parts[i]), format="parquet").to_table(columns=["uid", *COLUMNS]) for i in chosen
+    ]
+    rows = [
+        r for t in tables for r in zip(*(t.column(c).to_pylist() for c in ["uid", *COLUMNS]), strict=True)
+    ]
     take = sorted(rng.choice(len(rows), size=min(n, len(rows)), replace=False))
     return [[rows[i][0], *(float(v) for v in rows[i][1:])] for i in take]
 
@@ -79,8 +77,14 @@ def _stage_digests(run: RunDir) -> dict[str, str]:
     out = {}
     for stage in SHARD_STAGES:
         folder = run.root / stage
-        markers = sorted(Path(folder).glob("*_stats.json")) if not run.remote else []
-        recorded = [(m.name, (read_marker(m) or {}).get("output", {}).get("digest")) for m in markers]
+        names = (
+            sorted(n for n in storage.list_names(folder) if n.endswith("_stats.json"))
+            if storage.exists(folder)
+            else []
+        )
+        recorded = [
+            (n, (read_json(storage.join(folder, n)) or {}).get("output", {}).get("digest")) for n in names
+        ]
         if recorded:
             out[stage] = fingerprint(recorded)
     return out
@@ -90,7 +94,9 @@ def _optional_digest(path) -> str | None:
     return file_digest(path) if storage.is_file(path) else None
 
 
-def write_card(run: RunDir, settings: dict, models: dict[str, str | None], seed: int = 0) -> dict:
+def write_card(
+    run: RunDir, settings: dict, models: dict[str, str | None], paths: dict | None = None, seed: int = 0
+) -> dict:
     """Write RUN_DIR/card.json for a complete run. `settings`: what decides the numbers (precision,
     device kind, embed and specificity settings); `models`: role -> model digest (None: from metadata)."""
     rows = _sample(run, seed, SAMPLE_ROWS)
@@ -98,6 +104,7 @@ def write_card(run: RunDir, settings: dict, models: dict[str, str | None], seed:
         "format": FORMAT,
         "code": {"hype": hype.__version__},
         "models": models,
+        "model_paths": paths or {},  # where this run read them (verify's default; --meru/--clip override)
         "reference": _optional_digest(run.reference),
         "centroids": _optional_digest(run.centroids),
         "targets": _optional_digest(run.targets),
@@ -131,14 +138,11 @@ def _check_file(card: dict, key: str, path: Path, card_path: Path) -> None:
 
 def _sample_tar(pool: str, uids: set[str], out: Path) -> int:
     """The raw members of the first occurrence of each of `uids` in the pool (in pool order) as one tar."""
-    found = set()
+    found, skipped = set(), SkipStats()
     with tarfile.open(out, "w") as tar:
         for task in make_tasks(expand_shards(pool).paths):
             for sample in iter_tar_samples(task.source, SkipStats()):
-                try:
-                    uid = uid_from_meta(sample.meta())
-                except (ValueError, UnicodeDecodeError):
-                    continue
+                uid = sample_uid(sample, skipped)
                 if uid in uids and uid not in found:
                     found.add(uid)
                     for ext, data in sample.files.items():
@@ -178,7 +182,9 @@ def verify_card(
         if want is None:
             continue
         if path is None or not storage.is_file(path):
-            raise CardError(f"--{role}: the card's {role} model is needed (digest {want}); pass --{role} FILE")
+            raise CardError(
+                f"--{role}: the card's {role} model is needed (digest {want}); pass --{role} FILE"
+            )
         if file_digest(path) != want:
             raise CardError(f"--{role} {path}: not the model the card names (digest {want})")
         refs[role] = ModelRef(str(path), want)
@@ -207,9 +213,9 @@ def verify_card(
         got = _table(run, task)
         feats = read_embeddings(run.shard_output("embed", task), "clip_img")
         if card.get("centroids") is not None:
-            cluster = nearest_centroid(feats, np.load(source.centroids, allow_pickle=False))
+            cluster = nearest_centroid(feats, load_npy(source.centroids))
             ok = datacomp_caption_ok(got["text"]) if s.get("caption_filter", True) else None
-            got["c_in"] = c_in(cluster, np.load(source.targets, allow_pickle=False), ok)
+            got["c_in"] = c_in(cluster, load_npy(source.targets), ok)
         else:
             got["c_in"] = np.zeros(len(got["uid"]))
     index = {u: i for i, u in enumerate(got["uid"])}

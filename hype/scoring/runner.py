@@ -301,6 +301,7 @@ def _score(state: _Run) -> dict:
     _specificity(state, pool, ref_info["digest"])
     clusters_info = _clusters(state, pool)
     merge_stats = _merge(state, pool, c_in=clusters_info is not None)
+    state.timed("card", lambda: _card(state, pool))
     return state.summary(
         state.plan,
         status="complete",
@@ -311,6 +312,21 @@ def _score(state: _Run) -> dict:
         clusters=clusters_info,
         specificity={"hinge": cfg.specificity.hinge, "K": pool.K, "curv": pool.curv},
     )
+
+
+def _card(state: _Run, pool: _Embedded) -> dict:
+    """RUN_DIR/card.json: digests of what the scores depend on and a checksummed sample of them."""
+    from hype.scoring.card import card_settings, write_card
+    from hype.scoring.embed import resolve_precision
+    from hype.scoring.stagebase import resolve_device
+
+    cfg = state.cfg
+    resolved = resolve_precision(resolve_device(cfg.device), cfg.precision)
+    settings = card_settings(cfg, resolved, pool.curv, pool.K)
+    clip_from_metadata = state.metadata is not None and state.metadata.get("cos_theta") != "--clip"
+    models = {"meru": pool.meru.digest, "clip": None if clip_from_metadata else pool.clip.digest}
+    card = write_card(state.run, settings, models, {"meru": cfg.meru, "clip": models["clip"] and cfg.clip})
+    return {"rows_sampled": len(card["sample"]["rows"])}
 
 
 def _start(state: _Run) -> list[ShardTask]:
@@ -406,6 +422,7 @@ def _embed(state: _Run, tasks: list[ShardTask]) -> tuple[_Embedded, list[dict]]:
         curv=next(s["curv"] for s in embed_stats if "curv" in s),
         K=K,
         clip=clip,
+        meru=meru,
         embed_kw=embed_kw,
         kw=kw,
     )
@@ -457,6 +474,7 @@ class _Embedded:
     curv: float
     K: float
     clip: ModelRef | None
+    meru: ModelRef
     embed_kw: dict  # settings of the embed stages
     kw: dict  # settings of every stage
 
