@@ -19,6 +19,8 @@
       metadata/index.npy (+ index.json)         uid -> (metadata file, row, cos θ) with --metadata
       scores/part-<index:08d>.parquet           THE scores table (hype.scoring.schema)
       merge/<id>_stats.json                     completion markers of the score parts
+      card.json                                 the score card: digests of what the scores depend on and
+                                                a checksummed sample of them (hype verify; scoring/card.py)
 
 A shard id is `<tar stem>-<8 hex of blake2b(absolute tar path)>`: readable, unique per input path, and
 stable across reruns, so resume state is keyed on the input tar path (DESIGN §4.1).
