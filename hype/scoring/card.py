@@ -30,7 +30,7 @@ import pyarrow.dataset as pads
 import hype
 from hype.data.samples import SkipStats, iter_tar_samples, sample_uid
 from hype.data.shards import expand_shards
-from hype.io import load_npy, read_json, storage
+from hype.io import load_npy, read_json, read_parquet, storage
 from hype.scoring.rundir import SHARD_STAGES, RunDir, atomic_write_json, file_digest, fingerprint, make_tasks
 from hype.scoring.schema import scores_dir
 
@@ -62,9 +62,7 @@ def _sample(run: RunDir, seed: int, n: int) -> list[list]:
         return []
     rng = np.random.default_rng(seed)
     chosen = sorted(rng.choice(len(parts), size=min(SAMPLE_PARTS, len(parts)), replace=False))
-    tables = [
-        pads.dataset(str(parts[i]), format="parquet").to_table(columns=["uid", *COLUMNS]) for i in chosen
-    ]
+    tables = [read_parquet(parts[i], columns=["uid", *COLUMNS]) for i in chosen]  # a URL: read by ranges
     rows = [
         r for t in tables for r in zip(*(t.column(c).to_pylist() for c in ["uid", *COLUMNS]), strict=True)
     ]
