@@ -6,7 +6,7 @@ A group kept at less than a quarter of the overall kept fraction is flagged ("ke
 'ja' against 20.0% overall"), when it has at least `MIN_ROWS` rows (smaller groups say nothing).
 
 - concept: the k-means cluster of c_IN, when the scores table has a `cluster` column;
-- language: fastText lid.176 (`hype.text.language`, what the basic filter uses) on a uniform uid-hash
+- language: fastText lid.176 (`hype.text.language`, what the basic filter uses) on a uniform hashed
   sample of at most `LANGUAGE_ROWS` rows (lid runs at ~45k captions/s on one core: a 128M pool would take
   47 min), so the per-language counts are of the sample;
 - size: the shorter image side in buckets (DataComp's basic filter keeps >= 200 px);
@@ -125,15 +125,15 @@ class LanguageAudit(GroupAudit):
         self.sampled = 0
 
     def columns(self) -> list[str]:
-        return ["uid", "text"]
+        return ["text"]
 
     def groups(self, batch: Batch) -> tuple[np.ndarray, np.ndarray | None]:
         from hype.text.language import detect_languages
 
         rows = None
-        if self.rate < 1.0:
-            hi, lo = batch.uid_pairs()
-            rows = np.flatnonzero(splitmix64(hi ^ splitmix64(lo ^ np.uint64(0x1A46))) <= self.limit)
+        if self.rate < 1.0:  # a hash of the row's place in the table: no uid column to read
+            place = np.arange(batch.first_row, batch.first_row + len(batch), dtype=np.uint64)
+            rows = np.flatnonzero(splitmix64(place ^ np.uint64(0x1A46)) <= self.limit)
         texts = batch.texts("text")
         picked = texts if rows is None else [texts[i] for i in rows]
         self.sampled += len(picked)
@@ -145,7 +145,7 @@ class LanguageAudit(GroupAudit):
         out = super().report(overall)
         out["sampled_rows"] = self.sampled
         if self.rate < 1.0:
-            out["note"] = f"fastText lid on a uniform uid-hash sample of {self.sampled:,} rows"
+            out["note"] = f"fastText lid on a uniform hashed sample of {self.sampled:,} rows"
         return out
 
 
@@ -192,7 +192,7 @@ def domain_audit(metadata: str | None, subset: np.ndarray, batch_rows: int = 1 <
     import pyarrow.parquet as pq
 
     from hype.io import open_input
-    from hype.scoring.metadata import metadata_files
+    from hype.select.nominal import metadata_files
 
     audit = DomainAudit()
     found = UidMultiset(subset)

@@ -66,9 +66,9 @@ class Cut:
     score: float
     uid: tuple[int, int] | None = None
 
-    def keeps(self, score: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    def keeps(self, score: np.ndarray, hi: np.ndarray | None, lo: np.ndarray | None) -> np.ndarray:
         """Would rows with these scores and uids be kept (ranked at or above the last kept row)?"""
-        if self.uid is None:
+        if self.uid is None or hi is None or lo is None:
             return score >= self.score
         return (score > self.score) | ((score == self.score) & _uid_le(hi, lo, self.uid))
 
@@ -187,7 +187,13 @@ def cut_pass(
     feed the audits, and collect the rows `wanted` (with the columns of every term and mask)."""
     decider = Decider(ranker, medians) if ranker.terms() else None
     terms = decider.terms if decider else []
-    cols = ["uid", *ranker.columns(), *terms, *(c for a in audits for c in a.columns())]
+    need_uid = wanted is not None or cut.uid is not None
+    cols = [
+        *(["uid"] if need_uid else []),
+        *ranker.columns(),
+        *terms,
+        *(c for a in audits for c in a.columns()),
+    ]
     if wanted is not None:
         cols += [c for m in masks for c in m.columns()]
     cols = list(dict.fromkeys(cols))
@@ -202,13 +208,13 @@ def cut_pass(
         n = len(batch)
         eligible = np.unpackbits(bits[i], count=n).astype(bool) if masks else np.ones(n, dtype=bool)
         score = np.asarray(ranker.score(batch), dtype=np.float64)
-        hi, lo = batch.uid_pairs()
+        hi, lo = batch.uid_pairs() if "uid" in cols else (None, None)
         kept = eligible & cut.keeps(score, hi, lo)
         dropped = eligible & ~kept
         kept_rows += int(kept.sum())
         dropped_eligible += int(dropped.sum())
         removed += int((~eligible).sum())
-        if dropped.any():
+        if dropped.any() and hi is not None:
             s = score[dropped]
             top = float(s.max())
             at = np.flatnonzero(dropped)[s == top]
@@ -221,7 +227,8 @@ def cut_pass(
             contrib = decider.contributions(batch)
             sub = contrib[:, dropped]
             swapped = decider.swapped(sub)
-            dec, main = decider.decide_dropped(swapped, score[dropped], hi[dropped], lo[dropped], cut)
+            pairs = (hi[dropped], lo[dropped]) if hi is not None else (None, None)
+            dec, main = decider.decide_dropped(swapped, score[dropped], *pairs, cut)
             decisive_counts += np.bincount(np.where(dec < 0, n_terms, dec), minlength=n_terms + 1)
             main_counts += np.bincount(np.where(main < 0, n_terms, main), minlength=n_terms + 1)
         for a in audits:
@@ -500,6 +507,7 @@ def review_cut(
     pool: dict,
     req,
     subset: np.ndarray,
+    result,
 ) -> dict:
     """What `hype select` adds to subset.json after a selection, in one more pass: the decisive term of
     every dropped row (`decisions`) and the audits of the cut (`audit`; the per-domain one reads the
@@ -508,17 +516,23 @@ def review_cut(
     from hype.select.nominal import metadata_dir
 
     audits, notes = table_audits(table)
-    done = cut_pass(
-        table,
-        ranker,
-        masks,
-        _cut(target, watch),
-        pool_medians(pool),
-        bits,
-        audits=audits,
-        workers=req.workers,
-        progress=req.progress,
-    )
+    cut = _cut(target, watch)
+    if result.rows_at_cut_score == result.kept_at_cut_score:
+        cut = Cut(cut.score)  # every row at the cut score is kept: no uid decides, none is read
+    try:
+        done = cut_pass(
+            table,
+            ranker,
+            masks,
+            cut,
+            pool_medians(pool),
+            bits,
+            audits=audits,
+            workers=req.workers,
+            progress=req.progress,
+        )
+    finally:
+        table.release_spool()
     kept, rows = done.decisions["kept_rows"], table.num_rows
     report = {a.name: a.report(kept / rows) for a in audits}
     report.update({name: {"note": note} for name, note in notes.items()})

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pyarrow.parquet as pq
 
-from hype.io import open_input
+from hype.io import open_input, storage
+from hype.io.storage import AnyPath
 from hype.select.errors import SelectError
 from hype.select.table import ScoresTable
 
@@ -32,12 +33,7 @@ def nominal_rows(table: ScoresTable, given: str | None) -> int | None:
     folder = metadata_dir(table, given)
     if folder is None:
         return None
-    from hype.scoring.metadata import MetadataError, metadata_files
-
-    try:
-        files = metadata_files(folder)
-    except MetadataError as e:
-        raise SelectError(f"--metadata: {e}") from None
+    files = metadata_files(folder)
     rows = 0
     for path in files:
         try:
@@ -46,3 +42,14 @@ def nominal_rows(table: ScoresTable, given: str | None) -> int | None:
         except (OSError, ValueError) as e:
             raise SelectError(f"{path}: not a readable metadata parquet file ({e})") from None
     return rows
+
+
+def metadata_files(folder: str) -> list[AnyPath]:
+    """The `<hash>.parquet` files of a metadata folder (not recursive, as DataComp lays it out)."""
+    loc = storage.location(folder)
+    if not storage.is_dir(loc):
+        raise SelectError(f"--metadata {folder}: no such folder; pass the pool's DataComp metadata folder")
+    files = [loc / n for n in sorted(storage.list_sizes(loc)) if n.endswith(".parquet")]
+    if not files:
+        raise SelectError(f"--metadata {folder}: no <hash>.parquet metadata files in this folder")
+    return files

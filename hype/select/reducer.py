@@ -128,11 +128,14 @@ def reduce(
     workers: int = 2,
     progress: bool = True,
     eligible_bits: list[np.ndarray] | None = None,
+    keep_spool: bool = False,
 ) -> ReduceResult:
     """Run the passes; `carry` columns are handed to the sink for kept rows; `pool_stats` (column -> stats)
     and `score_stats` (the ranking score) are updated with every row of the table. `eligible_bits`, when
     given (and masks are), receives each batch's eligibility as `np.packbits` (N/8 bytes: what the rank
-    pass holds anyway), for a later pass that must not rerun expensive masks (`hype.select.explain`)."""
+    pass holds anyway), for a later pass that must not rerun expensive masks (`hype.select.explain`);
+    `keep_spool` leaves what the passes downloaded from a bucket (and the open parts) for that pass: the
+    caller then calls `table.release_spool()`."""
     run = _Reduction(
         table, ranker, masks, target, sink, carry, pool_stats or {}, score_stats, workers, progress
     )
@@ -143,7 +146,10 @@ def reduce(
         if target.ranked:
             run.rank_pass()
         run.select_pass()
-    finally:
+    except BaseException:
+        table.release_spool()
+        raise
+    if not keep_spool:
         table.release_spool()
     # Parquet decoding leaves freed buffers cached in Arrow's allocator; the caller is about to sort the
     # kept uids, the peak of a selection: give that memory back first.

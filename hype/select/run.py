@@ -143,10 +143,12 @@ def select_subset(req: SelectRequest) -> dict:
             workers=req.workers,
             progress=req.progress,
             eligible_bits=bits,
+            keep_spool=True,  # the columns downloaded from a bucket serve `review_cut`'s pass too
         )
         arr = writer.uid_array()
     except BaseException:
         writer.abort()
+        table.release_spool()
         raise
     unions = []
     for path in req.union:
@@ -186,7 +188,7 @@ def select_subset(req: SelectRequest) -> dict:
         "warnings": warnings,
         "nominal_rows": nominal,
         "fractions": _fractions(result, nominal),
-        **review_cut(table, ranker, masks, target, watch, bits, pool, req, arr),
+        **review_cut(table, ranker, masks, target, watch, bits, pool, req, arr, result),
         "passes": [*result.passes, "explain"],
         "seconds": round(time.perf_counter() - start, 3),
         "hype_version": __version__,
