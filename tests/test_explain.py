@@ -184,3 +184,18 @@ def test_frac_of_nominal_counts_metadata_uids_that_were_never_scored(world, tmp_
     assert s["audit"]["domain"]["groups"]["127.0.0.1"] == {"rows": 600, "kept": 120, "kept_frac": 0.2}
     res = CliRunner().invoke(main, [*args, "--frac-of", "nominal", "--no-progress"])
     assert res.exit_code != 0 and "--metadata DIR" in res.output
+
+
+def test_on_the_synthetic_world_the_named_term_is_the_noise_kind(world, tmp_path):
+    """Dropped noisy samples: a decisive term, when one is named, and the main term match the truth
+    table's noise kind (misaligned -> neg_d_l, underspecified text -> eps_t, image -> eps_i)."""
+    truth = pd.read_parquet(world["world"] / "truth.parquet").set_index("uid")
+    (tmp_path / "all.txt").write_text("\n".join(truth.index) + "\n")
+    args = ["--scores", str(world["run"]), "--frac", "0.2", "--uids", str(tmp_path / "all.txt"), "--json"]
+    rows = pd.DataFrame(json.loads(cli("explain", *args))["rows"]).set_index("uid").join(truth["noise"])
+    expected = {"misaligned": "neg_d_l", "underspecified_text": "eps_t", "underspecified_image": "eps_i"}
+    dropped = rows[~rows["kept"] & rows["noise"].isin(list(expected))]
+    want = dropped["noise"].map(expected)
+    named = dropped["decisive"] != "none alone"
+    assert named.sum() >= 30 and (dropped["decisive"][named] == want[named]).all()
+    assert (dropped["main"] == want).mean() > 0.95
