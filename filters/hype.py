@@ -51,6 +51,15 @@ class HypeScore(Rule):
     def score(self, batch: Batch) -> np.ndarray:
         return self.combiner.score({m: batch.raw(m) for m in self.combiner.metrics})
 
+    def terms(self) -> list[str]:
+        return list(self.combiner.metrics)
+
+    def contribution(self, metric: str, values: np.ndarray) -> np.ndarray:
+        # weight * normalized value, exactly the addend `weighted_sum` adds for this metric
+        w = self.combiner.weights[metric]
+        x = values if self.combiner.normalize == "none" else self.combiner.transform(metric, values)
+        return np.multiply(x, w, dtype=np.float64)
+
     def describe(self) -> dict:
         out = {"rule": self.name, "weights": self.weights, "normalize": self.params["normalize"]}
         if self.combiner.params:

@@ -112,9 +112,11 @@ def test_each_column_leaves_the_bucket_once(tables, fetched, tmp_path, monkeypat
     assert len(opened) == len(set(opened)) == len(parts)  # each part opened once: footer and every pass
 
     # Locally every pass reads its columns from the file; from the bucket a metric column is downloaded
-    # by the first pass only (2 or 3 passes), the uids by the last.
+    # by the first pass only (3 or 4 passes), the uids by the select pass; the last pass (explain: the
+    # decisive term of every dropped row) reads what the spool kept. Without --audit no caption or size
+    # column leaves the bucket.
     passes = summary["passes"]
-    assert len(passes) == (3 if normalize else 2)
+    assert len(passes) == (4 if normalize else 3) and passes[-1] == "explain"
     assert local_reads["eps_i"] == len(passes)
     assert bucket_reads == {"uid": 1, **{m: 1 for m in METRICS}}
     for suffix in (".npy", ".parquet"):

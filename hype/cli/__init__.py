@@ -34,6 +34,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "select",
         "Select a subset from a scores table (HYPE, ablations, filters).",
     ),
+    "explain": (
+        "hype.cli.explain",
+        "explain",
+        "Why a sample was kept or dropped: per-term contributions and the decisive term.",
+    ),
     "reshard": (
         "hype.cli.reshard",
         "reshard",

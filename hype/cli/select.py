@@ -7,6 +7,85 @@ import json
 import click
 
 
+def _options(*options):
+    """Apply click options in the order listed (`hype select` and `hype explain` share them)."""
+
+    def apply(f):
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return apply
+
+
+# How much to keep, and the rule that ranks and filters: one definition for every command that redoes a
+# selection.
+TARGET_OPTIONS = _options(
+    click.option(
+        "--frac", type=str, default=None, help="Keep this fraction, in (0, 1], e.g. 0.2 (round half up)."
+    ),
+    click.option("--top-k", type=int, default=None, help="Keep exactly this many samples."),
+    click.option("--threshold", type=float, default=None, help="Keep every eligible sample with score >= T."),
+    click.option(
+        "--keep-all", is_flag=True, help="Keep every sample that passes the filters (mask-only baselines)."
+    ),
+    click.option(
+        "--frac-of",
+        type=click.Choice(["pool", "eligible", "nominal"]),
+        default="pool",
+        show_default=True,
+        help="--frac counts scored rows (pool), rows passing the filters (eligible) or the pool's "
+        "metadata uids, downloaded or not (nominal: DataComp's baselines; needs --metadata or a run "
+        "scored with --metadata).",
+    ),
+)
+RULE_OPTIONS = _options(
+    click.option(
+        "--preset",
+        default=None,
+        help="Preset: configs/select/NAME.yaml or a YAML path [default: hype]. Presets: hype, no-c-in, "
+        "no-cos, cos-only, specificity-only, eps-i-only, eps-t-only, random.",
+    ),
+    click.option(
+        "--rank", default=None, help="Ranking rule: hype | clip_score | specificity | random[:seed=N]."
+    ),
+    click.option(
+        "--weights",
+        default=None,
+        metavar="M=W,...",
+        help="Weights of the hype rule, e.g. eps_i=1,eps_t=1,neg_d_l=1,cos_theta=1,c_in=1; unnamed metrics "
+        "get 0.",
+    ),
+    click.option(
+        "--normalize",
+        type=click.Choice(["none", "zscore", "rank"]),
+        default=None,
+        help="Per-metric pool normalization before weighting [default: none].",
+    ),
+    click.option(
+        "--filter",
+        "filters",
+        multiple=True,
+        metavar="RULE[:K=V,...]",
+        help="Mask applied before ranking (repeatable): basic, image_cluster, intersect:path=F.npy.",
+    ),
+    click.option(
+        "--intersect",
+        multiple=True,
+        type=click.Path(dir_okay=False),
+        help="Only uids in this subset file are eligible (repeatable).",
+    ),
+    click.option("--seed", type=int, default=None, help="Seed of --rank random."),
+)
+METADATA_OPTION = click.option(
+    "--metadata",
+    type=click.Path(),
+    default=None,
+    help="The pool's DataComp metadata folder (<hash>.parquet): its uid count is the nominal pool (--frac-of "
+    "nominal) and its URLs give the per-domain audit [default: the one the run was scored with].",
+)
+
+
 @click.command("select")
 @click.option(
     "--scores", required=True, type=click.Path(), help="Run directory of `hype score` (or its scores/)."
@@ -14,61 +93,20 @@ import click
 @click.option(
     "--out", required=True, type=click.Path(dir_okay=False), help="Subset file to write, e.g. subset.npy."
 )
-@click.option(
-    "--frac", type=str, default=None, help="Keep this fraction, in (0, 1], e.g. 0.2 (round half up)."
-)
-@click.option("--top-k", type=int, default=None, help="Keep exactly this many samples.")
-@click.option("--threshold", type=float, default=None, help="Keep every eligible sample with score >= T.")
-@click.option(
-    "--keep-all", is_flag=True, help="Keep every sample that passes the filters (mask-only baselines)."
-)
-@click.option(
-    "--frac-of",
-    type=click.Choice(["pool", "eligible"]),
-    default="pool",
-    show_default=True,
-    help="--frac counts scored rows (pool) or rows passing the filters (eligible).",
-)
-@click.option(
-    "--preset",
-    default=None,
-    help="Preset: configs/select/NAME.yaml or a YAML path [default: hype]. Presets: hype, no-c-in, no-cos, "
-    "cos-only, specificity-only, eps-i-only, eps-t-only, random.",
-)
-@click.option("--rank", default=None, help="Ranking rule: hype | clip_score | specificity | random[:seed=N].")
-@click.option(
-    "--weights",
-    default=None,
-    metavar="M=W,...",
-    help="Weights of the hype rule, e.g. eps_i=1,eps_t=1,neg_d_l=1,cos_theta=1,c_in=1; unnamed metrics "
-    "get 0.",
-)
-@click.option(
-    "--normalize",
-    type=click.Choice(["none", "zscore", "rank"]),
-    default=None,
-    help="Per-metric pool normalization before weighting [default: none].",
-)
-@click.option(
-    "--filter",
-    "filters",
-    multiple=True,
-    metavar="RULE[:K=V,...]",
-    help="Mask applied before ranking (repeatable): basic, image_cluster, intersect:path=F.npy.",
-)
-@click.option(
-    "--intersect",
-    multiple=True,
-    type=click.Path(dir_okay=False),
-    help="Only uids in this subset file are eligible (repeatable).",
-)
+@TARGET_OPTIONS
+@RULE_OPTIONS
 @click.option(
     "--union",
     multiple=True,
     type=click.Path(dir_okay=False),
     help="Add every uid of this subset file after ranking (repeatable).",
 )
-@click.option("--seed", type=int, default=None, help="Seed of --rank random.")
+@METADATA_OPTION
+@click.option(
+    "--audit",
+    is_flag=True,
+    help="Audit the cut (kept fraction per concept, language, size, domain) into subset.json and print it.",
+)
 @click.option("--workers", type=int, default=2, show_default=True, help="Threads reading Parquet.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bars on stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of text.")
@@ -88,6 +126,8 @@ def select(
     intersect: tuple[str, ...],
     union: tuple[str, ...],
     seed: int | None,
+    metadata: str | None,
+    audit: bool,
     workers: int,
     progress: bool,
     as_json: bool,
@@ -132,9 +172,18 @@ def select(
         seed=seed,
         workers=workers,
         progress=progress,
+        audit=audit,
+        metadata=metadata,
     )
     try:
         summary = select_subset(req)
     except SelectError as e:
         raise click.UsageError(str(e)) from None
-    click.echo(json.dumps(summary, indent=2) if as_json else format_summary(summary))
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    click.echo(format_summary(summary))
+    if audit:
+        from hype.select.audit import format_audit
+
+        click.echo(format_audit(summary["audit"]))

@@ -46,8 +46,9 @@ class Target:
 
     k: int | None = None
     frac: Fraction | None = None
-    frac_of: str = "pool"  # "pool" (all scored rows) or "eligible" (rows that pass the filters)
+    frac_of: str = "pool"  # "pool" (all scored rows), "eligible" (rows that pass the filters) or "nominal"
     threshold: float | None = None
+    nominal_rows: int | None = None  # the pool's metadata uids, downloaded or not (frac_of "nominal")
 
     def __post_init__(self):
         if sum(x is not None for x in (self.k, self.frac, self.threshold)) != 1:
@@ -59,8 +60,13 @@ class Target:
                 f"--frac {float(self.frac)} is outside (0, 1]; it is the fraction of samples to keep, "
                 "e.g. --frac 0.2 for 20%"
             )
-        if self.frac_of not in ("pool", "eligible"):
-            raise SelectError(f"--frac-of {self.frac_of!r}: expected 'pool' or 'eligible'")
+        if self.frac_of not in ("pool", "eligible", "nominal"):
+            raise SelectError(f"--frac-of {self.frac_of!r}: expected 'pool', 'eligible' or 'nominal'")
+        if self.frac_of == "nominal" and self.frac is not None and not self.nominal_rows:
+            raise SelectError(
+                "--frac-of nominal counts the pool's metadata uids: pass --metadata DIR (the DataComp "
+                "metadata folder of the pool), or select from a run scored with --metadata"
+            )
         if self.threshold is not None and math.isnan(self.threshold):
             raise SelectError("--threshold is NaN; give a number (or use --keep-all)")
 
@@ -121,19 +127,29 @@ def reduce(
     score_stats: RunningStats | None = None,
     workers: int = 2,
     progress: bool = True,
+    eligible_bits: list[np.ndarray] | None = None,
+    keep_spool: bool = False,
 ) -> ReduceResult:
     """Run the passes; `carry` columns are handed to the sink for kept rows; `pool_stats` (column -> stats)
-    and `score_stats` (the ranking score) are updated with every row of the table."""
+    and `score_stats` (the ranking score) are updated with every row of the table. `eligible_bits`, when
+    given (and masks are), receives each batch's eligibility as `np.packbits` (N/8 bytes: what the rank
+    pass holds anyway), for a later pass that must not rerun expensive masks (`hype.select.explain`);
+    `keep_spool` leaves what the passes downloaded from a bucket (and the open parts) for that pass: the
+    caller then calls `table.release_spool()`."""
     run = _Reduction(
         table, ranker, masks, target, sink, carry, pool_stats or {}, score_stats, workers, progress
     )
+    run.eligible_out = eligible_bits if masks else None
     try:
         run.statistics_pass()
         run.plan()
         if target.ranked:
             run.rank_pass()
         run.select_pass()
-    finally:
+    except BaseException:
+        table.release_spool()
+        raise
+    if not keep_spool:
         table.release_spool()
     # Parquet decoding leaves freed buffers cached in Arrow's allocator; the caller is about to sort the
     # kept uids, the peak of a selection: give that memory back first.
@@ -170,6 +186,7 @@ class _Reduction:
         self.m_needed = 0
         self.lower = self.upper = math.inf
         self.cached_masks: list[np.ndarray] | None = None  # the rank pass's masks, as bits, per batch
+        self.eligible_out: list[np.ndarray] | None = None  # `reduce(eligible_bits=...)`
         self.eligible_rows = table.num_rows
         # Counts of the select pass.
         self.candidates = _Candidates(0, self.carry)
@@ -206,7 +223,8 @@ class _Reduction:
         self.rule_cols = _cols([self.ranker.columns(), *(m.columns() for m in self.masks)])
         self.removed = {m.spec(): 0 for m in self.masks}
         target = self.target
-        self.k = target.count(self.table.num_rows) if target.ranked and target.frac_of == "pool" else None
+        of = {"pool": self.table.num_rows, "nominal": target.nominal_rows}.get(target.frac_of)
+        self.k = target.count(of) if target.ranked and of is not None else None
 
     def rank_pass(self) -> None:
         """Histogram the eligible rows' score keys, then find the cut bin in it."""
@@ -263,11 +281,17 @@ class _Reduction:
         """Batch `i`'s eligible rows: computed now (threshold selections), or the rank pass's bits."""
         if not self.target.ranked:
             _update_stats(self.pool_stats, batch)
-            return _eligible(batch, self.masks, self.removed)
+            keep = _eligible(batch, self.masks, self.removed)
+            if self.eligible_out is not None and keep is not None:
+                self.eligible_out.append(np.packbits(keep))
+            return keep
         if self.cached_masks is None:
             return None
-        keep = np.unpackbits(self.cached_masks[i], count=len(batch)).astype(bool)
+        bits = self.cached_masks[i]
+        keep = np.unpackbits(bits, count=len(batch)).astype(bool)
         self.cached_masks[i] = None  # type: ignore[call-overload]  # free as we go
+        if self.eligible_out is not None:
+            self.eligible_out.append(bits)
         return keep
 
     def _take(self, batch: Batch, score: np.ndarray, keep: np.ndarray | None) -> None:

@@ -62,6 +62,17 @@ class Rule:
         """bool keep-mask per row (mask rules)."""
         raise NotImplementedError
 
+    # -- optional per-term attribution (`hype explain`): score rules that are a sum of per-metric terms
+    def terms(self) -> list[str]:
+        """The metrics whose contributions add up to `score`, in the order they are summed ([]: the rule
+        is not a sum of terms, e.g. `random`)."""
+        return []
+
+    def contribution(self, metric: str, values: np.ndarray) -> np.ndarray:
+        """float64 contribution of `metric` at `values` to the score, after the rule's normalization and
+        weight; summed over `terms()` in order it gives `score` bit for bit."""
+        raise NotImplementedError(f"rule {self.name!r} is not a sum of per-metric terms")
+
     def describe(self) -> dict:
         """What the summary JSON records about this rule."""
         return {"rule": self.name, **{k: v for k, v in self.params.items()}}

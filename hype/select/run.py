@@ -22,6 +22,8 @@ from hype.io.storage import AnyPath
 from hype.scoring.schema import METRICS
 from hype.select import rules
 from hype.select.errors import SelectError
+from hype.select.explain import CutWatcher, review_cut
+from hype.select.nominal import nominal_rows
 from hype.select.outputs import SubsetWriter, output_paths, write_json, write_subset
 from hype.select.presets import DEFAULT_PRESET, load_preset
 from hype.select.reducer import Target, describe_cut, parse_frac, reduce
@@ -52,6 +54,8 @@ class SelectRequest:
     seed: int | None = None
     workers: int = 2
     progress: bool = True
+    audit: bool = False  # audit the cut into subset.json and print it (`hype select --audit`)
+    metadata: str | Path | None = None  # the pool's metadata folder (nominal uids, URL domains)
 
 
 def build_rules(req: SelectRequest) -> tuple[str, Rule, list[Rule]]:
@@ -86,7 +90,7 @@ def build_rules(req: SelectRequest) -> tuple[str, Rule, list[Rule]]:
     return preset.name, ranker, masks
 
 
-def make_target(req: SelectRequest) -> Target:
+def make_target(req: SelectRequest, nominal: int | None = None) -> Target:
     given = [
         n
         for n, v in (("--frac", req.frac), ("--top-k", req.top_k), ("--threshold", req.threshold))
@@ -100,7 +104,7 @@ def make_target(req: SelectRequest) -> Target:
     if req.keep_all:
         return Target(threshold=-math.inf)
     if req.frac is not None:
-        return Target(frac=parse_frac(req.frac), frac_of=req.frac_of)
+        return Target(frac=parse_frac(req.frac), frac_of=req.frac_of, nominal_rows=nominal)
     if req.top_k is not None:
         return Target(k=int(req.top_k))
     return Target(threshold=float(req.threshold))  # type: ignore[arg-type]
@@ -110,11 +114,12 @@ def select_subset(req: SelectRequest) -> dict:
     """Run a selection; returns the summary that is also written to `subset.json`."""
     start = time.perf_counter()
     npy, parquet, summary_path = output_paths(req.out)
-    target = make_target(req)
     preset_name, ranker, masks = build_rules(req)
     table = ScoresTable(req.scores)
     table.require_finished()
     warnings: list[str] = []
+    nominal = nominal_rows(table, req.metadata)
+    target = make_target(req, nominal)
     table.require(["uid"], "every selection")
     table.require(ranker.columns(), f"ranking rule {ranker.spec()!r}")
     for m in masks:
@@ -124,22 +129,27 @@ def select_subset(req: SelectRequest) -> dict:
     pool_stats = {} if cached else {m: RunningStats() for m in metrics}
     score_stats = RunningStats()
     writer = SubsetWriter(parquet, metrics)
+    watch = CutWatcher(writer)  # the last kept row: the cut of `explain.cut_pass`
+    bits: list = []
     try:
         result = reduce(
             table,
             ranker,
             masks,
             target,
-            writer,
+            watch,
             carry=metrics,
             pool_stats=pool_stats,
             score_stats=score_stats,
             workers=req.workers,
             progress=req.progress,
+            eligible_bits=bits,
+            keep_spool=True,  # the columns downloaded from a bucket serve `review_cut`'s pass too
         )
         arr = writer.uid_array()
     except BaseException:
         writer.abort()
+        table.release_spool()
         raise
     unions = []
     for path in req.union:
@@ -177,7 +187,10 @@ def select_subset(req: SelectRequest) -> dict:
             for name in [*metrics, "score"]
         },
         "warnings": warnings,
-        "passes": result.passes,
+        "nominal_rows": nominal,
+        "fractions": _fractions(result, nominal),
+        **review_cut(table, ranker, masks, target, watch, bits, pool, req, arr, result),
+        "passes": [*result.passes, "explain"],
         "seconds": round(time.perf_counter() - start, 3),
         "hype_version": __version__,
     }
@@ -212,6 +225,16 @@ def _write_pool_cache(table: ScoresTable, pool: dict) -> None:
         write_json(path, pool)
     except OSError:
         pass  # a read-only run directory: recompute next time
+
+
+def _fractions(result, nominal: int | None) -> dict:
+    """The kept fraction of the scored rows, of the eligible ones and of the nominal pool (metadata uids)."""
+    kept = result.kept_rows
+    return {
+        "of_scored": kept / result.pool_rows,
+        "of_eligible": kept / result.eligible_rows if result.eligible_rows else None,
+        "of_nominal": kept / nominal if nominal else None,
+    }
 
 
 def _describe_target(target: Target, k: int | None) -> dict:
@@ -269,6 +292,15 @@ def format_summary(s: dict) -> str:
         pool = st["pool"]["mean"] if st["pool"] and st["pool"].get("count") else float("nan")
         sub = st["subset"].get("mean", float("nan"))
         lines.append(f"  {name:<10} {pool:>11.4f} {sub:>12.4f}")
+    fr = s.get("fractions")
+    if fr:
+        nominal = (
+            f", {100 * fr['of_nominal']:.2f}% of the {s['nominal_rows']:,} nominal (metadata uids)"
+            if fr.get("of_nominal") is not None
+            else ""
+        )
+        eligible = f"{100 * fr['of_eligible']:.2f}%" if fr.get("of_eligible") is not None else "-"
+        lines.append(f"  kept {100 * fr['of_scored']:.2f}% of scored, {eligible} of eligible{nominal}")
     lines += [f"  warning: {w}" for w in s.get("warnings", [])]
     lines.append(
         f"wrote {s['subset']} ({s['subset_rows']:,} uids), {s['parquet']}, {s['summary']} "

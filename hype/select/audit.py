@@ -1,0 +1,228 @@
+"""Audits of a cut: what a selection keeps of each concept, caption language, image size and URL domain.
+
+Each audit counts, per group, the rows of the scored pool and the kept ones, in the streaming pass that
+follows a selection (`hype.select.explain.cut_pass`; the domain audit reads the pool's metadata instead).
+A group kept at less than a quarter of the overall kept fraction is flagged ("keeps 2.0% of captions in
+'ja' against 20.0% overall"), when it has at least `MIN_ROWS` rows (smaller groups say nothing).
+
+- concept: the k-means cluster of c_IN, when the scores table has a `cluster` column;
+- language: fastText lid.176 (`hype.text.language`, what the basic filter uses) on a uniform hashed
+  sample of at most `LANGUAGE_ROWS` rows (lid runs at ~45k captions/s on one core: a 128M pool would take
+  47 min), so the per-language counts are of the sample;
+- size: the shorter image side in buckets (DataComp's basic filter keeps >= 200 px);
+- domain: the host of each metadata row's URL (`www.` dropped), counted over the metadata's uids, scored or
+  not (a domain whose downloads failed shows up too); at most `MAX_DOMAINS` distinct domains are counted,
+  later new ones as `(other)`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from hype.data.uids import UidMultiset, arrow_to_pairs, splitmix64
+from hype.select.table import Batch, ScoresTable
+
+FLAG_RATIO = 0.25
+MIN_ROWS = 20
+LANGUAGE_ROWS = 1_000_000
+MAX_DOMAINS = 1_000_000
+LISTED = 50  # groups listed per audit in subset.json (largest first); flags cover every group
+SIZE_EDGES = (64, 128, 200, 400, 800)
+_HOST = r"^[A-Za-z][A-Za-z0-9+.\-]*://(?:[^@/?#]*@)?(?P<host>[^/:?#]+)"
+
+
+class GroupAudit:
+    """Rows and kept rows per group; subclasses say which columns they read and each row's group."""
+
+    name = ""
+    what = ""  # "{group}" -> the phrase of a flag, e.g. "captions in {group}"
+
+    def __init__(self) -> None:
+        self.rows: dict = {}
+        self.kept: dict = {}
+
+    def columns(self) -> list[str]:
+        return []
+
+    def groups(self, batch: Batch) -> tuple[np.ndarray, np.ndarray | None]:
+        """(group label per counted row, which rows of the batch they are; None: every row)."""
+        raise NotImplementedError
+
+    def add(self, batch: Batch, kept: np.ndarray) -> None:
+        labels, rows = self.groups(batch)
+        k = kept if rows is None else kept[rows]
+        self.count(labels, k)
+
+    def count(self, labels: np.ndarray, kept: np.ndarray) -> None:
+        for d, lab in ((self.rows, labels), (self.kept, labels[kept])):
+            names, counts = np.unique(lab, return_counts=True)
+            for g, c in zip(names.tolist(), counts.tolist(), strict=True):
+                d[g] = d.get(g, 0) + c
+
+    def report(self, overall: float) -> dict:
+        groups = sorted(self.rows, key=lambda g: (-self.rows[g], str(g)))
+        out = {
+            str(g): {
+                "rows": self.rows[g],
+                "kept": self.kept.get(g, 0),
+                "kept_frac": round(self.kept.get(g, 0) / self.rows[g], 6),
+            }
+            for g in groups
+        }
+        flags = [
+            f"keeps {100 * v['kept_frac']:.1f}% of {self.what.format(group=g)} against {100 * overall:.1f}% "
+            f"overall ({v['kept']:,} of {v['rows']:,})"
+            for g, v in out.items()
+            if v["rows"] >= MIN_ROWS and v["kept_frac"] < FLAG_RATIO * overall
+        ]
+        listed = dict(list(out.items())[:LISTED])
+        return {"groups": listed, "more_groups": len(out) - len(listed), "flags": flags}
+
+
+class SizeAudit(GroupAudit):
+    name = "size"
+    what = "images with shorter side {group}"
+
+    def columns(self) -> list[str]:
+        return ["width", "height"]
+
+    def groups(self, batch: Batch) -> tuple[np.ndarray, None]:
+        short = np.fmin(batch.numeric("width"), batch.numeric("height"))
+        labels = np.array(_size_labels(), dtype=object)
+        known = np.isfinite(short) & (short > 0)
+        idx = np.where(known, np.searchsorted(np.array(SIZE_EDGES), np.nan_to_num(short), side="right"), -1)
+        return labels[idx], None  # -1: the last label, "unknown"
+
+
+def _size_labels() -> list[str]:
+    edges = SIZE_EDGES
+    labels = [f"< {edges[0]} px"]
+    labels += [f"{a}-{b - 1} px" for a, b in zip(edges[:-1], edges[1:], strict=True)]
+    return [*labels, f">= {edges[-1]} px", "unknown"]
+
+
+class ClusterAudit(GroupAudit):
+    name = "concept"
+    what = "concept cluster {group}"
+
+    def columns(self) -> list[str]:
+        return ["cluster"]
+
+    def groups(self, batch: Batch) -> tuple[np.ndarray, None]:
+        return batch.arrow("cluster").to_numpy(zero_copy_only=False), None
+
+
+class LanguageAudit(GroupAudit):
+    name = "language"
+    what = "captions in '{group}'"
+
+    def __init__(self, pool_rows: int):
+        super().__init__()
+        self.rate = min(1.0, LANGUAGE_ROWS / max(pool_rows, 1))
+        self.limit = np.uint64(min(int(self.rate * 2.0**64), 2**64 - 1))
+        self.sampled = 0
+
+    def columns(self) -> list[str]:
+        return ["text"]
+
+    def groups(self, batch: Batch) -> tuple[np.ndarray, np.ndarray | None]:
+        from hype.text.language import detect_languages
+
+        rows = None
+        if self.rate < 1.0:  # a hash of the row's place in the table: no uid column to read
+            place = np.arange(batch.first_row, batch.first_row + len(batch), dtype=np.uint64)
+            rows = np.flatnonzero(splitmix64(place ^ np.uint64(0x1A46)) <= self.limit)
+        texts = batch.texts("text")
+        picked = texts if rows is None else [texts[i] for i in rows]
+        self.sampled += len(picked)
+        unique, inverse = np.unique(np.array(picked, dtype=object), return_inverse=True)
+        langs = np.array([lang or "(empty)" for lang in detect_languages(list(unique))], dtype=object)
+        return langs[inverse] if len(picked) else np.array([], dtype=object), rows
+
+    def report(self, overall: float) -> dict:
+        out = super().report(overall)
+        out["sampled_rows"] = self.sampled
+        if self.rate < 1.0:
+            out["note"] = f"fastText lid on a uniform hashed sample of {self.sampled:,} rows"
+        return out
+
+
+class DomainAudit(GroupAudit):
+    """Per URL domain over the metadata's rows: kept when the uid is in the subset."""
+
+    name = "domain"
+    what = "samples from {group}"
+
+    def add_metadata(self, table: pa.Table, subset: UidMultiset, where: str) -> None:
+        hi, lo = arrow_to_pairs(table.column("uid"), f"{where}: column 'uid'")
+        host = pc.struct_field(pc.extract_regex(table.column("url").cast(pa.string()), _HOST), [0])
+        host = pc.utf8_lower(pc.fill_null(host, "(no host)"))
+        host = pc.replace_substring_regex(host, r"^www\.", "")
+        labels = np.asarray(host.to_numpy(zero_copy_only=False), dtype=object)
+        if len(self.rows) >= MAX_DOMAINS:
+            labels = np.where(np.isin(labels, list(self.rows)), labels, "(other)")
+        self.count(labels, subset.find(hi, lo) >= 0)
+
+
+def table_audits(table: ScoresTable) -> tuple[list[GroupAudit], dict]:
+    """The audits the scores table allows, and a note for each one it does not."""
+    audits: list[GroupAudit] = []
+    notes = {}
+    if table.has_column("cluster"):
+        audits.append(ClusterAudit())
+    else:
+        notes["concept"] = (
+            "skipped: the scores table has no 'cluster' column (the k-means cluster of c_IN per sample)"
+        )
+    if table.has_column("text"):
+        audits.append(LanguageAudit(table.num_rows))
+    else:
+        notes["language"] = "skipped: the scores table has no 'text' column"
+    if table.has_column("width") and table.has_column("height"):
+        audits.append(SizeAudit())
+    else:
+        notes["size"] = "skipped: the scores table has no width/height columns"
+    return audits, notes
+
+
+def domain_audit(metadata: str | None, subset: np.ndarray, batch_rows: int = 1 << 16) -> tuple[dict, int]:
+    """(the per-domain audit, the metadata's row count) over the metadata folder's parquet files."""
+    import pyarrow.parquet as pq
+
+    from hype.io import open_input
+    from hype.select.nominal import metadata_files
+
+    audit = DomainAudit()
+    found = UidMultiset(subset)
+    rows = 0
+    for path in metadata_files(metadata):
+        with open_input(path) as f:
+            part = pq.ParquetFile(f)
+            if "url" not in part.schema_arrow.names or "uid" not in part.schema_arrow.names:
+                return {"note": f"skipped: {path} has no uid/url columns"}, -1
+            for rb in part.iter_batches(batch_size=batch_rows, columns=["uid", "url"]):
+                t = pa.Table.from_batches([rb])
+                audit.add_metadata(t, found, str(path))
+                rows += t.num_rows
+    return audit.report(len(subset) / rows if rows else 0.0), rows
+
+
+def format_audit(audit: dict) -> str:
+    """The text `hype select --audit` prints."""
+    lines = ["audits of the cut (kept fraction per group; flagged when < 1/4 of the overall fraction):"]
+    for name, a in audit.items():
+        if "note" in a and "groups" not in a:
+            lines.append(f"  {name}: {a['note']}")
+            continue
+        head = f"  {name}" + (f" ({a['note']})" if a.get("note") else "")
+        lines.append(head + ":")
+        for g, v in list(a["groups"].items())[:12]:
+            lines.append(f"    {g:<24} {v['kept']:>10,} / {v['rows']:<10,} {100 * v['kept_frac']:6.1f}%")
+        hidden = max(0, len(a["groups"]) - 12) + a.get("more_groups", 0)
+        if hidden:
+            lines.append(f"    ... {hidden:,} more groups")
+        for f in a["flags"][:20]:
+            lines.append(f"    FLAG {f}")
+    return "\n".join(lines)

@@ -1,0 +1,549 @@
+"""Why a row was kept or dropped: the per-term attribution of a selection (`hype explain`, and the
+`decisions` that `hype select` writes into `subset.json`).
+
+A score rule that is a sum of per-metric terms (`Rule.terms` / `Rule.contribution`: `hype`, `clip_score`,
+`specificity`) gives every row one contribution per term (weight x normalized value) that add up to its
+score bit for bit. Against the cut (ranked selections: the last kept row, by score descending then uid
+ascending; threshold selections: `score >= T`):
+
+- the *decisive term* of a row is the one whose change to its pool median alone would flip the decision:
+  for a dropped row, the term whose median lifts it past the last kept row (the largest lift when several
+  do); for a kept row, the one whose median sinks it below the best dropped row (the largest fall);
+  `none alone` when no single term does;
+- the *main term* is the term that moves the row furthest toward the other side at its median, flip or
+  not (for a dropped row, the term holding it down the most).
+
+Rows removed by a filter are decided by that filter (`filter:<spec>`). The pool median of a term is the
+`p50` that `subset.json` reports for it (3 significant digits), percentiles come from the same streaming
+histograms (within ~0.2%), so nothing here holds more than select's own memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hype.data.uids import UidMultiset, pair_to_uid, splitmix64
+from hype.select.reducer import Sink
+from hype.select.rules import Rule
+from hype.select.stats import RunningStats
+from hype.select.table import Batch, ScoresTable
+
+NONE_ALONE = "none alone"
+MEDIAN_KEY = "p50"
+
+
+class CutWatcher:
+    """A reducer sink that hands rows on (to `sink`, if any) and remembers the last kept row: the lowest
+    score, and of those the largest uid."""
+
+    def __init__(self, sink: Sink | None = None):
+        self.sink = sink
+        self.score = math.inf
+        self.uid: tuple[int, int] | None = None
+
+    def __call__(self, hi, lo, score, columns, uids=None) -> None:
+        if self.sink is not None:
+            self.sink(hi, lo, score, columns, uids)
+        if len(score) == 0:
+            return
+        s = float(score.min())
+        at = np.flatnonzero(score == s)
+        j = at[np.lexsort((lo[at], hi[at]))[-1]]
+        uid = (int(hi[j]), int(lo[j]))
+        if s < self.score or (s == self.score and self.uid is not None and uid > self.uid):
+            self.score, self.uid = s, uid
+
+
+@dataclass(frozen=True)
+class Cut:
+    """The decision boundary: a ranked cut (the last kept row's `score` and `uid`) or a threshold
+    (`uid` None; -inf keeps every eligible row)."""
+
+    score: float
+    uid: tuple[int, int] | None = None
+
+    def keeps(self, score: np.ndarray, hi: np.ndarray | None, lo: np.ndarray | None) -> np.ndarray:
+        """Would rows with these scores and uids be kept (ranked at or above the last kept row)?"""
+        if self.uid is None or hi is None or lo is None:
+            return score >= self.score
+        return (score > self.score) | ((score == self.score) & _uid_le(hi, lo, self.uid))
+
+    def describe(self) -> dict:
+        out: dict = {"score": None if math.isinf(self.score) else self.score}
+        if self.uid is not None:
+            out["uid"] = pair_to_uid(*self.uid)
+        return out
+
+
+def _uid_le(hi: np.ndarray, lo: np.ndarray, uid: tuple[int, int]) -> np.ndarray:
+    h, low = np.uint64(uid[0]), np.uint64(uid[1])
+    return (hi < h) | ((hi == h) & (lo <= low))
+
+
+class Decider:
+    """The contributions of a rule's terms, their values at the pool medians, and the decisive term."""
+
+    def __init__(self, rule: Rule, medians: dict[str, float]):
+        self.rule = rule
+        self.terms = rule.terms()
+        self.medians = {m: float(medians[m]) for m in self.terms}
+        self.at_median = {
+            m: float(rule.contribution(m, np.array([self.medians[m]], dtype=np.float32))[0])
+            for m in self.terms
+        }
+
+    def contributions(self, batch: Batch) -> np.ndarray:
+        """(terms, rows) float64; summed over axis 0 in order, each row's score."""
+        return np.stack([self.rule.contribution(m, batch.raw(m)) for m in self.terms])
+
+    def swapped(self, contrib: np.ndarray) -> np.ndarray:
+        """(terms, rows): the score with term t at its pool median, summed in the rule's order."""
+        out = np.empty_like(contrib)
+        for t, name in enumerate(self.terms):
+            total = np.zeros(contrib.shape[1])
+            for j in range(len(self.terms)):
+                total += self.at_median[name] if j == t else contrib[j]
+            out[t] = total
+        return out
+
+    def decide_dropped(self, swapped, score, hi, lo, cut: Cut) -> tuple[np.ndarray, np.ndarray]:
+        """(decisive, main) term index per dropped row (-1: none alone / no term lifts it)."""
+        flips = np.stack([cut.keeps(s, hi, lo) for s in swapped])
+        lifted = np.where(flips, swapped, -np.inf)
+        decisive = np.where(flips.any(axis=0), lifted.argmax(axis=0), -1)
+        return decisive, np.where(swapped.max(axis=0) > score, swapped.argmax(axis=0), -1)
+
+    def decide_kept(
+        self, swapped, score, hi, lo, first_dropped: tuple[float, int, int] | None, cut: Cut
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(decisive, main) per kept row: a term flips it when its median puts the row at or below the
+        best dropped row (a threshold: below T)."""
+        if cut.uid is None:
+            flips = swapped < cut.score
+        elif first_dropped is None:
+            flips = np.zeros_like(swapped, dtype=bool)  # nothing was dropped: nothing to fall below
+        else:
+            d, dh, dl = first_dropped
+            above = (swapped > d) | ((swapped == d) & ~_uid_le(hi, lo, (dh, dl)))
+            flips = ~above
+        sunk = np.where(flips, swapped, np.inf)
+        decisive = np.where(flips.any(axis=0), sunk.argmin(axis=0), -1)
+        return decisive, np.where(swapped.min(axis=0) < score, swapped.argmin(axis=0), -1)
+
+    def name(self, i: int) -> str:
+        return self.terms[i] if i >= 0 else NONE_ALONE
+
+
+@dataclass
+class Wanted:
+    """Which rows to explain: the uids of `uids` (a sorted "u8,u8" array), or a sample of `sample` dropped
+    (or kept) rows: the ones with the smallest hash of (uid, seed), so the same rows whatever the table's
+    order or partitioning."""
+
+    uids: np.ndarray | None = None
+    sample: int = 0
+    dropped: bool = True
+    seed: int = 0
+
+    def __post_init__(self):
+        self._set = UidMultiset(self.uids) if self.uids is not None else None
+
+    def pick(self, batch: Batch, eligible: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(rows of this batch that are candidates, their sampling keys)."""
+        hi, lo = batch.uid_pairs()
+        if self._set is not None:
+            rows = np.flatnonzero(self._set.find(hi, lo) >= 0)
+            return rows, np.zeros(len(rows), dtype=np.uint64)
+        rows = np.flatnonzero(~kept if self.dropped else kept)
+        seed = np.full(len(rows), np.uint64(self.seed % 2**64))
+        return rows, splitmix64(hi[rows] ^ splitmix64(lo[rows] ^ splitmix64(seed)))
+
+
+@dataclass
+class PassResult:
+    rows: list[dict] = field(default_factory=list)
+    decisions: dict = field(default_factory=dict)
+    first_dropped: tuple[float, int, int] | None = None
+
+
+def cut_pass(
+    table: ScoresTable,
+    ranker: Rule,
+    masks: Sequence[Rule],
+    cut: Cut,
+    medians: dict[str, float],
+    bits: list[np.ndarray],
+    *,
+    wanted: Wanted | None = None,
+    audits: Sequence = (),
+    workers: int = 2,
+    progress: bool = True,
+) -> PassResult:
+    """One streaming pass over the table after a selection: count the decisive term of every dropped row,
+    feed the audits, and collect the rows `wanted` (with the columns of every term and mask)."""
+    decider = Decider(ranker, medians) if ranker.terms() else None
+    terms = decider.terms if decider else []
+    need_uid = wanted is not None or cut.uid is not None
+    cols = [
+        *(["uid"] if need_uid else []),
+        *ranker.columns(),
+        *terms,
+        *(c for a in audits for c in a.columns()),
+    ]
+    if wanted is not None:
+        cols += [c for m in masks for c in m.columns()]
+    cols = list(dict.fromkeys(cols))
+    n_terms = len(terms)
+    decisive_counts = np.zeros(n_terms + 1, dtype=np.int64)  # last slot: none alone
+    main_counts = np.zeros(n_terms + 1, dtype=np.int64)
+    dropped_eligible = removed = kept_rows = 0
+    best: tuple[float, int, int] | None = None  # the first dropped row: max score, then min uid
+    cands: list[tuple[int, dict]] = []
+    label = "explain pass" if progress else None
+    for i, batch in enumerate(table.iter_batches(cols, workers=workers, progress=label, check=terms)):
+        n = len(batch)
+        eligible = np.unpackbits(bits[i], count=n).astype(bool) if masks else np.ones(n, dtype=bool)
+        score = np.asarray(ranker.score(batch), dtype=np.float64)
+        hi, lo = batch.uid_pairs() if "uid" in cols else (None, None)
+        kept = eligible & cut.keeps(score, hi, lo)
+        dropped = eligible & ~kept
+        kept_rows += int(kept.sum())
+        dropped_eligible += int(dropped.sum())
+        removed += int((~eligible).sum())
+        if dropped.any() and hi is not None:
+            s = score[dropped]
+            top = float(s.max())
+            at = np.flatnonzero(dropped)[s == top]
+            j = at[np.lexsort((lo[at], hi[at]))[0]]
+            cand = (top, int(hi[j]), int(lo[j]))
+            if best is None or cand[0] > best[0] or (cand[0] == best[0] and cand[1:] < best[1:]):
+                best = cand
+        contrib = None
+        if decider is not None and dropped.any():
+            contrib = decider.contributions(batch)
+            sub = contrib[:, dropped]
+            swapped = decider.swapped(sub)
+            pairs = (hi[dropped], lo[dropped]) if hi is not None else (None, None)
+            dec, main = decider.decide_dropped(swapped, score[dropped], *pairs, cut)
+            decisive_counts += np.bincount(np.where(dec < 0, n_terms, dec), minlength=n_terms + 1)
+            main_counts += np.bincount(np.where(main < 0, n_terms, main), minlength=n_terms + 1)
+        for a in audits:
+            a.add(batch, kept)
+        if wanted is not None:
+            rows, keys = wanted.pick(batch, eligible, kept)
+            if len(rows):
+                cands += _collect(batch, rows, keys, eligible, kept, score, masks, decider, wanted)
+                if wanted.sample and len(cands) > 2 * wanted.sample:
+                    cands = sorted(cands, key=lambda c: c[0])[: wanted.sample]
+    if wanted is not None and wanted.sample:
+        cands = sorted(cands, key=lambda c: c[0])[: wanted.sample]
+    decisions: dict = {
+        "definition": "the term whose change to its pool median (p50) alone would flip the decision",
+        "kept_rows": kept_rows,
+        "dropped_rows": dropped_eligible,
+        "removed_by_filters": removed,
+    }
+    if decider is None:
+        decisions["note"] = f"rule {ranker.name!r} is not a sum of per-metric terms: no per-term attribution"
+    else:
+        names = [*terms, NONE_ALONE]
+        decisions["medians"] = decider.medians
+        decisions["decisive"] = {k: int(v) for k, v in zip(names, decisive_counts, strict=True)}
+        decisions["main"] = {k: int(v) for k, v in zip([*terms, "none"], main_counts, strict=True)}
+    return PassResult(rows=[c[1] for c in cands], decisions=decisions, first_dropped=best)
+
+
+def _collect(batch, rows, keys, eligible, kept, score, masks, decider, wanted) -> list[tuple[int, dict]]:
+    """The explained rows' raw material: uid, values, score, status, and which filters removed them."""
+    hi, lo = batch.uid_pairs()
+    sub = batch.filter(np.isin(np.arange(len(batch)), rows))
+    removed_by = [np.asarray(m.mask(sub), dtype=bool) for m in masks]
+    out = []
+    for k, r in enumerate(rows):
+        row = {
+            "uid": pair_to_uid(hi[r], lo[r]),
+            "_pair": (int(hi[r]), int(lo[r])),
+            "score": float(score[r]),
+            "eligible": bool(eligible[r]),
+            "removed_by": [m.spec() for m, ok in zip(masks, removed_by, strict=True) if not ok[k]],
+            "kept": bool(kept[r]),
+            "values": {m: float(batch.raw(m)[r]) for m in (decider.terms if decider else [])},
+        }
+        out.append((int(keys[k]), row))
+    return out
+
+
+def rank_pass(
+    table: ScoresTable,
+    ranker: Rule,
+    masks: Sequence[Rule],
+    bits: list[np.ndarray],
+    rows: list[dict],
+    *,
+    workers: int = 2,
+    progress: bool = True,
+) -> None:
+    """Each eligible explained row's rank among the eligible rows (1 = best; score desc, then uid asc)."""
+    mine = [r for r in rows if r["eligible"]]
+    if not mine:
+        return
+    s = np.array([r["score"] for r in mine])
+    order = np.argsort(s)
+    ss = s[order]
+    better = np.zeros(len(mine), dtype=np.int64)
+    cols = list(dict.fromkeys(["uid", *ranker.columns()]))
+    label = "rank pass" if progress else None
+    for i, batch in enumerate(table.iter_batches(cols, workers=workers, progress=label, check=[])):
+        score = np.asarray(ranker.score(batch), dtype=np.float64)
+        idx = np.flatnonzero(np.unpackbits(bits[i], count=len(batch))) if masks else np.arange(len(batch))
+        score = score[idx]
+        srt = np.sort(score)
+        better[order] += len(srt) - np.searchsorted(srt, ss, side="right")  # strictly higher scores
+        tied = np.flatnonzero(np.isin(score, s))
+        if len(tied):  # equal scores rank by uid
+            hi, lo = batch.uid_pairs()
+            for j in tied:
+                u = (int(hi[idx[j]]), int(lo[idx[j]]))
+                for k, r in enumerate(mine):
+                    if r["score"] == score[j] and u < r["_pair"]:
+                        better[k] += 1
+    for k, r in enumerate(mine):
+        r["rank"] = int(better[k]) + 1
+
+
+def explain_rows(
+    rows: list[dict],
+    decider: Decider | None,
+    cut: Cut,
+    first_dropped: tuple[float, int, int] | None,
+    pool_stats: dict[str, RunningStats],
+) -> list[dict]:
+    """Per row: each term's value, pool percentile, contribution, its median's; the decisive term."""
+    out = []
+    for r in rows:
+        hi = np.array([r["_pair"][0]], dtype=np.uint64)
+        lo = np.array([r["_pair"][1]], dtype=np.uint64)
+        row = {k: v for k, v in r.items() if k not in ("_pair", "values")}
+        terms: dict = {}
+        decisive = main = None
+        if decider is not None:
+            values = [np.array([r["values"][m]], np.float32) for m in decider.terms]
+            parts = [decider.rule.contribution(m, v) for m, v in zip(decider.terms, values, strict=True)]
+            contrib = np.array(parts)
+            swapped = decider.swapped(contrib)
+            for t, m in enumerate(decider.terms):
+                h = pool_stats[m].hist
+                pct = float(h.midranks()[h.bins(np.array([r["values"][m]]))][0]) * 100
+                terms[m] = {
+                    "value": r["values"][m],
+                    "percentile": round(pct, 2),
+                    "contribution": float(contrib[t, 0]),
+                    "median": decider.medians[m],
+                    "median_contribution": decider.at_median[m],
+                    "score_at_median": float(swapped[t, 0]),
+                }
+            if r["eligible"]:
+                score = np.array([r["score"]])
+                if r["kept"]:
+                    d, mm = decider.decide_kept(swapped, score, hi, lo, first_dropped, cut)
+                else:
+                    d, mm = decider.decide_dropped(swapped, score, hi, lo, cut)
+                decisive = decider.name(int(d[0]))
+                main = decider.terms[int(mm[0])] if mm[0] >= 0 else None
+        if not r["eligible"]:
+            decisive = "filter:" + (r["removed_by"][0] if r["removed_by"] else "?")
+        row.update({"terms": terms, "decisive": decisive, "main": main})
+        out.append(row)
+    return out
+
+
+def format_rows(rows: list[dict], cut: dict, k: int | None, eligible: int) -> str:
+    """The text table of `hype explain`."""
+    lines = []
+    where = f"score {cut['score']:.6g}" if cut.get("score") is not None else "every eligible row"
+    lines.append(f"cut: {where}" + (f", rank {k:,} of {eligible:,} eligible rows" if k else ""))
+    for r in rows:
+        status = "KEPT" if r["kept"] else "DROPPED"
+        rank = f"rank {r['rank']:,}" if r.get("rank") else "not ranked (removed by a filter)"
+        lines.append("")
+        lines.append(f"{r['uid']}  {status}  score {r['score']:.6g}  {rank}")
+        if r["terms"]:
+            lines.append(
+                f"  {'term':<10} {'value':>10} {'pctile':>7} {'contrib':>10} {'median':>10} {'score@med':>10}"
+            )
+            for m, t in r["terms"].items():
+                lines.append(
+                    f"  {m:<10} {t['value']:>10.4g} {t['percentile']:>6.1f}% {t['contribution']:>10.4g} "
+                    f"{t['median']:>10.4g} {t['score_at_median']:>10.4g}"
+                )
+        if r["removed_by"]:
+            lines.append(f"  removed by: {', '.join(r['removed_by'])}")
+        lines.append(f"  decisive: {r['decisive']}" + (f"  (main term: {r['main']})" if r["main"] else ""))
+    return "\n".join(lines)
+
+
+def pool_medians(pool: dict) -> dict[str, float]:
+    """The pool median of each metric as `subset.json` reports it (`metrics.<m>.pool.quantiles.p50`)."""
+    return {m: st["quantiles"][MEDIAN_KEY] for m, st in pool.items() if st.get("count")}
+
+
+def explain_selection(sel, wanted: Wanted) -> dict:
+    """`hype explain`: run the selection `sel` (a `SelectRequest`; nothing is written) and explain the
+    `wanted` rows. Passes: select's own (statistics, rank, select), then the explain pass and, for the
+    explained rows' ranks, a rank pass."""
+    from hype.select.nominal import nominal_rows
+    from hype.select.reducer import reduce
+    from hype.select.run import build_rules, make_target
+
+    _, ranker, masks = build_rules(sel)
+    table = ScoresTable(sel.scores)
+    target = make_target(sel, nominal_rows(table, sel.metadata))
+    table.require_finished()
+    warnings: list[str] = []
+    table.require(["uid"], "hype explain")
+    table.require(ranker.columns(), f"ranking rule {ranker.spec()!r}")
+    for m in masks:
+        table.require(m.columns(), f"filter {m.spec()!r}")
+    stats = {m: RunningStats() for m in table.present_metrics()}
+    watch = CutWatcher()
+    bits: list[np.ndarray] = []
+    result = reduce(
+        table,
+        ranker,
+        masks,
+        target,
+        watch,
+        pool_stats=stats,
+        workers=sel.workers,
+        progress=sel.progress,
+        eligible_bits=bits,
+    )
+    cut = _cut(target, watch)
+    medians = pool_medians({m: st.to_dict() for m, st in stats.items()})
+    done = cut_pass(
+        table, ranker, masks, cut, medians, bits, wanted=wanted, workers=sel.workers, progress=sel.progress
+    )
+    rank_pass(table, ranker, masks, bits, done.rows, workers=sel.workers, progress=sel.progress)
+    decider = Decider(ranker, medians) if ranker.terms() else None
+    rows = explain_rows(done.rows, decider, cut, done.first_dropped, stats)
+    if wanted.uids is not None:
+        found = {r["uid"] for r in rows}
+        missing = [u for u in _uids(wanted.uids) if u not in found]
+    else:
+        missing = []
+    return {
+        "scores": str(table.folder),
+        "rank": ranker.describe(),
+        "filters": [m.spec() for m in masks],
+        "pool_rows": result.pool_rows,
+        "eligible_rows": result.eligible_rows,
+        "kept_rows": result.kept_rows,
+        "k": result.k,
+        "cut": cut.describe(),
+        "rows": rows,
+        "missing": missing,
+        "decisions": done.decisions,
+        "warnings": warnings,
+    }
+
+
+def _cut(target, watch: CutWatcher) -> Cut:
+    if target.ranked:
+        return Cut(watch.score, watch.uid)
+    return Cut(float(target.threshold))
+
+
+def _uids(arr: np.ndarray) -> list[str]:
+    return [pair_to_uid(h, low) for h, low in zip(arr["f0"], arr["f1"], strict=True)]
+
+
+def request_from_summary(summary: dict, scores: str | None = None) -> dict:
+    """`SelectRequest` fields that redo the selection a `subset.json` records: its scores table, its k (or
+    threshold), its ranking rule and every filter it applied."""
+    from hype.select.presets import load_preset
+
+    t = summary.get("target") or {}
+    out: dict = {"scores": scores or summary["scores"]}
+    if t.get("mode") in ("frac", "top_k"):
+        out["top_k"] = int(t["k"])
+    elif t.get("mode") == "threshold":
+        out["threshold"] = float(t["threshold"])
+    else:
+        out["keep_all"] = True
+    rank = dict(summary.get("rank") or {})
+    name = rank.pop("rule", "hype")
+    out["preset"] = summary.get("preset")
+    out["rank"] = name
+    if name == "hype":
+        out["weights"] = rank.get("weights")
+    if rank.get("normalize") not in (None, "none"):
+        out["normalize"] = rank["normalize"]
+    if name == "random":
+        out["seed"] = rank.get("seed")
+    n_preset = len(load_preset(out["preset"]).filters) if out["preset"] else 0
+    out["filters"] = [_spec(f) for f in (summary.get("filters") or [])[n_preset:]]
+    return out
+
+
+def _spec(described: dict) -> str:
+    from hype.select.rules import RULES
+
+    cls = RULES.get(described["rule"])
+    declared = cls.PARAMS if cls is not None else {}
+    params = {k: v for k, v in described.items() if k in declared}
+    return described["rule"] + (":" + ",".join(f"{k}={v}" for k, v in params.items()) if params else "")
+
+
+def review_cut(
+    table: ScoresTable,
+    ranker: Rule,
+    masks: Sequence[Rule],
+    target,
+    watch: CutWatcher,
+    bits,
+    pool: dict,
+    req,
+    subset: np.ndarray,
+    result,
+) -> dict:
+    """What `hype select` adds to subset.json after a selection, in one more pass: the decisive term of
+    every dropped row (`decisions`) and the audits of the cut (`audit`; the per-domain one reads the
+    metadata's uid and url columns when the run or `req.metadata` names a metadata folder)."""
+    from hype.select.audit import domain_audit, table_audits
+    from hype.select.nominal import metadata_dir
+
+    # The audits cost a language ID per caption (fastText, ~45k/s, on up to 1M rows) and the caption, size
+    # and metadata columns: only when asked for (`--audit`), so a plain selection stays at its speed.
+    audits, notes = table_audits(table) if req.audit else ([], {})
+    cut = _cut(target, watch)
+    if result.rows_at_cut_score == result.kept_at_cut_score:
+        cut = Cut(cut.score)  # every row at the cut score is kept: no uid decides, none is read
+    try:
+        done = cut_pass(
+            table,
+            ranker,
+            masks,
+            cut,
+            pool_medians(pool),
+            bits,
+            audits=audits,
+            workers=req.workers,
+            progress=req.progress,
+        )
+    finally:
+        table.release_spool()
+    if not req.audit:
+        return {"decisions": done.decisions, "audit": {"note": "not run: hype select --audit audits the cut"}}
+    kept, rows = done.decisions["kept_rows"], table.num_rows
+    report = {a.name: a.report(kept / rows) for a in audits}
+    report.update({name: {"note": note} for name, note in notes.items()})
+    meta = metadata_dir(table, req.metadata)
+    if meta is None:
+        report["domain"] = {"note": "skipped: no metadata folder with URLs (pass --metadata DIR)"}
+    else:
+        report["domain"], _ = domain_audit(meta, subset)
+    return {"decisions": done.decisions, "audit": report}

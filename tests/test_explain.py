@@ -1,0 +1,201 @@
+"""`hype explain`, the decisions and audits in subset.json, and `--frac-of nominal`, checked against a brute
+force reference (pandas: float64 sums, sort by score desc then uid asc, every term swapped to its median)
+on the synthetic world's scores."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from test_select_helpers import make_world, truth_scores, write_scores
+
+import filters  # noqa: F401  (registers the bundled rules)
+from hype.cli import main
+from hype.scoring.schema import METRICS
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("explain")
+    w = make_world(root / "world", size=600)
+    df = truth_scores(w)
+    write_scores(df, root / "run", parts=3, row_group_size=97)
+    return {"root": root, "world": w, "run": root / "run", "df": df}
+
+
+def cli(*args: str) -> str:
+    res = CliRunner().invoke(main, [*args, "--no-progress"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+def reference(df: pd.DataFrame, k: int, medians: dict, eligible: np.ndarray | None = None) -> pd.DataFrame:
+    """Score, rank, kept and decisive term of every row, by brute force (terms swapped one at a time)."""
+    d = df.copy()
+    d["eligible"] = True if eligible is None else eligible
+    contrib = {m: d[m].to_numpy(np.float64) for m in METRICS}
+
+    def total(c):
+        s = np.zeros(len(d))
+        for m in METRICS:
+            s = s + c[m]
+        return s
+
+    d["score"] = total(contrib)
+    order = d[d["eligible"]].sort_values(["score", "uid"], ascending=[False, True], kind="mergesort")
+    rank = pd.Series(np.arange(1, len(order) + 1), index=order.index)
+    d["rank"] = rank
+    d["kept"] = d["rank"] <= k
+    last = order.iloc[k - 1]
+    first_dropped = order.iloc[k] if len(order) > k else None
+
+    def above(s, uid, row):  # (s, uid) ranks at or above `row`
+        return s > row["score"] or (s == row["score"] and uid <= row["uid"])
+
+    decisive = []
+    for i, r in d.iterrows():
+        if not r["eligible"]:
+            decisive.append("filter")
+            continue
+        best, name = None, "none alone"
+        for m in METRICS:
+            swapped = total({**{j: np.array([contrib[j][i]]) for j in METRICS}, m: np.array([medians[m]])})[0]
+            if r["kept"]:
+                flips = first_dropped is not None and not (
+                    swapped > first_dropped["score"]
+                    or (swapped == first_dropped["score"] and r["uid"] < first_dropped["uid"])
+                )
+                if flips and (best is None or swapped < best):
+                    best, name = swapped, m
+            else:
+                if above(swapped, r["uid"], last) and (best is None or swapped > best):
+                    best, name = swapped, m
+        decisive.append(name)
+    d["decisive"] = decisive
+    return d
+
+
+def test_explain_and_subset_json_agree_with_the_brute_force_reference(world, tmp_path):
+    out = tmp_path / "s.npy"
+    cli("select", "--scores", str(world["run"]), "--frac", "0.2", "--out", str(out))
+    summary = json.loads(out.with_suffix(".json").read_text())
+    medians = {m: summary["metrics"][m]["pool"]["quantiles"]["p50"] for m in METRICS}
+    ref = reference(world["df"], 120, medians)
+    dec = summary["decisions"]
+    assert dec["medians"] == medians
+    dropped = ref[~ref["kept"]]
+    assert dec["dropped_rows"] == len(dropped) == 480 and dec["kept_rows"] == 120
+    assert dec["decisive"] == {
+        name: int((dropped["decisive"] == name).sum()) for name in [*METRICS, "none alone"]
+    }
+    assert sum(dec["decisive"].values()) == 480 and dec["decisive"]["none alone"] < 480
+
+    for which in ("--dropped", "--kept"):
+        text = cli("explain", "--subset", str(out.with_suffix(".json")), "--sample", "12", which, "--json")
+        got = json.loads(text)
+        assert got["k"] == 120 and got["cut"]["score"] == summary["cut"]["score"]
+        assert len(got["rows"]) == 12
+        for row in got["rows"]:
+            r = ref.set_index("uid").loc[row["uid"]]
+            assert row["kept"] == bool(r["kept"]) == (which == "--kept")
+            assert row["score"] == r["score"] and row["rank"] == r["rank"]
+            assert row["decisive"] == r["decisive"]
+            contributions = [row["terms"][m]["contribution"] for m in METRICS]
+            assert sum(contributions) == pytest.approx(row["score"], abs=1e-12)
+            for m in METRICS:  # the mid-rank, within the histogram's bins (relative 2^-9 wide)
+                x, v = world["df"][m].to_numpy(np.float64), r[m]
+                midrank = ((x < v).mean() + (x == v).mean() / 2) * 100
+                near = (np.abs(x - v) <= abs(v) * 2.0**-8).mean() * 100
+                assert row["terms"][m]["percentile"] == pytest.approx(midrank, abs=near + 0.01)
+
+
+def test_explain_by_uid_with_a_filter_and_zscore_names_the_filter_and_finds_every_uid(world, tmp_path):
+    df = world["df"]
+    small = df["uid"][df["width"].lt(100) | df["height"].lt(100)].iloc[0]
+    big = df["uid"][df["width"].ge(100) & df["height"].ge(100)].iloc[:3].tolist()
+    absent = "f" * 32
+    uids = tmp_path / "uids.txt"
+    uids.write_text("\n".join([small, *[u.upper() for u in big], absent]) + "\n")
+    args = ["--scores", str(world["run"]), "--top-k", "50", "--normalize", "zscore"]
+    args += ["--filter", "basic:english=false,min_side=100,min_words=1,min_chars=1"]
+    got = json.loads(cli("explain", *args, "--uids", str(uids), "--json"))
+    rows = {r["uid"]: r for r in got["rows"]}
+    assert set(rows) == {small, *big} and got["missing"] == [absent]
+    assert rows[small]["eligible"] is False and rows[small]["decisive"].startswith("filter:basic")
+    assert "rank" not in rows[small]
+    for u in big:
+        r = rows[u]
+        assert r["eligible"] and sum(t["contribution"] for t in r["terms"].values()) == pytest.approx(
+            r["score"]
+        )
+        mean, std = df["eps_i"].astype(np.float64).mean(), df["eps_i"].astype(np.float64).std(ddof=0)
+        assert r["terms"]["eps_i"]["contribution"] == pytest.approx(
+            (r["terms"]["eps_i"]["value"] - mean) / std
+        )
+    text = cli("explain", *args, "--uids", str(uids))
+    assert "removed by: basic" in text and f"{absent}: not in the scores table" in text
+
+
+def test_explain_refuses_unclear_requests(world):
+    res = CliRunner().invoke(
+        main, ["explain", "--scores", str(world["run"]), "--frac", "0.2", "--no-progress"]
+    )
+    assert res.exit_code != 0 and "--uid U" in res.output
+    res = CliRunner().invoke(
+        main, ["explain", "--scores", str(world["run"]), "--frac", "0.2", "--uid", "xyz", "--no-progress"]
+    )
+    assert res.exit_code != 0 and "'xyz' is not a uid" in res.output
+
+
+def test_audit_flags_a_group_the_cut_wipes_out(world, tmp_path):
+    df = world["df"].copy()
+    # Images with a shorter side under 64 px: all scored low, so the cut keeps none of them.
+    short = np.minimum(df["width"], df["height"]) < 64
+    assert 20 <= short.sum() < 400
+    df.loc[short, "cos_theta"] = -5.0
+    run = write_scores(df, tmp_path / "run", parts=2, row_group_size=100)
+    out = tmp_path / "s.npy"
+    text = cli("select", "--scores", str(run), "--frac", "0.2", "--out", str(out), "--audit")
+    audit = json.loads(out.with_suffix(".json").read_text())["audit"]
+    assert audit["size"]["groups"]["< 64 px"] == {"rows": int(short.sum()), "kept": 0, "kept_frac": 0.0}
+    assert any(
+        f.startswith("keeps 0.0% of images with shorter side < 64 px against 20.0% overall")
+        for f in audit["size"]["flags"]
+    )
+    assert "FLAG keeps 0.0% of images with shorter side < 64 px" in text
+    assert sum(g["rows"] for g in audit["language"]["groups"].values()) == 600
+    assert "skipped" in audit["concept"]["note"] and "--metadata" in audit["domain"]["note"]
+
+
+def test_frac_of_nominal_counts_metadata_uids_that_were_never_scored(world, tmp_path):
+    df = world["df"].iloc[:500]  # 100 samples "failed to download": in the metadata, not scored
+    run = write_scores(df, tmp_path / "run", parts=2, row_group_size=100)
+    meta = world["world"] / "pool" / "metadata"
+    out = tmp_path / "s.npy"
+    args = ["select", "--scores", str(run), "--frac", "0.2", "--out", str(out)]
+    text = cli(*args, "--frac-of", "nominal", "--metadata", str(meta), "--audit")
+    s = json.loads(out.with_suffix(".json").read_text())
+    assert s["nominal_rows"] == 600 and s["selected_rows"] == 120  # 20% of 600, not of the 500 scored
+    assert s["fractions"] == {"of_scored": 120 / 500, "of_eligible": 120 / 500, "of_nominal": 0.2}
+    assert "kept 24.00% of scored, 24.00% of eligible, 20.00% of the 600 nominal" in text
+    assert s["audit"]["domain"]["groups"]["127.0.0.1"] == {"rows": 600, "kept": 120, "kept_frac": 0.2}
+    res = CliRunner().invoke(main, [*args, "--frac-of", "nominal", "--no-progress"])
+    assert res.exit_code != 0 and "--metadata DIR" in res.output
+
+
+def test_on_the_synthetic_world_the_named_term_is_the_noise_kind(world, tmp_path):
+    """Dropped noisy samples: a decisive term, when one is named, and the main term match the truth
+    table's noise kind (misaligned -> neg_d_l, underspecified text -> eps_t, image -> eps_i)."""
+    truth = pd.read_parquet(world["world"] / "truth.parquet").set_index("uid")
+    (tmp_path / "all.txt").write_text("\n".join(truth.index) + "\n")
+    args = ["--scores", str(world["run"]), "--frac", "0.2", "--uids", str(tmp_path / "all.txt"), "--json"]
+    rows = pd.DataFrame(json.loads(cli("explain", *args))["rows"]).set_index("uid").join(truth["noise"])
+    expected = {"misaligned": "neg_d_l", "underspecified_text": "eps_t", "underspecified_image": "eps_i"}
+    dropped = rows[~rows["kept"] & rows["noise"].isin(list(expected))]
+    want = dropped["noise"].map(expected)
+    named = dropped["decisive"] != "none alone"
+    assert named.sum() >= 30 and (dropped["decisive"][named] == want[named]).all()
+    assert (dropped["main"] == want).mean() > 0.95
