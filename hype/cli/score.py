@@ -33,7 +33,12 @@ class _Warnings(logging.Handler):
     help="CLIP scorer for cos θ and c_IN (optional with --metadata and its .npz): a hype checkpoint, or an "
     "open_clip model as is (OpenAI's ViT-L-14.pt, a Hugging Face folder, an open_clip_train run).",
 )
-@click.option("--out", metavar="RUN_DIR", help="Run directory (created; a rerun resumes it).")
+@click.option(
+    "--out",
+    metavar="RUN_DIR",
+    help="Run directory (created; a rerun resumes it). A complete run given new shards in --pool grows: they "
+    "are scored against its frozen reference sets, centroids and models.",
+)
 @click.option(
     "--executor", type=click.Choice(["local", "ray"]), help="Where per-shard work runs [default: local]."
 )
@@ -124,6 +129,11 @@ def score(
     Stages (each resumable; a rerun skips finished shards): embed -> dedup -> reference -> specificity ->
     clusters -> merge. Output: RUN_DIR/scores/part-*.parquet (uid, eps_i, eps_t, neg_d_l, cos_theta,
     c_in, shard, key, text, width, height), RUN_DIR/summary.json, per-shard stats under RUN_DIR/<stage>/.
+
+    Growing a pool: `hype score --pool NEW_SHARDS --out RUN` on a complete run scores only the new shards,
+    with the run's frozen reference sets, centroids and models (others are refused); the result equals a
+    run over all shards given `--reference RUN/reference.safetensors --centroids RUN/clusters/centroids.npy`.
+
     KEY=VALUE overrides any config field (reference.n_top=5000, executor.workers=8, clusters.gpu=true, ...).
     """
     from hype.scoring.decode import share_cores_with_decoders

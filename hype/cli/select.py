@@ -88,7 +88,12 @@ METADATA_OPTION = click.option(
 
 @click.command("select")
 @click.option(
-    "--scores", required=True, type=click.Path(), help="Run directory of `hype score` (or its scores/)."
+    "--scores",
+    required=True,
+    multiple=True,
+    type=click.Path(),
+    help="Run directory of `hype score` (or its scores/). Repeat to select over several runs as one table "
+    "(a uid in several is kept once: from the first run that has it).",
 )
 @click.option(
     "--out", required=True, type=click.Path(dir_okay=False), help="Subset file to write, e.g. subset.npy."
@@ -111,7 +116,7 @@ METADATA_OPTION = click.option(
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bars on stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of text.")
 def select(
-    scores: str,
+    scores: tuple[str, ...],
     out: str,
     frac: str | None,
     top_k: int | None,
@@ -146,6 +151,7 @@ def select(
       hype select --scores run --frac 0.3 --preset cos-only --out clip30.npy
       hype select --scores run --frac 0.2 --intersect dfn.npy --out hype_dfn.npy
       hype select --scores run --keep-all --filter basic --out basic.npy
+      hype select --scores run_a --scores run_b --frac 0.2 --out hype20.npy
     """
     from hype.cli import lock_output
     from hype.select import SelectError
@@ -155,7 +161,7 @@ def select(
         raise click.BadParameter(f"must be >= 1, got {workers}", param_hint="--workers")
     lock_output(out, "select")
     req = SelectRequest(
-        scores=scores,
+        scores=scores[0] if len(scores) == 1 else list(scores),
         out=out,
         frac=frac,
         top_k=top_k,

@@ -2,7 +2,10 @@
 
     RUN_DIR/
       config.yaml                       resolved config of the latest run
-      plan.json                         the input shards: index, path as given, shard id
+      plan.json                         the input shards: index, path as given, shard id, source (absolute
+                                        path or URL); the --pool(s) they came from; `frozen` once grown
+      card.json                         written when complete (hype.scoring.card): digests of the models,
+                                        reference sets, centroids, targets; the record of what a grow keeps
       summary.json                      status (running | complete | failed), counts, skips, timings;
                                         scores/ is THE table only while it says complete
       embed/<id>.parquet                per-shard embeddings and pair scores (see hype.scoring.embed_format)
@@ -44,6 +47,15 @@ Nothing lost, nothing let in:
   rewrites one damaged in place. Parquet pages carry CRC32s, which `hype select` verifies as it reads.
 - summary.json says `running` before a run changes anything and `failed` when it stops short; `hype
   select` reads scores/ only when it says `complete`.
+
+Pools that grow (`hype.scoring.grow`): a complete run given a --pool with shards that are not in plan.json
+keeps its old shards (old order and indices, so old part names) and appends the new ones. Its reference
+sets, centroids and targets (as card.json records them) are kept, not selected or trained again, so every
+old shard's markers still match and only new shards are computed; a merge part is keyed on its own
+shard's dropped rows (which only earlier shards decide), not on the pool's duplicate list. The result
+equals a from-scratch run over all shards given the same reference and centroids. A grow whose models,
+--reference, --centroids or class set differ from the frozen ones, or whose pool drops some old shards,
+is refused before anything changes; plan.json's `frozen` keeps every later run of the folder frozen.
 """
 
 from __future__ import annotations

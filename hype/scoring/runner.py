@@ -13,7 +13,8 @@ Per-shard work goes through an executor found by name in `hype.executor.EXECUTOR
 memory. Every output is skipped when its marker records the current fingerprint (see `rundir`), so a
 rerun after a crash continues where it stopped and a rerun of a finished run does nothing but check: it
 reads the scores parts back (their digests) and any shard whose read ended early (missing, unreadable)
-again, since a failing store looks the same.
+again, since a failing store looks the same. A complete run given new shards grows (`hype.scoring.grow`):
+the reference and clusters steps keep the run's frozen outputs, and only the new shards are computed.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from hype.executor import EXECUTORS, MapResult, Progress, StageSetupError
-from hype.io import StorageError, cached_copy, storage
+from hype.io import StorageError, cached_copy, read_json, storage
 from hype.io.lock import LockError
 from hype.scoring import summary as summary_mod
 from hype.scoring.config import ScoreConfig
 from hype.scoring.dedup import find_duplicates, load_duplicates
 from hype.scoring.embed import ClassEmbedStage, EmbedStage, ModelRef
+from hype.scoring.grow import Frozen, GrowError, grow_plan
 from hype.scoring.rundir import (
     RunDir,
     RunDirError,
@@ -86,6 +88,14 @@ class _Run:
         self.started = time.perf_counter()
         self.plan: dict = {"pool": cfg.pool, "shards": 0}
         self.metadata: dict | None = None  # what --metadata supplies (`_metadata`)
+        self.frozen: Frozen | None = None  # a run that grows keeps these (`hype.scoring.grow`)
+        self._models: dict[str, ModelRef | None] = {}
+
+    def model(self, role: str) -> ModelRef | None:
+        """The --meru / --clip model with its digest (digested once per invocation)."""
+        if role not in self._models:
+            self._models[role] = _model_ref(getattr(self.cfg, role), role)
+        return self._models[role]
 
     # --- helpers --------------------------------------------------------------------------------
 
@@ -99,6 +109,18 @@ class _Run:
         resolve = getattr(self.executor, "worker_device", None)
         device = resolve(self.cfg.device) if resolve is not None else self.cfg.device
         return {"device": device, "threads": self.cfg.threads, "debug": self.cfg.debug}
+
+    def embed_kwargs(self) -> dict:
+        """Settings of the embed stages (pool and class images)."""
+        cfg = self.cfg
+        return {
+            "batch_size": cfg.batch_size,
+            "decode_workers": cfg.embed.decode_workers,
+            "decode": cfg.embed.decode,
+            "prefetch_batches": cfg.embed.prefetch_batches,
+            "jpeg_draft": cfg.embed.jpeg_draft,
+            "precision": cfg.precision,
+        }
 
     def map(self, stage, tasks: list[ShardTask]) -> list[dict]:
         """Run a per-shard stage where needed; return every shard's stats (reused or new) in task order."""
@@ -330,20 +352,75 @@ def _card(state: _Run, pool: _Embedded) -> dict:
 
 
 def _start(state: _Run) -> list[ShardTask]:
-    """The pool's shards: planned, written to plan.json, and the run marked running."""
+    """The pool's shards: planned (a complete run grows: `hype.scoring.grow`), written to plan.json, and the
+    run marked running."""
     cfg, run = state.cfg, state.run
     tasks, empty = _plan(cfg, state.warn)
+    previous = read_json(run.plan) or {}
+    try:
+        tasks, state.frozen = grow_plan(run, tasks)
+        if state.frozen is not None:
+            _check_frozen(state)
+    except GrowError as e:
+        raise ScoreError(str(e)) from None
+    pools = list(previous.get("pools") or [previous.get("pool")]) if state.frozen is not None else []
+    if cfg.pool not in pools:
+        pools.append(cfg.pool)
     state.plan = {"pool": cfg.pool, "shards": len(tasks), "empty_shards": empty}
+    if state.frozen is not None:
+        state.plan["grown"] = {"added": state.frozen.added, "pools": pools}
     atomic_write_json(
         run.plan,
         {
             "pool": cfg.pool,
+            "pools": pools,  # every --pool the run's shards came from (several once it has grown)
+            "frozen": state.frozen is not None,
             "empty": empty,
-            "shards": [{"index": t.index, "path": t.path, "id": t.shard_id} for t in tasks],
+            "shards": [
+                {"index": t.index, "path": t.path, "id": t.shard_id, "source": t.source} for t in tasks
+            ],
         },
     )
     state.summary(state.plan, status="running")
     return tasks
+
+
+def _check_frozen(state: _Run) -> None:
+    """Refuse a grow whose models, --reference or --centroids differ from the run's frozen ones."""
+    from hype.scoring.grow import check_centroids, check_model, check_reference
+
+    cfg, frozen = state.cfg, state.frozen
+    for role in ("meru", "clip"):
+        ref = state.model(role)
+        check_model(frozen, role, getattr(cfg, role), ref and ref.digest)
+    check_reference(frozen, state.run, cfg.reference.file, None)
+    check_centroids(frozen, state.run, cfg.clusters.centroids)
+    _check_frozen_targets(state)
+    log.info("growing %s by %d shard(s) against its frozen reference", state.run.root, frozen.added)
+
+
+def _check_frozen_targets(state: _Run) -> None:
+    """A class set given to a grow must give the frozen c_IN targets with the frozen centroids (class
+    images: embedded now, or their outputs reused, before the pool changes)."""
+    from hype.io import load_npy
+    from hype.scoring.clusters import target_centroids
+    from hype.scoring.grow import check_targets
+
+    cc, frozen, run = state.cfg.clusters, state.frozen, state.run
+    if cc.class_features is None and cc.class_images is None:
+        return
+    source = (
+        f"--class-features {cc.class_features}" if cc.class_features else f"--class-images {cc.class_images}"
+    )
+    targets = None
+    if frozen.clusters is not None:
+        centroids = load_npy(run.centroids)
+        clip = state.model("clip")
+        feats, _ = _class_features(
+            state, clip, centroids.shape[1], state.embed_kwargs(), state.stage_kwargs()
+        )
+        targets = target_centroids(feats, centroids).astype("int64")
+    check_targets(frozen, run, targets, source)
 
 
 def _metadata(state: _Run) -> dict | None:
@@ -383,17 +460,8 @@ def _metadata(state: _Run) -> dict | None:
 def _embed(state: _Run, tasks: list[ShardTask]) -> tuple[_Embedded, list[dict]]:
     """Embed every shard, then find the duplicate uids; (the embedded pool, the embed stats)."""
     cfg, run, plan = state.cfg, state.run, state.plan
-    meru = _model_ref(cfg.meru, "meru")
-    clip = _model_ref(cfg.clip, "clip")
-    kw = state.stage_kwargs()
-    embed_kw = {
-        "batch_size": cfg.batch_size,
-        "decode_workers": cfg.embed.decode_workers,
-        "decode": cfg.embed.decode,
-        "prefetch_batches": cfg.embed.prefetch_batches,
-        "jpeg_draft": cfg.embed.jpeg_draft,
-        "precision": cfg.precision,
-    }
+    meru, clip = state.model("meru"), state.model("clip")
+    kw, embed_kw = state.stage_kwargs(), state.embed_kwargs()
     metadata = _metadata(state)
     embed = EmbedStage(run, meru=meru, clip=clip, metadata=metadata, **embed_kw, **kw)
     embed_stats = state.map(embed, tasks)
@@ -455,7 +523,7 @@ def _merge(state: _Run, pool: _Embedded, c_in: bool) -> list[dict]:
     for name in storage.list_sizes(run.scores):
         if name.startswith("part-") and name.endswith(".parquet") and name not in expected:
             storage.remove(run.scores / name)
-    merge = MergeStage(run, c_in=c_in, duplicates_digest=pool.dups["digest"], drops=pool.drops, **pool.kw)
+    merge = MergeStage(run, c_in=c_in, drops=pool.drops, **pool.kw)
     merge_stats = state.map(merge, pool.tasks)
     state.check_failures("merge", state.plan)
     return merge_stats
@@ -488,6 +556,8 @@ def _reference(state: _Run, pool: _Embedded) -> dict:
     from hype.scoring.stage_reference import copy_reference_file
 
     rc, run = state.cfg.reference, state.run
+    if state.frozen is not None:  # checked against --reference by `_check_frozen`
+        return state.frozen.reference
     if rc.file is None:
         return _select_reference(state, pool)
     try:
@@ -544,18 +614,26 @@ def _clusters(state: _Run, pool: _Embedded) -> dict | None:
     """c_IN: class features, the caption filter, k-means of the pool's CLIP image features, then each
     sample's cluster."""
     cc = state.cfg.clusters
-    if cc.class_features is None and cc.class_images is None:
+    given = cc.class_features is not None or cc.class_images is not None
+    if state.frozen is not None:  # a class set given was checked against it by `_check_frozen`
+        model = state.frozen.clusters
+        if model is None:
+            return None
+        if cc.caption_filter:
+            _captions(state, pool)
+    elif not given:
         state.warn(
             "no --class-features or --class-images: c_IN is 0 for every sample (the ImageNet-cluster term "
             "is off)"
         )
         return None
-    feats, class_digest = _class_features(state, pool)
-    captions = _captions(state, pool) if cc.caption_filter else None
-    if cc.centroids is not None:
-        model = _given_centroids(state, pool, feats, class_digest)
     else:
-        model = _train_clusters(state, pool, feats, class_digest, captions)
+        feats, class_digest = _class_features(state, pool.clip, pool.dims["clip"], pool.embed_kw, pool.kw)
+        captions = _captions(state, pool) if cc.caption_filter else None
+        if cc.centroids is not None:
+            model = _given_centroids(state, pool, feats, class_digest)
+        else:
+            model = _train_clusters(state, pool, feats, class_digest, captions)
     from hype.scoring.stage_clusters import AssignStage
 
     assign = AssignStage(state.run, model_digest=model["digest"], caption_filter=cc.caption_filter, **pool.kw)
@@ -577,15 +655,18 @@ def _captions(state: _Run, pool: _Embedded) -> str:
     return fingerprint([s["output"]["digest"] for s in stats])
 
 
-def _class_features(state: _Run, pool: _Embedded) -> tuple[Any, str]:
-    """(class feature matrix, its digest) from --class-features, or embedded from --class-images."""
+def _class_features(
+    state: _Run, clip: ModelRef | None, width: int, embed_kw: dict, kw: dict
+) -> tuple[Any, str]:
+    """(class feature matrix, its digest) from --class-features, or embedded from --class-images with
+    `clip` (features of `width`)."""
     from hype.scoring.stage_clusters import (
         ClassFeatureError,
         class_features_from_stage,
         read_class_features_file,
     )
 
-    cc, width = state.cfg.clusters, pool.dims["clip"]
+    cc = state.cfg.clusters
     try:
         if cc.class_features is not None:
             return read_class_features_file(cc.class_features, width), file_digest(cc.class_features)
@@ -595,7 +676,7 @@ def _class_features(state: _Run, pool: _Embedded) -> tuple[Any, str]:
             class_tasks = make_tasks(expand_shards(cc.class_images).paths)
         except ShardError as e:
             raise ScoreError(f"--class-images: {e}") from None
-        stage = ClassEmbedStage(state.run, clip=pool.clip, **pool.embed_kw, **pool.kw)
+        stage = ClassEmbedStage(state.run, clip=clip, **embed_kw, **kw)
         class_stats = state.map(stage, class_tasks)
         state.check_failures("classes", state.plan)
         feats = class_features_from_stage(state.run, class_tasks)

@@ -16,6 +16,9 @@
    flat faiss index (`read_centroids_file`); the file's digest keys the marker.
 4. `AssignStage` (per shard): each sample's nearest centroid (inner product, as DataComp assigns) and
    c_IN = 10 when the centroid is a target and the caption passes -> `RUN_DIR/clusters/<id>.parquet`.
+
+A run that grows (`hype.scoring.grow`) keeps its centroids and targets: only steps 2 and 4 run, for the
+new shards.
 """
 
 from __future__ import annotations

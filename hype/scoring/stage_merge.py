@@ -8,6 +8,7 @@ numbered by shard order, so reading `part-*.parquet` sorted gives the pool order
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import numpy as np
@@ -25,10 +26,9 @@ class MergeStage(ShardStage):
     name = "merge"
     verify_outputs = True  # the parts are what select reads: one damaged in place is rewritten by a rerun
 
-    def __init__(self, run: RunDir, *, c_in: bool, duplicates_digest: str, drops: dict | None = None, **kw):
+    def __init__(self, run: RunDir, *, c_in: bool, drops: dict | None = None, **kw):
         super().__init__(run, **kw)
         self.c_in = c_in
-        self.duplicates_digest = duplicates_digest
         self.drops = drops or {}  # shard index -> rows to drop (only shards with duplicates)
 
     def fingerprint(self, task: ShardTask) -> str:
@@ -40,7 +40,11 @@ class MergeStage(ShardStage):
                 "embed": self.upstream_digest("embed", task),
                 "specificity": self.upstream_digest("specificity", task),
                 "clusters": self.upstream_digest("clusters", task) if self.c_in else None,
-                "duplicates": self.duplicates_digest,
+                # This shard's dropped rows, not the pool's duplicate list: they depend only on this shard
+                # and the ones before it, so a pool that grows at the end keeps its old parts.
+                "drops": hashlib.blake2b(
+                    np.asarray(self.drops.get(task.index, ()), np.int64).tobytes(), digest_size=16
+                ).hexdigest(),
                 "schema": SCHEMA.to_string(),
             }
         )

@@ -10,7 +10,8 @@ HYPE §3.3, exactly as `hype.scoring.reference.select_references` does it in mem
    embeddings -> S_i, S_t as tangent vectors in `RUN_DIR/reference.safetensors` (ReferenceSet.save).
 
 Memory stays bounded by N, M and one shard. Duplicate uids (all but the first) take no part. N and M
-are reduced with a warning when the pool is smaller.
+are reduced with a warning when the pool is smaller. None of this runs when a run grows: its S_i/S_t stay
+as they were chosen (`hype.scoring.grow`).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ ROUNDING = "k = floor(frac * rows + 1/2) (round half up), computed exactly from 
 
 @dataclass
 class SelectRequest:
-    scores: str | Path
+    scores: str | Path | list[str | Path]  # several: read as one table (`ScoresTable`)
     out: str | Path
     frac: float | str | None = None
     top_k: int | None = None
@@ -167,8 +167,10 @@ def select_subset(req: SelectRequest) -> dict:
     summary = {
         "subset": str(npy),
         "parquet": str(parquet),
-        "scores": str(table.folder),
+        "scores": table.source,
         "pool_rows": result.pool_rows,
+        # rows of a later --scores whose uid an earlier one holds: counted, read once (several runs only)
+        **({"duplicates_across_runs": table.duplicates} if isinstance(table.source, list) else {}),
         "eligible_rows": result.eligible_rows,
         "selected_rows": result.kept_rows,
         "subset_rows": int(len(arr)),

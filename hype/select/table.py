@@ -21,7 +21,7 @@ import json
 import sys
 import tempfile
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from os import PathLike
@@ -38,6 +38,8 @@ from hype.scoring.schema import METRICS, SCHEMA, scores_dir
 from hype.select.errors import SelectError
 
 NUMERIC_COLUMNS = (*METRICS, "width", "height")
+# Rows per pass of the dedup across several runs (24 bytes each while a pass sorts them), as `hype score`'s.
+ROWS_PER_PASS = 50_000_000
 # A damaged part of a `hype score` run: the rerun checks every part against the digest its marker records
 # and rewrites the damaged ones.
 _REPAIR = (
@@ -114,29 +116,21 @@ class Batch:
 
 
 class ScoresTable:
-    """The partitioned scores table of a run directory (or a folder of Parquet files given directly)."""
+    """The partitioned scores table of a run directory (or a folder of Parquet files given directly), or of
+    several runs read as one table: their parts in the order given, a uid seen in an earlier run (or earlier
+    in the table) counted in `duplicates` and read once, as one run over all their pools keeps it."""
 
-    def __init__(self, run_dir: str | PathLike):
-        self.run_dir = storage.location(run_dir)
-        folder = scores_dir(self.run_dir)
-        listing = _parts(folder)
-        if not listing:
-            listing = _parts(self.run_dir)
-            if listing:
-                folder = self.run_dir  # the scores folder itself was passed
-            elif not storage.exists(self.run_dir):
-                raise SelectError(
-                    f"{self.run_dir}: no such run directory; pass the --out folder of `hype score`"
-                )
-        self.folder = folder
+    def __init__(self, run_dir: str | PathLike | Sequence[str | PathLike]):
+        runs = [run_dir] if isinstance(run_dir, (str, PathLike)) else list(run_dir)
+        if not runs:
+            raise SelectError("no scores table given: pass --scores RUN_DIR")
+        opened = [_open_run(storage.location(r)) for r in runs]
+        self.run_dir = opened[0][0]
+        self.folder = opened[0][1]
+        self.folders = [folder for _, folder, _ in opened]
         # name -> {"size", "version"} from one listing (a bucket: no request per part)
-        self.listing = listing
-        self.files = [folder / name for name in listing]
-        if not self.files:
-            raise SelectError(
-                f"{self.run_dir}: no scores found (expected {folder}/part-*.parquet); run "
-                f"`hype score ... --out {self.run_dir}` first, or pass the run directory it wrote"
-            )
+        self.listing = opened[0][2]
+        self.files = [folder / name for _, folder, listing in opened for name in listing]
         self.remote = storage.is_url(self.folder)
         # From a bucket, a part opened by Arrow's S3 client stays open for the later passes: opening
         # costs a HEAD request (its size), reading a range of an open file does not.
@@ -156,15 +150,53 @@ class ScoresTable:
                     row += n
         self.num_rows = row
         if self.num_rows == 0:
-            raise SelectError(f"{folder}: the scores table has no rows; rerun `hype score` (see its summary)")
+            raise SelectError(
+                f"{self.folder}: the scores table has no rows; rerun `hype score` (see its summary)"
+            )
+        self._drops = np.zeros(0, np.int64)  # global rows left out: uids repeated across runs
+        self.duplicates = 0
+        if len(opened) > 1:
+            self.require(["uid"], "reading several runs as one table")
+            self._drops = self._repeated_rows()
+            self.duplicates = len(self._drops)
+            self.num_rows -= self.duplicates
+
+    @property
+    def source(self) -> str | list[str]:
+        """The scores folder(s) this table reads (for summaries)."""
+        return str(self.folder) if len(self.folders) == 1 else [str(f) for f in self.folders]
+
+    def _repeated_rows(self) -> np.ndarray:
+        """Sorted global row ids whose uid appeared earlier in the table (the first occurrence is kept), in
+        passes over disjoint uid groups (`hi % passes`) so that memory stays bounded (as `hype score`'s
+        dedup does)."""
+        passes = max(1, -(-self.num_rows // ROWS_PER_PASS))
+        found = []
+        for p in range(passes):
+            his, los, ids = [], [], []
+            for batch in self.iter_batches(["uid"]):
+                hi, lo = batch.uid_pairs()
+                rows = np.arange(batch.first_row, batch.first_row + len(batch), dtype=np.int64)
+                if passes > 1:
+                    sel = (hi % np.uint64(passes)) == np.uint64(p)
+                    hi, lo, rows = hi[sel], lo[sel], rows[sel]
+                his.append(hi)
+                los.append(lo)
+                ids.append(rows)
+            hi, lo, gid = np.concatenate(his), np.concatenate(los), np.concatenate(ids)
+            order = np.lexsort((gid, lo, hi))  # by uid, then table order: the first occurrence leads
+            hi, lo, gid = hi[order], lo[order], gid[order]
+            same = (hi[1:] == hi[:-1]) & (lo[1:] == lo[:-1])
+            found.append(gid[1:][same])
+        return np.sort(np.concatenate(found))
 
     def cache_path(self, kind: str, suffix: str) -> AnyPath | None:
         """Where commands cache what depends only on the table's parts (`select_cache/` beside the scores),
         keyed by the parts' names, sizes and versions (mtime / ETag) from the table's listing: rewriting
         any part changes the key, so a stale cache is never read. None (no cache) when the store gives a
         part no version."""
-        if any(f["version"] is None for f in self.listing.values()):
-            return None
+        if len(self.folders) > 1 or any(f["version"] is None for f in self.listing.values()):
+            return None  # several runs: nothing is cached (no one folder owns the table)
         h = hashlib.sha256()
         for name, f in self.listing.items():
             h.update(f"{name}\0{f['size']}\0{f['version']}\n".encode())
@@ -184,10 +216,10 @@ class ScoresTable:
             _save_footer_cache(cache, list(self.listing), [meta for meta, _ in footers])
         return footers
 
-    def run_summary(self) -> dict | None:
+    def run_summary(self, folder: AnyPath | None = None) -> dict | None:
         """The `summary.json` `hype score` keeps next to the scores (None when absent or unreadable)."""
         try:
-            data = json.loads(read_bytes(self.folder.parent / "summary.json"))
+            data = json.loads(read_bytes((folder or self.folder).parent / "summary.json"))
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
@@ -195,29 +227,8 @@ class ScoresTable:
     def require_finished(self) -> None:
         """Refuse a table that `hype score` is still writing or whose last run failed: its parts may be
         missing, or left by an earlier run with other settings (a failed rerun does not remove them)."""
-        summary = self.run_summary() or {}
-        status = summary.get("status")
-        run = self.folder.parent
-        if status == "running":
-            raise SelectError(
-                f"{run}: hype score is still running there (summary.json status 'running'), so its scores "
-                f"table is incomplete; wait for it to finish, or resume an interrupted run: {self._rerun()}"
-            )
-        if status == "failed":
-            failed = (summary.get("shards") or {}).get("failed") or []
-            why = f"{len(failed)} shard(s) failed" if failed else str(summary.get("error") or "see it")
-            raise SelectError(
-                f"{run}: the last hype score run there failed (summary.json status 'failed': {why}), so its "
-                "scores table may lack shards or hold parts of an earlier run with other settings; fix the "
-                f"cause and finish the run: {self._rerun()}"
-            )
-
-    def _rerun(self) -> str:
-        """The command that reruns the scoring of this table's run directory with its own settings."""
-        config = self.folder.parent / "config.yaml"
-        if storage.exists(config):
-            return f"`hype score --config {config}` (finished work is kept)"
-        return "rerun the same `hype score` command (finished work is kept)"
+        for folder in self.folders:
+            _require_finished(folder, self.run_summary(folder) or {})
 
     def has_column(self, name: str) -> bool:
         return all(name in s.names for s in self.schemas.values())
@@ -281,7 +292,9 @@ class ScoresTable:
                 batch = Batch(data, unit.path, unit.first_row)
                 for c in checked:
                     _check_finite(batch, c, unit)
-                yield batch
+                batch = self._without_repeats(batch, unit)
+                if len(batch):
+                    yield batch
                 if bar is not None:
                     bar.update(unit.num_rows)
             if writer is not None:
@@ -293,6 +306,15 @@ class ScoresTable:
             if bar is not None:
                 bar.close()
 
+    def _without_repeats(self, batch: Batch, unit: _Unit) -> Batch:
+        """The unit's rows less those whose uid an earlier run (or row) of the table already holds."""
+        lo, hi = np.searchsorted(self._drops, [unit.first_row, unit.first_row + unit.num_rows])
+        if hi == lo:
+            return batch
+        keep = np.ones(unit.num_rows, dtype=bool)
+        keep[self._drops[lo:hi] - unit.first_row] = False
+        return batch.filter(keep)
+
     def release_spool(self) -> None:
         """Delete the local copy of the columns read from a bucket and close the parts' open files (a no-op
         for a local table); a later pass downloads and opens again."""
@@ -303,6 +325,50 @@ class ScoresTable:
             for handle in self._handles.values():
                 handle.close()
             self._handles.clear()
+
+
+def _open_run(run_dir: AnyPath) -> tuple[AnyPath, AnyPath, dict[str, dict]]:
+    """(run directory, scores folder, its parts' listing) of one --scores."""
+    folder = scores_dir(run_dir)
+    listing = _parts(folder)
+    if not listing:
+        listing = _parts(run_dir)
+        if listing:
+            folder = run_dir  # the scores folder itself was passed
+        elif not storage.exists(run_dir):
+            raise SelectError(f"{run_dir}: no such run directory; pass the --out folder of `hype score`")
+    if not listing:
+        raise SelectError(
+            f"{run_dir}: no scores found (expected {folder}/part-*.parquet); run "
+            f"`hype score ... --out {run_dir}` first, or pass the run directory it wrote"
+        )
+    return run_dir, folder, listing
+
+
+def _require_finished(folder: AnyPath, summary: dict) -> None:
+    status = summary.get("status")
+    run = folder.parent
+    if status == "running":
+        raise SelectError(
+            f"{run}: hype score is still running there (summary.json status 'running'), so its scores "
+            f"table is incomplete; wait for it to finish, or resume an interrupted run: {_rerun(run)}"
+        )
+    if status == "failed":
+        failed = (summary.get("shards") or {}).get("failed") or []
+        why = f"{len(failed)} shard(s) failed" if failed else str(summary.get("error") or "see it")
+        raise SelectError(
+            f"{run}: the last hype score run there failed (summary.json status 'failed': {why}), so its "
+            "scores table may lack shards or hold parts of an earlier run with other settings; fix the "
+            f"cause and finish the run: {_rerun(run)}"
+        )
+
+
+def _rerun(run: AnyPath) -> str:
+    """The command that reruns the scoring of this run directory with its own settings."""
+    config = run / "config.yaml"
+    if storage.exists(config):
+        return f"`hype score --config {config}` (finished work is kept)"
+    return "rerun the same `hype score` command (finished work is kept)"
 
 
 class _Spool:
