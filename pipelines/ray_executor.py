@@ -221,6 +221,12 @@ class RayExecutor(Executor):
 
         def replace(worker) -> None:
             ray.kill(worker, no_restart=True)
+            # Wait until Ray has seen it die (a call on it then raises) before starting its replacement: a
+            # replacement started at once was seen to die with it on a loaded machine.
+            try:
+                ray.get(worker.release.remote(), timeout=30)
+            except Exception:  # noqa: BLE001 - RayActorError once dead, GetTimeoutError if it never says
+                pass
             fresh = self._new_worker()
             self._workers[self._workers.index(worker)] = fresh
             fresh.install.remote(key, stage_ref, options)
