@@ -1,9 +1,10 @@
-"""Chains of `hype` commands run as child processes: what `hype demo` and `bench/quality.py` are made of.
+"""Chains of `hype` commands run as child processes: `hype run WORKFLOW.yaml` (and `hype demo`, which is
+configs/workflows/demo.yaml), and the `Runner` that `bench/quality.py` drives by hand.
 
-Each step runs the same command a user would type (echoed before it runs), so the demo doubles as a
-worked example. A step whose output already exists is skipped, so an interrupted chain resumes; the
-commands themselves resume too (training from its last checkpoint, scoring from its finished shards).
-Child stdout goes to a per-step log; stderr (progress bars, warnings, errors) goes to the terminal.
+Each step runs the same command a user would type (echoed before it runs), so a workflow doubles as a
+worked example. A workflow step is skipped when its completion marker holds its fingerprint; the commands
+themselves resume too (training from its last checkpoint, scoring from its finished shards). Child stdout
+goes to a per-step log; stderr (progress bars, warnings, errors) goes to the terminal.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 
-@click.command("run", context_settings={"ignore_unknown_options": False})
+@click.command("run")
 @click.argument("workflow", metavar="WORKFLOW")
 @click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
 @click.option("--until", "until", metavar="STEP", help="Stop after this step.")
@@ -43,7 +43,7 @@ def run(
       hype run demo                                    # = hype demo
       hype run configs/workflows/demo.yaml out=runs/d2 size=4000 references=2000
       hype run my.yaml --dry-run                       # what is done, what would run
-      hype run my.yaml steps.select-hype.args.frac=0.3 # that step and the later ones rerun
+      hype run my.yaml steps.select-hype.args.frac=0.3 # it and the steps reading it rerun
       hype run my.yaml --until score                   # stop after the step named score
     """
     from hype.config import ConfigError
