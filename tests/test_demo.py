@@ -1,5 +1,6 @@
-"""`hype demo` end to end on a small world: every step runs for real (HTTP download, Ray scoring,
-training, evaluation, report), then a rerun resumes without redoing anything."""
+"""`hype demo` (the workflow configs/workflows/demo.yaml) end to end on a small world: every step runs for
+real (HTTP download, Ray scoring, training, evaluation, report), then a rerun resumes without redoing
+anything, and `hype run` of the workflow file reproduces the demo's table."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+from hype.config import config_dir
 from hype.data.uids import load_subset
 
 pytestmark = pytest.mark.slow
@@ -43,24 +45,25 @@ def test_demo_runs_every_step_and_resumes(tmp_path):
     scored = json.loads((out / "score" / "summary.json").read_text())
     assert scored["samples"]["scored"] == truth["counts"]["pool"] and scored["executor"].startswith("ray")
     for name, row in rows.items():
-        subset = load_subset(out / "subsets" / f"{name}.npy")
+        subset = load_subset(out / f"select-{name}" / "subset.npy")
         assert len(subset) == row["samples"] == 60  # round(0.2 * 300)
         assert len(np.unique(subset)) == len(subset)
         assert len(row["metrics"]) == len(truth["eval_tasks"])
         assert 0.0 <= row["average"] <= 1.0
         assert abs(sum(row["composition"].values()) - 1.0) < 1e-9
-        assert (out / "train" / name / "model.safetensors").is_file()
+        assert (out / f"train-{name}" / "model.safetensors").is_file()
     # The selections differ and HYPE keeps more clean samples than a random draw (the scorers were
     # trained on the clean set, so even tiny ones separate the noise this well).
     assert not np.array_equal(
-        load_subset(out / "subsets" / "hype.npy"), load_subset(out / "subsets" / "random.npy")
+        load_subset(out / "select-hype" / "subset.npy"), load_subset(out / "select-random" / "subset.npy")
     )
     assert rows["hype"]["clean"] > rows["random"]["clean"]
-    report = (out / "report.html").read_text()
+    report = (out / "report" / "report.html").read_text()
     assert "<html" in report.lower()
     # The table is printed with the report's location.
-    assert "hype demo: results" in first.stdout and str(out / "report.html") in first.stdout
-    assert (out / "results.md").read_text().count("\n| ") >= 4
+    assert "hype demo: results" in first.stdout and str(out / "report" / "report.html") in first.stdout
+    table = (out / "results.md").read_text()
+    assert table.count("\n| ") >= 4
 
     # A rerun skips every finished step and prints the same table.
     second = _demo(out)
@@ -68,6 +71,23 @@ def test_demo_runs_every_step_and_resumes(tmp_path):
     assert "$ hype train" not in second.stdout and "$ hype download" not in second.stdout
     assert "skipped" in second.stdout
     assert json.loads((out / "results.json").read_text())["rows"] == result["rows"]
+
+    # `hype run` of the workflow file with the same variables is the same run: every step is done.
+    same = ["size=300", "clean_size=300", "eval_size=40", "scorer_samples=256", "subset_samples=192",
+            "num_clusters=8", "references=150"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "hype.cli",
+        "run",
+        str(config_dir() / "workflows" / "demo.yaml"),
+        f"out={out}",
+        *same,
+    ]
+    third = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    assert "hype run demo: 0 of 16 steps ran" in third.stdout
+    assert (out / "results.md").read_text() == table
 
 
 def test_demo_rejects_bad_arguments(tmp_path):

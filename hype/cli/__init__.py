@@ -56,6 +56,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "download",
         "Download a pool from its metadata (img2dataset, DataComp settings).",
     ),
+    "run": (
+        "hype.cli.run",
+        "run",
+        "Run a workflow file: a declared chain of steps, resumable at any point.",
+    ),
     "demo": (
         "hype.cli.demo",
         "demo",

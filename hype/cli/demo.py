@@ -65,9 +65,11 @@ def demo(
     MERU and CLIP scorers, runs `hype score` (on a local Ray cluster), selects HYPE, CLIP-score and
     random subsets of the same size, trains a tiny CLIP on each at equal samples seen, evaluates them
     with `hype eval` and writes `hype report`. About 6-8 minutes on 2 CPU cores; every step is printed
-    as the `hype` command it runs.
+    as the `hype` command it runs. The demo is the workflow configs/workflows/demo.yaml: `hype run demo`
+    runs the same steps.
     """
     from hype.demo import DemoConfig, run_demo, summary_text
+    from hype.io.lock import LockError
     from hype.workflow import StepError
 
     cfg = DemoConfig(
@@ -79,7 +81,7 @@ def demo(
         result = run_demo(cfg)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
-    except StepError as e:
+    except (StepError, LockError) as e:
         raise click.ClickException(str(e)) from e
     if as_json:
         click.echo(json.dumps({k: v for k, v in result.items() if k != "table"}, indent=2))

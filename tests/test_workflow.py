@@ -1,0 +1,283 @@
+"""`hype run WORKFLOW.yaml`: planning (fingerprints, states, --from/--until, dry runs, overrides) on small
+workflows of the steps `hype run` does itself, then the demo workflow killed in every step."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from hype.cli import main
+from hype.config import ConfigError, config_dir
+from hype.data.uids import array_to_uids, load_subset, save_subset, uids_to_array
+from hype.workflow import StepError, WorkflowError, load_workflow
+
+
+def _uids(*ints: int) -> np.ndarray:
+    return uids_to_array([f"{i:032x}" for i in ints])
+
+
+def _sets(tmp_path: Path, **steps) -> Path:
+    """A workflow of union/intersect steps over uid files a.npy = {1..4}, b.npy = {3..6}, c.npy = {4, 9}."""
+    for name, ints in {"a": (1, 2, 3, 4), "b": (3, 4, 5, 6), "c": (4, 9)}.items():
+        save_subset(tmp_path / f"{name}.npy", _uids(*ints))
+    spec = {
+        "name": "sets",
+        "out": str(tmp_path / "run"),
+        "vars": {"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy"), "c": str(tmp_path / "c.npy")},
+        "steps": [
+            {"name": "both", "run": "intersect", "args": {"subsets": ["{a}", "{b}"]}},
+            {"name": "either", "run": "union", "args": {"subsets": ["{a}", "{b}"]}},
+            {"name": "more", "run": "union", "inputs": {"subsets": ["both"]}, "args": {"subsets": ["{c}"]}},
+        ],
+        **steps,
+    }
+    path = tmp_path / "sets.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def _ints(path: Path) -> list[int]:
+    return [int(u, 16) for u in array_to_uids(load_subset(path))]
+
+
+def _quiet(wf, **kw):
+    lines: list[str] = []
+    outcomes = wf.run(echo=lines.append, **kw)
+    return {o.name: o.state for o in outcomes}, "\n".join(lines)
+
+
+def test_union_and_intersect_steps_name_their_inputs_by_step(tmp_path):
+    wf = load_workflow(_sets(tmp_path))
+    states, text = _quiet(wf)
+    assert states == {"both": "ran", "either": "ran", "more": "ran"}
+    assert _ints(wf.out / "both" / "subset.npy") == [3, 4]
+    assert _ints(wf.out / "either" / "subset.npy") == [1, 2, 3, 4, 5, 6]
+    assert _ints(wf.out / "more" / "subset.npy") == [3, 4, 9]  # `both` (a step) ∪ c.npy (a file)
+    # Progress: one line per step with its state, then the summary with one line per step.
+    assert "[01/3] both: pending, running" in text and "[03/3] more: done in" in text
+    summary = text[text.index("hype run sets: 3 of 3 steps ran") :].splitlines()
+    assert [line.split()[:2] for line in summary[1:]] == [["both", "ran"], ["either", "ran"], ["more", "ran"]]
+
+
+def test_rerun_skips_done_steps_and_a_changed_setting_reruns_that_step_and_its_readers(tmp_path):
+    path = _sets(tmp_path)
+    wf = load_workflow(path)
+    _quiet(wf)
+    again = load_workflow(path)
+    assert _quiet(again)[0] == {"both": "done", "either": "done", "more": "done"}
+
+    changed = load_workflow(path, ['steps.both.args.subsets=["{a}", "{c}"]'])
+    assert [changed.steps[n].fingerprint != wf.steps[n].fingerprint for n in wf.steps] == [True, False, True]
+    plan = changed.dry_run()
+    assert "both: changed, runs" in plan and "either: done, skipped" in plan and "more: changed, runs" in plan
+    states, _ = _quiet(changed)
+    assert states == {"both": "ran", "either": "done", "more": "ran"}
+    assert _ints(changed.out / "both" / "subset.npy") == [4]
+    assert _ints(changed.out / "more" / "subset.npy") == [4, 9]
+    # Back to the first settings: a rerun again, not the stale outputs of the other settings.
+    assert _quiet(load_workflow(path))[0] == {"both": "ran", "either": "done", "more": "ran"}
+    assert _ints(wf.out / "more" / "subset.npy") == [3, 4, 9]
+
+
+def test_a_removed_output_or_a_step_cut_short_is_pending_and_reruns(tmp_path):
+    wf = load_workflow(_sets(tmp_path))
+    _quiet(wf)
+    (wf.out / "either" / "subset.npy").unlink()
+    marker = json.loads((wf.out / ".hype" / "steps" / "both.json").read_text())
+    (wf.out / ".hype" / "steps" / "both.json").write_text(json.dumps({**marker, "state": "running"}))
+    assert [(s.name, st, runs) for s, st, runs in wf.plan()] == [
+        ("both", "pending", True),
+        ("either", "pending", True),
+        ("more", "done", False),
+    ]
+    assert _quiet(wf)[0] == {"both": "ran", "either": "ran", "more": "done"}
+
+
+def test_a_failed_step_stops_the_run_and_a_rerun_goes_on_from_it(tmp_path):
+    path = _sets(tmp_path)
+    (tmp_path / "c.npy").write_bytes(b"not a subset file")
+    lines: list[str] = []
+    with pytest.raises(StepError, match=r"step 'more' failed: .*c\.npy"):
+        load_workflow(path).run(echo=lines.append)
+    assert [line.split()[:2] for line in "\n".join(lines).splitlines()[-3:]] == [
+        ["both", "ran"],
+        ["either", "ran"],
+        ["more", "failed"],
+    ]
+    save_subset(tmp_path / "c.npy", _uids(4, 9))
+    assert _quiet(load_workflow(path))[0] == {"both": "done", "either": "done", "more": "ran"}
+
+
+def test_from_reruns_from_a_step_and_until_stops_after_one(tmp_path):
+    path = _sets(tmp_path)
+    wf = load_workflow(path)
+    assert _quiet(wf, until="either")[0] == {"both": "ran", "either": "ran", "more": "not run"}
+    assert not (wf.out / "more").exists()
+    assert _quiet(wf, start="either")[0] == {"both": "done", "either": "ran", "more": "ran"}
+    assert _quiet(wf, start="more", until="more")[0] == {"both": "done", "either": "done", "more": "ran"}
+    with pytest.raises(WorkflowError, match="--until nope: no such step; steps: both, either, more"):
+        wf.plan(until="nope")
+    with pytest.raises(WorkflowError, match="--from more comes after --until both"):
+        wf.plan(start="more", until="both")
+    (wf.out / "both" / "subset.npy").unlink()
+    with pytest.raises(WorkflowError, match=r"the steps before it are not all done \(both\)"):
+        wf.plan(start="more")
+
+
+def test_fingerprints_ignore_runtime_options_and_the_run_folder_s_place(tmp_path):
+    demo = load_workflow("demo", [f"out={tmp_path / 'a'}"])
+    moved = load_workflow("demo", [f"out={tmp_path / 'b'}", "steps.score.runtime.executor=local"])
+    assert {n: s.fingerprint for n, s in demo.steps.items()} == {
+        n: s.fingerprint for n, s in moved.steps.items()
+    }
+    # Inputs are named by step and resolve to the producing step's output.
+    score = demo.command(demo.steps["score"])
+    assert score[score.index("--meru") + 1] == str(tmp_path / "a" / "meru" / "model.safetensors")
+    assert score[score.index("--class-images") + 1] == str(tmp_path / "a" / "world" / "eval/reference/train")
+    assert score[-2:] == ["--executor", "ray"]
+    # A variable reaches every step that uses it: they change, and so does every step reading them.
+    bigger = load_workflow("demo", [f"out={tmp_path / 'a'}", "subset_samples=999"])
+    changed = [n for n in demo.steps if bigger.steps[n].fingerprint != demo.steps[n].fingerprint]
+    assert changed == ["train-hype", "eval-hype", "train-clip-score", "eval-clip-score", "train-random",
+                       "eval-random", "results"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (config_dir() / "workflows").glob("*.yaml")))
+def test_every_bundled_workflow_plans_and_dry_runs(name, tmp_path):
+    wf = load_workflow(name, [f"out={tmp_path}"])
+    text = wf.dry_run()
+    assert text.count(": pending, runs") == len(wf.steps)
+    assert all(f"{s.name}: pending" in text for s in wf.steps.values())
+
+
+def test_hype_run_dry_run_and_bad_input_on_the_command_line(tmp_path):
+    path = _sets(tmp_path)
+    out = CliRunner().invoke(main, ["run", str(path), "--dry-run"])
+    assert out.exit_code == 0, out.output
+    assert "[01/3] both: pending, runs" in out.output and "$ (hype run) intersect --subsets" in out.output
+    assert not (tmp_path / "run").exists()  # a dry run writes nothing
+    bad = CliRunner().invoke(main, ["run", str(path), "nope=1"])
+    assert bad.exit_code == 2 and "nope=1: unknown key; set out, name, a, b, c, vars.NAME" in bad.output
+    ran = CliRunner().invoke(main, ["run", str(path), "--until", "both"])
+    assert ran.exit_code == 0, ran.output
+    assert "hype run sets: 1 of 3 steps ran" in ran.output
+
+
+@pytest.mark.parametrize(
+    "step, message",
+    [
+        ({"name": "x", "run": "union", "inputs": {"subsets": ["later"]}}, "'later': no earlier step named"),
+        ({"name": "x", "run": "union", "inputs": {"subsets": ["both.pool"]}}, "has no output 'pool'"),
+        (
+            {"name": "x", "run": "union", "args": {"subsets": ["{nope}"]}},
+            "unknown variable {nope}; vars: a, b, c",
+        ),
+        ({"name": "both", "run": "union"}, "two steps have this name"),
+        ({"name": "x", "run": "fly"}, "unknown step kind 'fly'"),
+        ({"name": "a/b", "run": "union"}, "use letters, digits"),
+    ],
+)
+def test_a_bad_workflow_names_the_file_the_step_and_the_fix(tmp_path, step, message):
+    path = _sets(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["steps"].append(step)
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=message) as e:
+        load_workflow(path)
+    assert str(path) in str(e.value)
+
+
+# --- the demo workflow, killed in every step -----------------------------------------------------------
+
+SMALL = [
+    "size=300",
+    "clean_size=300",
+    "eval_size=40",
+    "scorer_samples=256",
+    "subset_samples=192",
+    "num_clusters=8",
+    "references=150",
+    "steps.pool.runtime.processes=1",
+]  # fmt: skip  (tests/test_demo.py's sizes)
+
+
+def _hype_run(out: Path, *extra: str, **popen) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "hype.cli", "run", "demo", f"out={out}", *SMALL, "--executor", "local"]
+    return subprocess.Popen([*cmd, "--no-progress", *extra], start_new_session=True, **popen)
+
+
+def _marker(out: Path, step: str) -> dict:
+    path = out / ".hype" / "steps" / f"{step}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _files(folder: Path) -> list[Path]:
+    """The files a step has written so far (not the lock files its command takes)."""
+    return [p for p in folder.rglob("*") if p.is_file() and not p.name.endswith(".lock")]
+
+
+def _digests(out: Path) -> dict[str, str]:
+    """What the demo delivers: the subsets, the evaluation results and the results table."""
+    files = [*sorted(out.glob("select-*/subset.npy")), *sorted(out.glob("eval-*/results.jsonl"))]
+    digests = {str(f.relative_to(out)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+    digests["results.md"] = hashlib.sha256((out / "results.md").read_bytes()).hexdigest()
+    result = json.loads((out / "results.json").read_text())
+    digests["results.json"] = json.dumps({k: v for k, v in result.items() if k != "report"}, sort_keys=True)
+    return digests
+
+
+@pytest.mark.slow
+def test_demo_workflow_killed_in_every_step_gives_the_outputs_of_an_uninterrupted_run(tmp_path):
+    base, out = tmp_path / "base", tmp_path / "killed"
+    steps = list(load_workflow("demo", [f"out={base}", *SMALL]).steps)
+    # The uninterrupted run goes on beside the interrupted one.
+    whole = _hype_run(base, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    # For each step in turn: run, and kill the whole process group (hype run and the command it runs)
+    # in that step: once the step has written a file, or 0.8 s after it started (the steps that write
+    # their output as they go are given the time to write some). The next run finishes that step and is
+    # killed in the next one.
+    killed, partial = [], []
+    for step in steps:
+        wait = 30.0 if step in ("pool", "meru", "score", "train-hype") else 0.8
+        proc = _hype_run(out, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        started = None
+        while proc.poll() is None:
+            if started is None and _marker(out, step).get("pid") == proc.pid:
+                started = time.monotonic()
+            if started is not None and (_files(out / step) or time.monotonic() - started > wait):
+                break
+            time.sleep(0.02)
+        with contextlib.suppress(ProcessLookupError):  # it may have finished the last steps first
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if _marker(out, step).get("state") == "running":
+            killed.append(step)
+            partial += [step] if _files(out / step) else []
+    last = _hype_run(out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = last.communicate(timeout=900)[0]
+    assert last.returncode == 0, log[-3000:]
+    base_log = whole.communicate(timeout=900)[0]
+    assert whole.returncode == 0, base_log[-3000:]
+
+    # A kill landed in every step that runs a command (the table is written at once, atomically).
+    assert [s for s in steps if s not in killed] in ([], ["results"]), killed
+    # The download, a scorer's and a subset's training and the scoring were cut with their outputs begun.
+    assert {"pool", "meru", "score", "train-hype"} <= set(partial), partial
+    assert (base / "results.md").read_text().count("\n| ") == 4  # the header and three subsets
+    assert _digests(out) == _digests(base)
