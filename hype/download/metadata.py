@@ -53,13 +53,13 @@ def metadata_files(path: str | Path) -> list[AnyPath]:
     URL (s3://bucket/metadata, hf://datasets/mlfoundations/datacomp_small/metadata) is listed once."""
     p = storage.location(path)
     if storage.is_dir(p):
-        names = sorted(n for n in storage.list_sizes(p) if n.endswith(".parquet"))
-        if not names:
+        files = storage.files_with_suffix(p, ".parquet")
+        if not files:
             raise DownloadError(
                 f"{p}: no .parquet files in this folder; --metadata takes a folder of DataComp metadata "
                 "parquet files (uid, url, text) or one such file"
             )
-        return [p / n for n in names]
+        return files
     if not storage.exists(p):
         hint = "; check the URL (`hype --storage-options` for another endpoint or credentials)"
         raise DownloadError(f"{p}: no such file or folder (--metadata){hint if storage.is_url(p) else ''}")

@@ -447,6 +447,12 @@ def list_sizes(folder: str | PathLike | AnyPath) -> dict[str, int]:
     return {name: f["size"] for name, f in list_files(folder).items()}
 
 
+def files_with_suffix(folder: AnyPath, suffix: str) -> list[AnyPath]:
+    """The files directly in `folder` whose names end in `suffix`, sorted by name (one listing): e.g. the
+    `<hash>.parquet` files of a DataComp metadata folder."""
+    return [folder / n for n in sorted(list_sizes(folder)) if n.endswith(suffix)]
+
+
 def list_files(folder: str | PathLike | AnyPath) -> dict[str, dict[str, Any]]:
     """{name: {"size", "version"}} of the files directly in `folder`, from one listing ({} when it does
     not exist). "version" changes whenever a file is rewritten: the modification time locally, the

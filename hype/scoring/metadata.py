@@ -50,7 +50,7 @@ def metadata_files(folder: str | Path) -> list[AnyPath]:
     folder = storage.location(folder)
     if not storage.is_dir(folder):
         raise MetadataError(f"{folder}: metadata folder not found")
-    files = [folder / n for n in sorted(storage.list_sizes(folder)) if n.endswith(".parquet")]
+    files = storage.files_with_suffix(folder, ".parquet")
     if not files:
         raise MetadataError(f"{folder}: no <hash>.parquet metadata files in this folder")
     return files

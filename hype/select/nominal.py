@@ -49,7 +49,7 @@ def metadata_files(folder: str) -> list[AnyPath]:
     loc = storage.location(folder)
     if not storage.is_dir(loc):
         raise SelectError(f"--metadata {folder}: no such folder; pass the pool's DataComp metadata folder")
-    files = [loc / n for n in sorted(storage.list_sizes(loc)) if n.endswith(".parquet")]
+    files = storage.files_with_suffix(loc, ".parquet")
     if not files:
         raise SelectError(f"--metadata {folder}: no <hash>.parquet metadata files in this folder")
     return files
