@@ -11,8 +11,10 @@ else this executor's settings; the environment the actor process starts with) an
 through the stage's `prepare_process(cpus)`; a stage that declares other resources gets a fresh pool.
 
 Failures: a shard whose actor dies (killed, out of memory, node lost) is given to a fresh actor; a shard
-whose run raises is retried on the same actor; a shard still running after `task_timeout` seconds (a hung
-worker, a node that stopped answering) gets its actor killed and is given to a fresh one. The retry
+whose run raises is retried on the same actor; a shard still running `task_timeout` seconds after its
+actor had set the stage up (a hung worker, a node that stopped answering) gets its actor killed and is
+given to a fresh one; an actor's start and set-up (a model load: a minute under load) are not counted
+against a task, but get `SETUP_LIMIT_S` at most. The retry
 policy (at most `retries` extra attempts, then the shard is reported as failed, never dropped silently; an
 error in `setup()` is fatal: it would fail on every actor), skipping finished shards and the stats are
 `hype.executor.Executor`'s.
@@ -41,6 +43,8 @@ from hype.executor import (
     start_stage,
     stop_stage,
 )
+
+SETUP_LIMIT_S = 600.0  # a worker that has not set a stage up after this long is hung (with a task timeout)
 
 
 class _Worker:
@@ -191,16 +195,13 @@ class RayExecutor(Executor):
         )(_Worker)
         return cls.remote(cpus)
 
-    def _wait_s(self, inflight: dict) -> float | None:
-        """How long to wait for a result before the oldest task in flight runs out of time."""
-        if not self.task_timeout:
-            return None
-        oldest = min(started for _, _, started in inflight.values())
-        return max(0.0, oldest + self.task_timeout - time.monotonic())
-
-    def _expired(self, inflight: dict) -> list:
-        now = time.monotonic()
-        return [ref for ref, (_, _, started) in inflight.items() if now - started >= self.task_timeout]
+    def _deadline(self, worker, started: float, setups: dict, ready_at: dict) -> float:
+        """When a task submitted at `started` to `worker` runs out of time. The clock starts once the
+        worker has set up the stage: an actor's start and a model load (a minute under load, more for a
+        large model) are not the task's; they get `SETUP_LIMIT_S` (or the task timeout if longer)."""
+        if worker in ready_at:
+            return max(started, ready_at[worker]) + self.task_timeout
+        return setups[worker] + max(SETUP_LIMIT_S, self.task_timeout)
 
     def _execute(self, stage, tally: Tally) -> None:
         ray = self.ray
@@ -214,10 +215,16 @@ class RayExecutor(Executor):
         key = uuid.uuid4().hex
         stage_ref = ray.put(stage)
         options = driver_storage_options()  # credentials go as an argument, never in a runtime_env
-        idle = list(self._workers[:want])
-        for worker in idle:
-            worker.install.remote(key, stage_ref, options)  # actor calls run in submission order
         inflight: dict[Any, tuple[Any, Job, float]] = {}  # ref -> (worker, job, when it was submitted)
+        installing: dict[Any, Any] = {}  # ref of a worker's set-up call -> the worker
+        setups: dict[Any, float] = {}  # worker -> when its set-up was submitted
+        ready_at: dict[Any, float] = {}  # worker -> when its set-up finished
+        idle: list = []
+
+        def install(worker) -> None:
+            installing[worker.install.remote(key, stage_ref, options)] = worker  # calls run in order
+            setups[worker] = time.monotonic()
+            idle.append(worker)
 
         def replace(worker) -> None:
             ray.kill(worker, no_restart=True)
@@ -229,18 +236,29 @@ class RayExecutor(Executor):
                 pass
             fresh = self._new_worker()
             self._workers[self._workers.index(worker)] = fresh
-            fresh.install.remote(key, stage_ref, options)
-            idle.append(fresh)
+            install(fresh)
 
+        for worker in self._workers[:want]:
+            install(worker)
         try:
             while tally or inflight:
                 while tally and idle:
                     worker, job = idle.pop(), tally.next()
                     inflight[worker.run.remote(key, job.task)] = (worker, job, time.monotonic())
-                ready, _ = ray.wait(list(inflight), num_returns=1, timeout=self._wait_s(inflight))
-                if not ready:  # the oldest task ran out of time: its worker is hung or unreachable
-                    for ref in self._expired(inflight):
+                deadlines = {r: self._deadline(w, t, setups, ready_at) for r, (w, _, t) in inflight.items()}
+                wait_s = None
+                if self.task_timeout and deadlines:
+                    wait_s = max(0.0, min(deadlines.values()) - time.monotonic())
+                ready, _ = ray.wait([*installing, *inflight], num_returns=1, timeout=wait_s)
+                if ready and ready[0] in installing:  # a worker is set up: its task's clock starts now
+                    ready_at[installing.pop(ready[0])] = time.monotonic()
+                    continue
+                if not ready:  # a task ran out of time: its worker is hung or unreachable
+                    now = time.monotonic()
+                    for ref in [ref for ref, deadline in deadlines.items() if deadline <= now]:
                         worker, job, _ = inflight.pop(ref)
+                        for r in [r for r, w in installing.items() if w == worker]:
+                            del installing[r]
                         replace(worker)
                         tally.failed(job, f"timed out after {self.task_timeout:g} s (worker killed)")
                     continue

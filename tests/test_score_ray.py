@@ -115,6 +115,32 @@ def test_a_hung_task_times_out_and_is_retried_on_a_fresh_worker(ray_cluster, tmp
     assert not any(_alive(pid) for pid in hung)  # the hung workers were killed
 
 
+class _SlowSetup:
+    """A stage whose set-up (a model load) takes longer than the task timeout; its tasks are instant."""
+
+    name = "slow-setup"
+
+    def setup(self) -> None:
+        time.sleep(12)
+
+    def run(self, task: int) -> dict:
+        return {"task": task, "square": task * task}
+
+
+def test_a_slow_setup_does_not_count_against_the_task_timeout(ray_cluster):
+    """Before: the clock started at submission, so a worker still starting or loading models (a minute
+    under load) had its first task killed as hung, and its retry on a fresh worker the same."""
+    import ray.cloudpickle
+
+    from pipelines.ray_executor import RayExecutor
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    with RayExecutor(ray_cluster, device="cpu", cpus_per_worker=1, retries=1, task_timeout=6) as ex:
+        result = ex.map(_SlowSetup(), [2, 3])
+    assert not result.failures and result.retries == 0
+    assert [r["square"] for r in result.results] == [4, 9]
+
+
 def _alive(pid: int) -> bool:
     try:
         return "zombie" not in Path(f"/proc/{pid}/status").read_text()

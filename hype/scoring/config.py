@@ -119,7 +119,7 @@ class ExecutorConfig:
     retries: int = 2  # extra attempts for a shard whose worker died or raised
     # Ray: seconds one attempt at a shard may take; then its worker (hung, or on a lost node) is killed
     # and the shard counts a failed attempt. 0: no limit.
-    task_timeout: float = 3600.0  # counted from submission: a fresh worker's start is included
+    task_timeout: float = 3600.0  # counted once the worker has set the stage up (models loaded)
 
     def __post_init__(self) -> None:
         one_of(self, "kind", EXECUTORS)
