@@ -77,6 +77,13 @@ class _Warnings(logging.Handler):
     help="DataComp metadata folder: <hash>.parquet lists the pool's uids; with the .npz, cos θ and CLIP "
     "features come from it, without them --clip computes both. MERU still embeds the images.",
 )
+@click.option(
+    "--decontaminate",
+    metavar="EVAL_DIR",
+    help="Flag pool images within decontam.threshold (cosine of the CLIP image features) of an evaluation "
+    "image: EVAL_DIR holds the wds_<task>_test folders, or is one webdataset folder. Output: "
+    "RUN_DIR/decontam/matches.parquet; `hype select --filter decontaminate` drops them.",
+)
 @click.option("--device", metavar="cpu|cuda", help="Device of the models [default: auto].")
 @click.option("--batch-size", type=int, help="Samples per forward pass [default: 256].")
 @click.option(
@@ -108,6 +115,7 @@ def score(
     class_images,
     centroids,
     metadata,
+    decontaminate,
     device,
     batch_size,
     hinge,
@@ -157,6 +165,7 @@ def score(
         ("clusters.class_images", class_images),
         ("clusters.centroids", centroids),
         ("metadata.dir", metadata),
+        ("decontam.eval_dir", decontaminate),
         ("device", device),
         ("batch_size", batch_size),
         ("specificity.hinge", hinge),

@@ -110,6 +110,21 @@ class MetadataConfig:
 
 
 @dataclass(frozen=True)
+class DecontamConfig:
+    """--decontaminate: flag pool samples whose CLIP image feature is within `threshold` (cosine) of an
+    evaluation image (`hype.scoring.stage_decontam`)."""
+
+    eval_dir: str | None = (
+        None  # --decontaminate EVAL_DIR: the DataComp task folders, or one webdataset folder
+    )
+    threshold: float = 0.9  # record matches with cosine >= this (the decontaminate filter may only raise it)
+
+    def __post_init__(self) -> None:
+        if not -1.0 <= self.threshold <= 1.0:
+            raise ConfigError("threshold", f"a cosine similarity in [-1, 1]; got {self.threshold}")
+
+
+@dataclass(frozen=True)
 class ExecutorConfig:
     kind: str = "local"  # local | ray (--executor)
     ray_address: str | None = None  # join a cluster: host:port or auto; null starts a local Ray
@@ -154,6 +169,7 @@ class ScoreConfig:
     specificity: SpecificityConfig = field(default_factory=SpecificityConfig)
     clusters: ClustersConfig = field(default_factory=ClustersConfig)
     metadata: MetadataConfig = field(default_factory=MetadataConfig)
+    decontam: DecontamConfig = field(default_factory=DecontamConfig)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
 
@@ -195,6 +211,12 @@ class ScoreConfig:
                 "clusters.centroids",
                 "--centroids needs the reference-class features that pick the target clusters: pass "
                 "--class-features FILE (DataComp: ImageNet-1k train, ViT-L/14) or --class-images",
+            )
+        if self.decontam.eval_dir is not None and self.clip is None:
+            raise ConfigError(
+                "decontam.eval_dir",
+                "--decontaminate embeds the evaluation images with the pool's CLIP image tower: pass --clip "
+                "(the CLIP model that made the pool's features)",
             )
         if self.clusters.class_images is not None and self.clip is None:
             raise ConfigError(

@@ -69,11 +69,12 @@ class DecodeSpec:
     preps: tuple[Preprocess, ...]
     draft: bool
     labelled: bool  # reference-class images (`.cls`) instead of pool samples (`.json` + `.txt`)
+    label_required: bool = True  # False: any image of a webdataset folder (evaluation sets: `.cls` optional)
 
     def __call__(self, sample: RawSample) -> Decoded | Skipped:
         if self.labelled:
             label = _label(sample)
-            if label is None:
+            if label is None and self.label_required:
                 return Skipped(NO_CLASS, f"{sample.where}: no readable .cls member")
             uid, text, meta = "", "", {}
         else:

@@ -134,10 +134,10 @@ class _EmbedBase(ShardStage):
         self.jpeg_draft = jpeg_draft
         self.precision = precision
 
-    def _start_decoding(self, models: dict, labelled: bool) -> None:
+    def _start_decoding(self, models: dict, labelled: bool, label_required: bool = True) -> None:
         self._models = models
         self._preps = {role: Preprocess.of(m) for role, m in models.items()}
-        spec = DecodeSpec(tuple(self._preps.values()), self.jpeg_draft, labelled)
+        spec = DecodeSpec(tuple(self._preps.values()), self.jpeg_draft, labelled, label_required)
         n = self.decode_workers or self.threads or len(os.sched_getaffinity(0))
         self._decoder = DecodePool(spec, n, self.decode)
 
@@ -369,6 +369,7 @@ class ClassEmbedStage(_EmbedBase):
     """CLIP image features of labelled reference images (`--class-images`) for the c_IN targets."""
 
     name = "classes"
+    label_required = True  # False (`hype.scoring.stage_decontam`): images without a `.cls` are embedded too
 
     def __init__(self, run: RunDir, *, clip: ModelRef, **kw):
         super().__init__(run, **kw)
@@ -390,7 +391,7 @@ class ClassEmbedStage(_EmbedBase):
         super().setup()
         self.device = resolve_device(self.device)
         self._clip = load_scorer(self.clip_ref, "clip", self.device)
-        self._start_decoding({"clip": self._clip}, labelled=True)
+        self._start_decoding({"clip": self._clip}, labelled=True, label_required=self.label_required)
 
     @torch.inference_mode()
     def run(self, task: ShardTask) -> dict:

@@ -310,6 +310,7 @@ def _with_absolute_paths(cfg: ScoreConfig) -> ScoreConfig:
             centroids=_abs(cfg.clusters.centroids),
         ),
         metadata=dataclasses.replace(cfg.metadata, dir=_abs(cfg.metadata.dir)),
+        decontam=dataclasses.replace(cfg.decontam, eval_dir=_abs(cfg.decontam.eval_dir)),
         debug=dataclasses.replace(cfg.debug, pid_dir=_abs(cfg.debug.pid_dir)),
     )
 
@@ -322,6 +323,7 @@ def _score(state: _Run) -> dict:
     ref_info = _reference(state, pool)
     _specificity(state, pool, ref_info["digest"])
     clusters_info = _clusters(state, pool)
+    decontam_info = _decontaminate(state, pool)
     merge_stats = _merge(state, pool, c_in=clusters_info is not None)
     state.timed("card", lambda: _card(state, pool))
     return state.summary(
@@ -333,7 +335,15 @@ def _score(state: _Run) -> dict:
         reference=ref_info,
         clusters=clusters_info,
         specificity={"hinge": cfg.specificity.hinge, "K": pool.K, "curv": pool.curv},
+        decontam=decontam_info,
     )
+
+
+def _decontaminate(state: _Run, pool: _Embedded) -> dict | None:
+    """--decontaminate: pool samples near an evaluation image (`hype.scoring.stage_decontam`)."""
+    from hype.scoring.stage_decontam import decontaminate
+
+    return decontaminate(state, pool)
 
 
 def _card(state: _Run, pool: _Embedded) -> dict:

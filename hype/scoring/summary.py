@@ -35,6 +35,7 @@ def build_summary(
     specificity: dict | None = None,
     metadata: dict | None = None,
     error: str | None = None,
+    decontam: dict | None = None,
 ) -> dict:
     skips = SkipStats()
     read = embedded = empty_captions = 0
@@ -92,6 +93,8 @@ def build_summary(
     }
     if error is not None:
         out["error"] = error
+    if decontam is not None:  # --decontaminate: matches per task (RUN_DIR/decontam/matches.json)
+        out["decontam"] = {k: v for k, v in decontam.items() if k not in ("fingerprint", "output")}
     if c_in_on:
         out["c_in"] |= {
             "k": clusters.get("k"),

@@ -42,6 +42,16 @@ class Rule:
         """Scores-table columns this rule reads (add "uid" for rules that look at uids)."""
         return []
 
+    # -- optional: outputs of the scoring run beside the table (e.g. `decontaminate`: RUN_DIR/decontam/)
+    def attach(self, table: Any) -> None:
+        """Called once with the `ScoresTable` before any batch: rules that read a run's other outputs
+        find them here (the run directory of each scores folder: `folder.parent` of `table.folders`)."""
+
+    def after_selection(self, table: Any, ranker: Rule, masks: list[Rule], cut: float | None) -> dict:
+        """Extra fields of this filter's record in subset.json, given the kept rows' lowest score `cut`
+        (None: nothing kept); {}: none."""
+        return {}
+
     # -- optional pool pass (statistics a rule needs before it can score)
     @property
     def needs_pool_pass(self) -> bool:

@@ -117,6 +117,8 @@ def select_subset(req: SelectRequest) -> dict:
     preset_name, ranker, masks = build_rules(req)
     table = ScoresTable(req.scores)
     table.require_finished()
+    for m in masks:
+        m.attach(table)
     warnings: list[str] = []
     nominal = nominal_rows(table, req.metadata)
     target = make_target(req, nominal)
@@ -164,6 +166,7 @@ def select_subset(req: SelectRequest) -> dict:
     if not cached:
         _write_pool_cache(table, pool)
     pool["score"] = score_stats.to_dict()
+    cut = describe_cut(result)["score"]
     summary = {
         "subset": str(npy),
         "parquet": str(parquet),
@@ -177,7 +180,14 @@ def select_subset(req: SelectRequest) -> dict:
         "target": _describe_target(target, result.k),
         "preset": preset_name,
         "rank": ranker.describe(),
-        "filters": [{**m.describe(), "removed_rows": result.removed_by[m.spec()]} for m in masks],
+        "filters": [
+            {
+                **m.describe(),
+                "removed_rows": result.removed_by[m.spec()],
+                **m.after_selection(table, ranker, masks, cut),
+            }
+            for m in masks
+        ],
         "union": unions,
         "cut": describe_cut(result),
         "tie_break": "score descending, then uid ascending",
