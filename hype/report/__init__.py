@@ -11,6 +11,7 @@ from os import PathLike
 from hype.data.errors import SelectError
 from hype.io import read_json, storage, write_text
 from hype.report.collect import collect
+from hype.report.decontam import matches_section
 from hype.report.page import render
 from hype.report.thumbs import attach_thumbnails
 
@@ -35,9 +36,12 @@ def write_report(
     data = collect(run_dir, subset, bins=bins, per_bucket=per_bucket, workers=workers, progress=progress)
     samples = [s for buckets in data.buckets.values() for bucket in buckets for s in bucket]
     thumbs = attach_thumbnails(samples, run_dir, pool)
+    decontam, decontam_thumbs = matches_section(run_dir, pool)  # RUN_DIR/decontam/: --decontaminate
     run_summary = read_json(storage.join(run_dir, "summary.json"))
     subset_summary = read_json(storage.location(subset).with_suffix(".json")) if subset else None
-    page = render(data, run_summary=run_summary, subset_summary=subset_summary, thumbs=thumbs)
+    page = render(
+        data, run_summary=run_summary, subset_summary=subset_summary, thumbs=thumbs, sections=[decontam]
+    )
     write_text(out, page)
     return {
         "out": str(out),
@@ -47,6 +51,7 @@ def write_report(
         "subset_in_scores": data.subset_in_pool,
         "metrics": data.metrics,
         "thumbnails": thumbs,
+        **({"decontam_thumbnails": decontam_thumbs} if decontam else {}),
         "run_summary": run_summary is not None,
     }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
 import numpy as np
@@ -84,6 +84,7 @@ def render(
     run_summary: Mapping | None,
     subset_summary: Mapping | None,
     thumbs: Mapping[str, int],
+    sections: Sequence[str] = (),
 ) -> str:
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
@@ -104,6 +105,7 @@ def render(
         _correlation(data),
         *(_bucket_grid(data, m) for m in data.buckets),
         _thumb_note(thumbs),
+        *sections,  # optional sections of other modules (hype.report.decontam)
         _summary_section("Selection", subset_summary, "subset.json next to the subset file"),
         _summary_section("Scoring run", run_summary, "summary.json of the run directory"),
         "</main></body></html>",

@@ -166,7 +166,9 @@ def select_subset(req: SelectRequest) -> dict:
     if not cached:
         _write_pool_cache(table, pool)
     pool["score"] = score_stats.to_dict()
-    cut = describe_cut(result)["score"]
+    # Without a mask a row would be kept at or above this score: the threshold (--threshold, --keep-all),
+    # else the lowest kept score (the cut could only rise with more eligible rows).
+    cut = target.threshold if target.threshold is not None else describe_cut(result)["score"]
     summary = {
         "subset": str(npy),
         "parquet": str(parquet),

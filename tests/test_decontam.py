@@ -1,0 +1,179 @@
+"""Decontamination end to end: `hype score --decontaminate` on a pool with injected copies of evaluation
+images (exact, JPEG re-encoded, resized, cropped by 10%: `hype.synth.contaminate`), then
+`hype select --filter decontaminate`.
+
+The world and the scorers are the score tests' (tests/test_score_support.py): the synthetic world's real
+images, tiny randomly initialised MERU and CLIP. A random CLIP's image features of unrelated synthetic
+scenes are nearly collinear (41 of the 50 clean samples have an evaluation image at cosine >= 0.98), so
+this test checks that every copy is found (recall 1.0 >= 0.99 at cosine 0.98, with a stated
+false-positive count on the clean samples that says more about the random model than about the method)
+and that exact copies are found with no false positive at 0.99999. bench/decontam.py measures recall and
+false positives with the demo's trained CLIP, which sets the default threshold.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+from test_score_support import BASE_OVERRIDES, models, run_cli, world
+
+import filters  # noqa: F401  (registers the bundled rules for select without the CLI)
+from hype.cli import main
+from hype.data.uids import array_to_uids, load_subset
+from hype.scoring.decontam import DecontamError
+from hype.scoring.stage_decontam import eval_sets, task_name
+from hype.synth.contaminate import KINDS, eval_images, write_copies
+
+PER_TASK = 2  # evaluation images copied per task (x 4 kinds)
+TEST_THRESHOLD = 0.98  # recorded by the run; the filter may ask for more
+CLEAN_FP_AT_TEST_THRESHOLD = 45  # of the 50 clean samples; measured 41 (random CLIP: see the docstring)
+
+
+@pytest.fixture(scope="module")
+def contaminated(tmp_path_factory):
+    w = world(tmp_path_factory)
+    meru, clip = models(tmp_path_factory)
+    root = tmp_path_factory.mktemp("decontam")
+    chosen = []
+    for s in eval_sets(str(w / "eval"))[0]:
+        chosen += eval_images(s.shards)[:PER_TASK]
+    truth = pd.DataFrame(write_copies(chosen, root / "copies" / "copies.tar"))
+    truth["task"] = [task_name(shard.split("/test/")[0]) for shard in truth.eval_shard]
+    args = [
+        "--pool",
+        f"{w / 'pool' / 'shards' / '00000000.tar'}::{root / 'copies'}",
+        "--meru",
+        str(meru),
+        "--clip",
+        str(clip),
+        "--out",
+        str(root / "run"),
+        "--decontaminate",
+        str(w / "eval"),
+        f"decontam.threshold={TEST_THRESHOLD}",
+        *BASE_OVERRIDES,
+    ]
+    result = run_cli(args)
+    assert result.exit_code == 0, result.output
+    return {"root": root, "run": root / "run", "truth": truth, "args": args, "world": w}
+
+
+def _select(*args: str) -> str:
+    res = CliRunner().invoke(main, ["select", *args, "--no-progress"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+def test_every_kind_of_copy_is_found_and_clean_samples_are_counted(contaminated):
+    run, truth = contaminated["run"], contaminated["truth"]
+    m = pq.read_table(run / "decontam" / "matches.parquet").to_pandas()
+    marker = json.loads((run / "decontam" / "matches.json").read_text())
+    assert marker["threshold"] == TEST_THRESHOLD and (m.similarity >= TEST_THRESHOLD).all()
+    assert set(marker["tasks"]) == set(truth.task) and len(marker["tasks"]) == 7
+    assert all(t["eval_images"] == 10 for t in marker["tasks"].values())
+    own = m.merge(truth, on=["uid", "task"], suffixes=("", "_src"))
+    for kind in KINDS:
+        copies = truth[truth.kind == kind]
+        found = own[own.kind == kind].uid.nunique()
+        assert found / len(copies) >= 0.99, (kind, found, len(copies))
+    # Exact, re-encoded and resized copies: the match in the source's task is the source image itself.
+    near = own[own.kind != "crop10"]
+    assert (near.eval_key == near.eval_key_src).all() and (near.eval_shard == near.eval_shard_src).all()
+    clean = m[~m.uid.isin(truth.uid)]
+    assert clean.uid.nunique() <= CLEAN_FP_AT_TEST_THRESHOLD
+    # Exact copies are cosine 1: at 0.99999 all of them are found and no clean sample is.
+    strict = m[m.similarity >= 0.99999]
+    assert set(truth[truth.kind == "exact"].uid) <= set(strict.uid)
+    assert not set(strict.uid) & set(clean.uid)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["decontam"]["flagged_samples"] == m.uid.nunique()
+    assert summary["decontam"]["eval_skipped"] == 0
+
+
+def test_rerun_reuses_and_a_new_threshold_recomputes_only_the_matches(contaminated):
+    run, args = contaminated["run"], contaminated["args"]
+    before = (run / "decontam" / "matches.parquet").read_bytes()
+    assert run_cli(args).exit_code == 0
+    stages = json.loads((run / "summary.json").read_text())["stages"]
+    assert stages["decontam_eval"]["shards_run"] == 0 and stages["decontam_eval"]["shards_reused"] == 7
+    assert (run / "decontam" / "matches.parquet").read_bytes() == before
+    stricter = [a if not a.startswith("decontam.threshold=") else "decontam.threshold=0.999" for a in args]
+    assert run_cli(stricter).exit_code == 0
+    stages = json.loads((run / "summary.json").read_text())["stages"]
+    assert stages["decontam_eval"]["shards_run"] == 0 and stages["embed"]["shards_run"] == 0
+    m = pq.read_table(run / "decontam" / "matches.parquet").to_pandas()
+    assert json.loads((run / "decontam" / "matches.json").read_text())["threshold"] == 0.999
+    assert (m.similarity >= 0.999).all()
+    assert run_cli(args).exit_code == 0  # back to the fixture's threshold for the other tests
+
+
+def test_select_filter_drops_the_matches_and_reports_them_per_task(contaminated, tmp_path):
+    run, truth = contaminated["run"], contaminated["truth"]
+    m = pq.read_table(run / "decontam" / "matches.parquet").to_pandas()
+    out = tmp_path / "keep.npy"
+    _select("--scores", str(run), "--keep-all", "--filter", "decontaminate", "--out", str(out))
+    kept = set(array_to_uids(load_subset(out)))
+    assert not kept & set(m.uid) and len(kept) == 50 + len(truth) - m.uid.nunique()
+    record = json.loads(out.with_suffix(".json").read_text())["filters"][0]
+    per_task = m.groupby("task").uid.nunique().to_dict()
+    assert record["rule"] == "decontaminate" and record["threshold"] == TEST_THRESHOLD
+    assert record["matches"] == per_task and record["removed_rows"] == m.uid.nunique()
+    assert record["would_have_leaked"] == per_task  # --keep-all: every flagged sample would have leaked
+
+    exact = tmp_path / "exact.npy"
+    _select(
+        "--scores", str(run), "--keep-all", "--filter", "decontaminate:threshold=0.99999", "--out", str(exact)
+    )
+    dropped = set(truth.uid) | set(m.uid) - set(array_to_uids(load_subset(exact)))
+    assert set(truth[truth.kind == "exact"].uid) <= dropped
+    top = tmp_path / "top.npy"
+    _select("--scores", str(run), "--top-k", "5", "--filter", "decontaminate", "--out", str(top))
+    leaked = json.loads(top.with_suffix(".json").read_text())["filters"][0]["would_have_leaked"]
+    assert sum(leaked.values()) <= sum(per_task.values()) and set(leaked) == set(per_task)
+
+
+def test_select_refuses_a_threshold_below_the_recorded_one_and_an_undecontaminated_run(
+    contaminated, tmp_path
+):
+    res = CliRunner().invoke(
+        main,
+        ["select", "--scores", str(contaminated["run"]), "--keep-all", "--out", str(tmp_path / "a.npy")]
+        + ["--filter", "decontaminate:threshold=0.5", "--no-progress"],
+    )
+    assert res.exit_code != 0 and "recorded at cosine >= 0.98" in res.output
+    plain = tmp_path / "plain"  # the same run without --decontaminate's outputs
+    shutil.copytree(contaminated["run"], plain, ignore=shutil.ignore_patterns("decontam"))
+    res = CliRunner().invoke(
+        main,
+        ["select", "--scores", str(plain), "--keep-all", "--out", str(tmp_path / "b.npy")]
+        + ["--filter", "decontaminate", "--no-progress"],
+    )
+    assert res.exit_code != 0 and "--decontaminate EVAL_DIR" in res.output
+
+
+def test_eval_sets_of_a_task_folder_a_webdataset_folder_and_bad_folders(contaminated, tmp_path):
+    w = contaminated["world"]
+    sets, empty = eval_sets(str(w / "eval"))
+    assert [s.task for s in sets] == [
+        "synth-background",
+        "synth-color",
+        "synth-count",
+        "synth-objects",
+        "synth-position",
+        "synth-retrieval",
+        "synth-shape",
+    ]
+    assert empty == [] and all(s.shards and all(p.endswith(".tar") for p in s.shards) for s in sets)
+    # Any webdataset folder of images (no wds_* folders): one task named after it.
+    one, _ = eval_sets(str(w / "eval" / "wds_synth-shape_test" / "test"))
+    assert [s.task for s in one] == ["test"] and one[0].shards == sets[-1].shards
+    with pytest.raises(DecontamError, match="no such folder"):
+        eval_sets(str(tmp_path / "missing"))
+    (tmp_path / "wds_x_test" / "test").mkdir(parents=True)
+    with pytest.raises(DecontamError, match="no .tar shards"):
+        eval_sets(str(tmp_path))
