@@ -38,10 +38,40 @@ def report(tmp_path_factory):
         "note": "</td><script>document.title='pwned'</script>",
     }
     (run / "summary.json").write_text(json.dumps(summary))
+    _decontam_matches(run, world, df)
     select_subset(SelectRequest(scores=run, out=root / "subset.npy", frac=0.2, progress=False))
     out = root / "report.html"
     info = write_report(run, out, subset=root / "subset.npy", progress=False)
     return {"root": root, "run": run, "out": out, "info": info, "df": df, "world": world}
+
+
+TASK = "synth-shape<script>document.title='pwned'</script>"  # a task name comes from a folder name
+
+
+def _decontam_matches(run, world, df) -> None:
+    """RUN_DIR/decontam/ as `hype score --decontaminate` writes it: 3 pool samples matched to 3 images of
+    the world's evaluation set (hype.scoring.decontam's schema and marker)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hype.scoring.decontam import MATCH_SCHEMA
+    from hype.synth.contaminate import eval_images
+
+    images = eval_images(sorted((world / "eval" / "wds_synth-shape_test" / "test").glob("*.tar")))[:3]
+    cols = {
+        "uid": list(df.uid[:3]),
+        "shard": list(df.shard[:3]),
+        "key": list(df.key[:3]),
+        "task": [TASK] * 3,
+        "eval_shard": [i[0] for i in images],
+        "eval_key": [i[1] for i in images],
+        "similarity": [0.99, 0.98, 0.97],
+    }
+    (run / "decontam").mkdir()
+    pq.write_table(pa.table(cols, MATCH_SCHEMA), run / "decontam" / "matches.parquet")
+    marker = {"threshold": 0.95, "eval_dir": str(world / "eval"), "pool_samples": 600, "flagged_samples": 3}
+    marker["tasks"] = {TASK: {"eval_images": 8, "matches": 3}}
+    (run / "decontam" / "matches.json").write_text(json.dumps(marker))
 
 
 def chromium(*args: str, tmp) -> subprocess.CompletedProcess:
@@ -66,7 +96,8 @@ def chromium(*args: str, tmp) -> subprocess.CompletedProcess:
 def test_page_is_self_contained_and_escapes_untrusted_text(report):
     page = report["out"].read_text()
     assert report["info"]["thumbnails"]["shown"] == 60  # 2 metrics x 5 buckets x 6 samples
-    assert page.count("src='data:image/jpeg;base64,") == 60
+    assert report["info"]["decontam_thumbnails"]["shown"] == 6  # 3 matches: pool and evaluation image
+    assert page.count("src='data:image/jpeg;base64,") == 60 + 6
     assert "<script" not in page.lower() and "onerror=" not in page.replace("onerror=&quot;", "")
     assert "&lt;script&gt;document.title=&#x27;pwned&#x27;" in page
     assert "&lt;img src=x onerror=&quot;" in page
@@ -104,6 +135,9 @@ def test_chromium_renders_histograms_and_runs_no_injected_code(report, tmp_path)
     )
     assert "&lt;script&gt;document.title=" in dom  # shown as text, not run
     assert "<script" not in dom.lower()
+    # Decontamination: per match, the pool thumbnail and the evaluation thumbnail side by side.
+    assert dom.count('class="pair"') == 3 and dom.count('alt="evaluation image ') == 3
+    assert dom.count('alt="pool sample ') == 3 and "cos 0.99" in dom
 
     png = tmp_path / "shot.png"
     chromium(

@@ -72,7 +72,7 @@ def render_section(pairs: list[Pair], marker: dict, per_task: dict[str, int]) ->
         by_task.setdefault(p.task, []).append(
             f"<div class='pair'><div class='two'>{_img(p.pool, 'pool sample ' + p.uid)}"
             f"{_img(p.eval, 'evaluation image ' + p.eval.key)}</div>"
-            f"<div class='muted'>cos {fmt(p.similarity, 4)}"
+            f"<div class='muted'>cos {p.similarity:.4f}"
             f" · <span class='mono'>{e(p.uid)}</span> ~ <span class='mono'>{e(p.eval.key)}</span></div></div>"
         )
     grids = "".join(
