@@ -60,6 +60,7 @@ def contaminated(tmp_path_factory):
     ]
     result = run_cli(args)
     assert result.exit_code == 0, result.output
+    assert "decontam    " in result.output and "decontam/matches.parquet" in result.output
     return {"root": root, "run": root / "run", "truth": truth, "args": args, "world": w}
 
 

@@ -20,6 +20,8 @@
       clusters/centroids.npy, targets.npy (+ model.json)   k-means centroids and c_IN targets
       clusters/<id>.parquet, <id>_stats.json    nearest centroid, caption filter, c_IN
       metadata/index.npy (+ index.json)         uid -> (metadata file, row, cos θ) with --metadata
+      decontam_eval/<id>.parquet, <id>_stats.json   CLIP features of the --decontaminate evaluation images
+      decontam/matches.parquet (+ matches.json)     pool samples near an evaluation image (scoring/decontam.py)
       scores/part-<index:08d>.parquet           THE scores table (hype.scoring.schema)
       merge/<id>_stats.json                     completion markers of the score parts
       card.json                                 the score card: digests of what the scores depend on and

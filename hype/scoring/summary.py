@@ -186,6 +186,12 @@ def format_summary(s: dict) -> str:
         lines.append(f"              k-means {c['kmeans']}")
     else:
         lines.append("  c_IN        off (no --class-features/--class-images): 0 for every sample")
+    dc = s.get("decontam")
+    if dc:
+        lines.append(
+            f"  decontam    {dc['flagged_samples']:,} samples within cosine {dc['threshold']} of an image of "
+            f"{len(dc['tasks'])} evaluation task(s) -> {s['run_dir']}/decontam/matches.parquet"
+        )
     parts = []
     for name, m in s["stages"].items():
         rate = f", {m['samples_per_s']:,.0f}/s" if m.get("samples_per_s") else ""
