@@ -117,7 +117,7 @@ class DecontamConfig:
     eval_dir: str | None = (
         None  # --decontaminate EVAL_DIR: the DataComp task folders, or one webdataset folder
     )
-    threshold: float = 0.9  # record matches with cosine >= this (the decontaminate filter may only raise it)
+    threshold: float = 0.95  # record matches with cosine >= this (the decontaminate filter may only raise it)
 
     def __post_init__(self) -> None:
         if not -1.0 <= self.threshold <= 1.0:
