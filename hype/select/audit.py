@@ -81,7 +81,7 @@ class GroupAudit:
             if v["rows"] >= MIN_ROWS and v["kept_frac"] < FLAG_RATIO * overall
         ]
         listed = dict(list(out.items())[:LISTED])
-        return {"groups": listed, "more_groups": len(out) - len(listed), "flags": flags}
+        return {"groups": listed, "more_groups": len(out) - len(listed), "flags": flags, "overall": overall}
 
 
 class SizeAudit(GroupAudit):
