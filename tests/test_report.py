@@ -250,3 +250,27 @@ def test_the_selection_cut_offs_gallery_and_audits(report):
         len(a.get("flags", [])) for a in summary["audit"].values()
     )
     assert "keeps 0.0% of images with shorter side &lt; 64 px" in page
+
+
+def test_chromium_draws_the_selection(report, tmp_path):
+    """The cut-off lines, the gallery of dropped samples and the audit bars, rendered by Chromium (the
+    screenshot stays in the test's folder); no injected caption of the gallery runs."""
+    out = tmp_path / "selection.html"
+    write_report(report["run"], out, subset=report["root"] / "subset.npy", per_bucket=0, progress=False)
+    dom = chromium("--dump-dom", out.as_uri(), tmp=tmp_path / "profile-dom").stdout
+    assert "<title>HYPE report</title>" in dom and not re.search(r"<body[^>]*data-pwned", dom)
+    assert dom.count('class="cutoff"') >= 1 and dom.count('class="bar flagged"') >= 1
+    assert dom.count('<figure class="dropped"') == report["info"]["gallery"]
+    png = tmp_path / "selection.png"
+    chromium(
+        f"--screenshot={png}",
+        "--window-size=1280,4200",
+        "--hide-scrollbars",
+        out.as_uri(),
+        tmp=tmp_path / "p",
+    )
+    img = np.asarray(Image.open(png).convert("RGB")).astype(int)
+    flagged = (224, 93, 94)  # #d62728 at 75% over white: a flagged audit bar
+    assert int((np.abs(img - np.array(flagged)).sum(axis=2) < 30).sum()) > 200
+    dark = (np.abs(img - 17).sum(axis=2) < 30)[250:900]  # the cut-off line (#111) among the histograms
+    assert int(dark.sum()) > 100

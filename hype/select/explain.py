@@ -328,6 +328,8 @@ def explain_rows(
 ) -> list[dict]:
     """Per row: each term's value, pool percentile, contribution, its median's; the decisive term."""
     out = []
+    # The pool's midranks per term, once: each costs a pass over its histogram's ~64k key bins.
+    midranks = {m: pool_stats[m].hist.midranks() for m in (decider.terms if decider and rows else [])}
     for r in rows:
         hi = np.array([r["_pair"][0]], dtype=np.uint64)
         lo = np.array([r["_pair"][1]], dtype=np.uint64)
@@ -341,7 +343,7 @@ def explain_rows(
             swapped = decider.swapped(contrib)
             for t, m in enumerate(decider.terms):
                 h = pool_stats[m].hist
-                pct = float(h.midranks()[h.bins(np.array([r["values"][m]]))][0]) * 100
+                pct = float(midranks[m][h.bins(np.array([r["values"][m]]))][0]) * 100
                 terms[m] = {
                     "value": r["values"][m],
                     "percentile": round(pct, 2),
