@@ -256,11 +256,18 @@ def test_chromium_draws_the_selection(report, tmp_path):
     """The cut-off lines, the gallery of dropped samples and the audit bars, rendered by Chromium (the
     screenshot stays in the test's folder); no injected caption of the gallery runs."""
     out = tmp_path / "selection.html"
-    write_report(report["run"], out, subset=report["root"] / "subset.npy", per_bucket=0, progress=False)
+    args = ["report", "--scores", str(report["run"]), "--subset", str(report["root"] / "subset.npy")]
+    res = CliRunner().invoke(main, [*args, "--out", str(out), "--per-bucket", "0", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    gallery = report["info"]["gallery"]
+    assert (
+        f"selection: 1 cut-off lines, {gallery} dropped samples by decisive term, audits included"
+        in res.output
+    )
     dom = chromium("--dump-dom", out.as_uri(), tmp=tmp_path / "profile-dom").stdout
     assert "<title>HYPE report</title>" in dom and not re.search(r"<body[^>]*data-pwned", dom)
     assert dom.count('class="cutoff"') >= 1 and dom.count('class="bar flagged"') >= 1
-    assert dom.count('<figure class="dropped"') == report["info"]["gallery"]
+    assert dom.count('<figure class="dropped"') == gallery
     png = tmp_path / "selection.png"
     chromium(
         f"--screenshot={png}",
