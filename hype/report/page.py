@@ -471,7 +471,7 @@ def _audits(audit: Mapping | None) -> str:
         "<h2>Audits of the cut</h2><p class='muted'>Kept fraction per group (the largest groups); the dashed "
         "line is the overall kept fraction, red bars the groups kept at less than a quarter of it.</p>"
     )
-    if not audit or "note" in audit and len(audit) == 1:
+    if not audit or ("note" in audit and len(audit) == 1):  # select without --audit writes only a note
         return (
             head + "<p class='muted'>No audit in the subset.json: run <span class='mono'>hype select "
             "--audit</span>.</p>"
