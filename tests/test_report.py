@@ -277,7 +277,7 @@ def test_chromium_draws_the_selection(report, tmp_path):
         tmp=tmp_path / "p",
     )
     img = np.asarray(Image.open(png).convert("RGB")).astype(int)
-    flagged = (224, 93, 94)  # #d62728 at 75% over white: a flagged audit bar
-    assert int((np.abs(img - np.array(flagged)).sum(axis=2) < 30).sum()) > 200
+    flagged = (214, 39, 40)  # #d62728: a flagged audit group's label and bar, below the histograms
+    assert int((np.abs(img[1200:] - np.array(flagged)).sum(axis=2) < 30).sum()) > 200
     dark = (np.abs(img - 17).sum(axis=2) < 30)[250:900]  # the cut-off line (#111) among the histograms
     assert int(dark.sum()) > 100

@@ -522,7 +522,8 @@ def _audit_svg(name: str, a: Mapping) -> str:
         y = top + i * bar_h
         flagged = v["rows"] >= MIN_ROWS and v["kept_frac"] < FLAG_RATIO * overall
         colour = FLAG_COLOUR if flagged else SUBSET_COLOUR
-        out.append(tag("text", e(_clip(g, 24)), x=left - 6, y=y + 13, font_size=11, text_anchor="end"))
+        ink = {"fill": FLAG_COLOUR, "font_weight": 600} if flagged else {}  # a 0% bar has no width to colour
+        out.append(tag("text", e(_clip(g, 24)), x=left - 6, y=y + 13, font_size=11, text_anchor="end", **ink))
         width = num(max(v["kept_frac"] / xmax * pw, 0.5))
         out.append(
             tag(
