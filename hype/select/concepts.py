@@ -90,8 +90,7 @@ class RunClusters:
             hi, lo = arrow_to_pairs(uids, f"{embed}: column 'uid'")
         except (OSError, KeyError, pa.ArrowInvalid, UidError) as e:
             raise SelectError(
-                f"{part}: cannot read its shard's clusters ({e}); rerun `hype score` on the run to redo "
-                "them"
+                f"{part}: cannot read its shard's clusters ({e}); rerun `hype score` on the run to redo them"
             ) from None
         if len(cluster) != len(hi):
             raise SelectError(f"{clusters}: not row-aligned with {embed}; rerun `hype score` to recompute it")
