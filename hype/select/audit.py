@@ -228,6 +228,7 @@ def table_audits(table: ScoresTable) -> tuple[list[GroupAudit], dict]:
     notes = {}
     if table.has_column("cluster"):
         audits.append(ClusterAudit())
+        notes["class"] = "skipped: the table's own 'cluster' column comes with no class images"
     else:
         join, why = RunClusters.open(table)
         if join is None:
