@@ -8,6 +8,7 @@ import shutil
 import subprocess
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 from PIL import Image
@@ -15,7 +16,9 @@ from test_select_helpers import make_world, truth_scores, write_scores
 
 import filters  # noqa: F401  (registers the bundled rules for select_subset without the CLI)
 from hype.cli import main
+from hype.data.uids import uid_to_pair
 from hype.report import write_report
+from hype.scoring.schema import METRICS
 from hype.select import SelectError
 from hype.select.run import SelectRequest, select_subset
 
@@ -31,6 +34,8 @@ def report(tmp_path_factory):
     df = truth_scores(world)
     # Untrusted web captions: every other caption carries a script or an event-handler payload.
     df.loc[::2, "text"] = [f"{t} {SCRIPT if i % 2 else IMG}" for i, t in enumerate(df["text"][::2])]
+    # Small images all score low: the cut keeps none of them, and the size audit flags them.
+    df.loc[np.minimum(df["width"], df["height"]) < 64, "cos_theta"] = -5.0
     run = write_scores(df, root / "run", parts=2, row_group_size=128)
     summary = {
         "counts": {"scored": 600, "skipped": 3},
@@ -39,7 +44,7 @@ def report(tmp_path_factory):
     }
     (run / "summary.json").write_text(json.dumps(summary))
     _decontam_matches(run, world, df)
-    select_subset(SelectRequest(scores=run, out=root / "subset.npy", frac=0.2, progress=False))
+    select_subset(SelectRequest(scores=run, out=root / "subset.npy", frac=0.2, progress=False, audit=True))
     out = root / "report.html"
     info = write_report(run, out, subset=root / "subset.npy", progress=False)
     return {"root": root, "run": run, "out": out, "info": info, "df": df, "world": world}
@@ -95,15 +100,17 @@ def chromium(*args: str, tmp) -> subprocess.CompletedProcess:
 
 def test_page_is_self_contained_and_escapes_untrusted_text(report):
     page = report["out"].read_text()
-    assert report["info"]["thumbnails"]["shown"] == 60  # 2 metrics x 5 buckets x 6 samples
+    gallery = report["info"]["gallery"]
+    assert report["info"]["thumbnails"]["shown"] == 60 + gallery  # 2 metrics x 5 buckets x 6, the gallery
     assert report["info"]["decontam_thumbnails"]["shown"] == 6  # 3 matches: pool and evaluation image
-    assert page.count("src='data:image/jpeg;base64,") == 60 + 6
+    assert page.count("src='data:image/jpeg;base64,") == 60 + gallery + 6
     assert "<script" not in page.lower() and "onerror=" not in page.replace("onerror=&quot;", "")
     assert "&lt;script&gt;document.title=&#x27;pwned&#x27;" in page
     assert "&lt;img src=x onerror=&quot;" in page
     assert not re.search(r"(src|href)=['\"]?(https?:|//)", page)  # nothing fetched from anywhere
     assert "Content-Security-Policy" in page and "default-src 'none'" in page
-    assert page.count("<svg") == 5 + 1  # a histogram per metric and the correlation matrix
+    # a histogram per metric, the correlation matrix, the language and size audits
+    assert page.count("<svg") == 5 + 1 + 2
     # The run summary and the selection summary are shown (skips highlighted).
     assert "counts.skipped" in page and "skips.corrupt_image" in page and "target.k" in page
 
@@ -131,7 +138,7 @@ def test_chromium_renders_histograms_and_runs_no_injected_code(report, tmp_path)
     assert "<title>HYPE report</title>" in dom  # no payload changed the title
     assert not re.search(r"<body[^>]*data-pwned", dom)  # ... nor set an attribute on the body
     assert (
-        dom.count("<svg") == 6 and dom.count('class="bar pool"') > 20 and dom.count('class="bar subset"') > 10
+        dom.count("<svg") == 8 and dom.count('class="bar pool"') > 20 and dom.count('class="bar subset"') > 10
     )
     assert "&lt;script&gt;document.title=" in dom  # shown as text, not run
     assert "<script" not in dom.lower()
@@ -209,7 +216,8 @@ def test_a_report_from_and_to_object_storage_is_the_local_one(report, tmp_path, 
     expected = page((tmp_path / "r.html").read_bytes())
     for run, pool in ((moved, f"{root}/pool"), (on_s3, None)):
         info = write_report(run, f"{root}/r.html", subset=f"{root}/subset.npy", pool=pool, progress=False)
-        assert info["thumbnails"] == local["thumbnails"] and local["thumbnails"]["shown"] == 60
+        assert info["thumbnails"] == local["thumbnails"]
+        assert local["thumbnails"]["shown"] == 60 + local["gallery"] and local["gallery"] > 0
         assert page(read_bytes(f"{root}/r.html")) == expected
 
 
@@ -227,3 +235,83 @@ def test_a_missing_bucket_is_named(report, s3):
     )
     assert res.exit_code == 1
     assert "s3://no-such-bucket-hype/r.html: the bucket does not exist; create it" in res.output
+
+
+def test_the_selection_cut_offs_gallery_and_audits(report):
+    """With a subset whose subset.json records the selection: each term's cut-off is where a sample with
+    the other terms at their pool medians reaches the cut score; the gallery shows dropped samples only,
+    grouped by the decisive term `hype explain` gives them; the audits are drawn as bars, flags in red."""
+    from hype.select.explain import Wanted, explain_selection, request_from_summary
+
+    page = report["out"].read_text()
+    df, info = report["df"], report["info"]
+    summary = json.loads((report["root"] / "subset.json").read_text())
+    medians = {m: summary["metrics"][m]["pool"]["quantiles"]["p50"] for m in METRICS}
+    scores = df[list(METRICS)].astype(np.float64).sum(axis=1).sort_values(ascending=False)
+    cut = scores.iloc[119]  # the 120th of 600: the last kept row's score
+    for m in METRICS:  # the hype rule: contribution = value, so the cut-off is cut - the others' medians
+        want = cut - sum(v for k, v in medians.items() if k != m)
+        if df[m].min() < want <= df[m].max():
+            assert info["cutoffs"][m] == pytest.approx(want, abs=1e-4)
+        else:
+            assert info["cutoffs"][m] is None
+    shown = sum(v is not None for v in info["cutoffs"].values())
+    assert shown >= 1 and page.count("class='cutoff'") == shown
+    assert page.count("no cut-off (none alone)") == len(METRICS) - shown
+
+    kept = set(pq.read_table(report["root"] / "subset.parquet").column("uid").to_pylist())
+    figures = re.findall(
+        r"<figure class='dropped' data-decisive='([^']*)'><img src='[^']*' alt='sample (\w+)'", page
+    )
+    assert len(figures) == info["gallery"] > 0 and not {u for _, u in figures} & kept
+    req = request_from_summary(summary, str(report["run"]))
+    from hype.select.run import SelectRequest
+
+    uids = np.unique(np.array([uid_to_pair(u) for _, u in figures], dtype="u8,u8"))
+    again = explain_selection(SelectRequest(out="x.npy", progress=False, **req), Wanted(uids=uids))
+    decisive = {r["uid"]: r["decisive"] for r in again["rows"]}
+    assert all(decisive[u] == d for d, u in figures)
+    for d in {d for d, _ in figures}:
+        assert (
+            sum(1 for x, _ in figures if x == d) <= 6 * (1 + len(METRICS))
+            and summary["decisions"]["decisive"][d]
+        )
+
+    assert "data-audit='size'" in page and "data-audit='language'" in page
+    small = summary["audit"]["size"]["groups"]["< 64 px"]
+    assert small["kept"] == 0 and small["rows"] >= 20
+    assert page.count("class='bar flagged'") == sum(
+        len(a.get("flags", [])) for a in summary["audit"].values()
+    )
+    assert "keeps 0.0% of images with shorter side &lt; 64 px" in page
+
+
+def test_chromium_draws_the_selection(report, tmp_path):
+    """The cut-off lines, the gallery of dropped samples and the audit bars, rendered by Chromium (the
+    screenshot stays in the test's folder); no injected caption of the gallery runs."""
+    out = tmp_path / "selection.html"
+    args = ["report", "--scores", str(report["run"]), "--subset", str(report["root"] / "subset.npy")]
+    res = CliRunner().invoke(main, [*args, "--out", str(out), "--per-bucket", "0", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    gallery = report["info"]["gallery"]
+    assert (
+        f"selection: 1 cut-off lines, {gallery} dropped samples by decisive term, audits included"
+        in res.output
+    )
+    dom = chromium("--dump-dom", out.as_uri(), tmp=tmp_path / "profile-dom").stdout
+    assert "<title>HYPE report</title>" in dom and not re.search(r"<body[^>]*data-pwned", dom)
+    assert dom.count('class="cutoff"') >= 1 and dom.count('class="bar flagged"') >= 1
+    assert dom.count('<figure class="dropped"') == gallery
+    png = tmp_path / "selection.png"
+    chromium(
+        f"--screenshot={png}",
+        "--window-size=1280,4200",
+        "--hide-scrollbars",
+        out.as_uri(),
+        tmp=tmp_path / "p",
+    )
+    img = np.asarray(Image.open(png).convert("RGB")).astype(int)
+    flagged = (214, 39, 40)  # #d62728: a flagged audit group's label and bar, below the histograms
+    assert int((np.abs(img[1200:] - np.array(flagged)).sum(axis=2) < 30).sum()) > 200
+    dark = (np.abs(img - 17).sum(axis=2) < 30)[250:900]  # the cut-off line (#111) among the histograms
+    assert int(dark.sum()) > 100

@@ -553,3 +553,57 @@ def test_a_shard_that_vanishes_while_read_is_read_again_when_it_is_back(tmp_path
     assert result.exit_code == 0, result.output
     assert _summary(run)["samples"]["scored"] == POOL_SIZE
     assert _scores(run).drop_columns(["shard"]).equals(_scores(base).drop_columns(["shard"]))
+
+
+def test_the_concept_and_class_audits_join_the_runs_clusters(tmp_path_factory, tmp_path):
+    """`hype select --audit` on a real run: kept fraction per k-means cluster of c_IN (joined by uid from
+    clusters/ and embed/) and per reference class (the majority label of the class images in the cluster),
+    against the same join done by hand with pandas and a brute-force nearest centroid."""
+    import pandas as pd
+    from click.testing import CliRunner
+
+    from hype.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(baseline(tmp_path_factory), run)  # select writes its cache beside the scores
+    out = tmp_path / "s.npy"
+    args = ["select", "--scores", str(run), "--frac", "0.3", "--out", str(out), "--audit", "--no-progress"]
+    res = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    audit = json.loads(out.with_suffix(".json").read_text())["audit"]
+
+    plan = json.loads((run / "plan.json").read_text())["shards"]
+    parts = []
+    for s in plan:
+        uids = pq.read_table(run / "embed" / f"{s['id']}.parquet", columns=["uid"]).column(0).to_pylist()
+        cluster = pq.read_table(run / "clusters" / f"{s['id']}.parquet").column("cluster").to_pylist()
+        parts.append(pd.DataFrame({"uid": uids, "cluster": cluster}))
+    joined = _scores(run).to_pandas()[["uid"]].merge(pd.concat(parts).drop_duplicates("uid"), on="uid")
+    assert len(joined) == POOL_SIZE
+    joined["kept"] = joined["uid"].isin(
+        set(pq.read_table(out.with_suffix(".parquet")).column("uid").to_pylist())
+    )
+    want = joined.groupby("cluster")["kept"].agg(["size", "sum"])
+    got = audit["concept"]["groups"]
+    assert set(got) == {str(c) for c in want.index} and len(got) >= 2
+    for c, r in want.iterrows():
+        assert got[str(c)]["rows"] == r["size"] and got[str(c)]["kept"] == r["sum"]
+
+    centroids = np.load(run / "clusters" / "centroids.npy")
+    classes = pd.concat(pq.read_table(p).to_pandas() for p in sorted((run / "classes").glob("*.parquet")))
+    feats = np.stack(classes["clip_img"].to_numpy()).astype(np.float32)
+    classes["near"] = (feats @ centroids.T).argmax(axis=1)
+    votes = classes.groupby(["near", "cls"]).size().reset_index(name="n")
+    top = votes.sort_values(["near", "n", "cls"], ascending=[True, False, True]).drop_duplicates("near")
+    names = (world(tmp_path_factory) / "eval" / "reference" / "classnames.txt").read_text().splitlines()
+    label = {int(r.near): f"{int(r.cls)}: {names[int(r.cls)]}" for r in top.itertuples()}
+    joined["cls"] = joined["cluster"].map(lambda c: label.get(int(c), "(no class)"))
+    want = joined.groupby("cls")["kept"].agg(["size", "sum"])
+    got = audit["class"]["groups"]
+    assert set(got) == set(want.index)
+    for c, r in want.iterrows():
+        assert got[c]["rows"] == r["size"] and got[c]["kept"] == r["sum"]
+    assert (
+        "\n  concept (k-means clusters of c_IN" in res.output
+        and "\n  class (the majority class" in res.output
+    )

@@ -29,6 +29,14 @@ import click
 @click.option(
     "--per-bucket", default=6, show_default=True, type=int, help="Thumbnails per 20% percentile bucket."
 )
+@click.option(
+    "--gallery",
+    default=6,
+    show_default=True,
+    type=int,
+    help="Dropped samples shown per decisive term (the selection subset.json records, redone on the "
+    "scores); 0: no gallery.",
+)
 @click.option("--bins", default=40, show_default=True, type=int, help="Histogram bins per metric.")
 @click.option("--workers", default=2, show_default=True, type=int, help="Threads reading Parquet.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bars on stderr.")
@@ -39,20 +47,22 @@ def report(
     out: str,
     pool: str | None,
     per_bucket: int,
+    gallery: int,
     bins: int,
     workers: int,
     progress: bool,
     as_json: bool,
 ) -> None:
     """Write one self-contained HTML page: metric histograms of pool vs subset, their correlations,
-    thumbnails per 20% percentile bucket of eps_i and eps_t, and the run's and the selection's summaries.
+    thumbnails per 20% percentile bucket of eps_i and eps_t, and the run's and the selection's summaries;
+    with --subset, each term's cut-off, dropped samples by decisive term and the audits of the cut.
     No script, no external resource: open it anywhere, attach it to a review."""
     from hype.cli import lock_output
     from hype.report import write_report
     from hype.select.errors import SelectError
 
-    if per_bucket < 0 or bins < 2 or workers < 1:
-        raise click.UsageError("--per-bucket must be >= 0, --bins >= 2 and --workers >= 1")
+    if per_bucket < 0 or gallery < 0 or bins < 2 or workers < 1:
+        raise click.UsageError("--per-bucket and --gallery must be >= 0, --bins >= 2 and --workers >= 1")
     lock_output(out, "report")
     try:
         info = write_report(
@@ -61,6 +71,7 @@ def report(
             subset=subset,
             pool=pool,
             per_bucket=per_bucket,
+            gallery=gallery,
             bins=bins,
             workers=workers,
             progress=progress,
@@ -83,4 +94,10 @@ def report(
         + (f" ({missing} unavailable: pass --pool if the shards moved)" if missing else ""),
         "  run summary: " + ("included" if info["run_summary"] else "none found (summary.json)"),
     ]
+    if subset:
+        cut = sum(v is not None for v in info["cutoffs"].values())
+        lines.append(
+            f"  selection: {cut} cut-off lines, {info['gallery']} dropped samples by decisive term, audits "
+            + ("included" if info["audit"] else "none (select with --audit)")
+        )
     click.echo("\n".join(lines))

@@ -52,6 +52,8 @@ class ReportData:
     correlation: np.ndarray | None = None
     bucket_edges: dict[str, list[float]] = field(default_factory=dict)
     buckets: dict[str, list[list[Sample]]] = field(default_factory=dict)
+    # per metric, the cut-off of the report's selection (`hype.select.explain.term_cutoffs`), if any
+    cutoffs: dict[str, float | None] = field(default_factory=dict)
 
 
 def collect(

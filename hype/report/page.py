@@ -17,9 +17,12 @@ import numpy as np
 
 from hype import __version__
 from hype.report.collect import BUCKETS, ReportData
+from hype.report.selection import SelectionView
 
 POOL_COLOUR = "#d62728"  # HYPE App. A: the unfiltered pool in red, HYPE's subset in green
 SUBSET_COLOUR = "#2ca02c"
+CUT_COLOUR = "#111111"  # the selection's cut-off on each term's histogram
+FLAG_COLOUR = "#d62728"  # an audit group kept at < 1/4 of the overall fraction
 LABELS = {
     "eps_i": ("ε<sub>i</sub>", "image specificity"),
     "eps_t": ("ε<sub>t</sub>", "text specificity"),
@@ -85,6 +88,7 @@ def render(
     subset_summary: Mapping | None,
     thumbs: Mapping[str, int],
     sections: Sequence[str] = (),
+    selection: SelectionView | None = None,
 ) -> str:
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
@@ -104,6 +108,7 @@ def render(
         _stats_table(data),
         _correlation(data),
         *(_bucket_grid(data, m) for m in data.buckets),
+        _selection_sections(selection),
         _thumb_note(thumbs),
         *sections,  # optional sections of other modules (hype.report.decontam)
         _summary_section("Selection", subset_summary, "subset.json next to the subset file"),
@@ -132,6 +137,8 @@ def _histograms(d: ReportData) -> str:
     legend = f"<span style='background:{POOL_COLOUR};opacity:.6'></span>pool (all scored samples)"
     if d.subset_path:
         legend += f"<span style='background:{SUBSET_COLOUR};opacity:.6'></span>subset"
+    if any(v is not None for v in d.cutoffs.values()):
+        legend += f"<span style='background:{CUT_COLOUR}'></span>cut-off of the selection (see below)"
     charts = "".join(f"<div class='chart'>{_histogram_svg(d, m)}</div>" for m in d.metrics)
     return (
         "<h2>Metric distributions</h2><p class='muted'>Share of samples per bin (HYPE App. A); dotted lines "
@@ -190,6 +197,8 @@ def _histogram_svg(d: ReportData, m: str) -> str:
             x = num(x_of(mean))
             line = {"x1": x, "y1": top, "x2": x, "y2": top + ph, "stroke": colour}
             out.append(tag("line", cls=f"mean {cls}", **line, stroke_width="1.5", stroke_dasharray="3,3"))
+    if m in d.cutoffs:
+        out.extend(_cutoff_mark(d.cutoffs[m], lo, hi, x_of, top, ph, left + pw))
     for t in np.linspace(lo, hi, 5):
         x = num(x_of(float(t)))
         out.append(tag("line", x1=x, y1=top + ph, x2=x, y2=top + ph + 4, stroke="#999"))
@@ -349,3 +358,206 @@ def _flatten(obj: Mapping, prefix: str = "", depth: int = 0) -> list[tuple[str, 
             text = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
             out.append((key, text if len(text) <= 300 else text[:299] + "…"))
     return out
+
+
+# --- the selection: cut-offs, why samples were dropped, audits of the cut (hype.report.selection) -------
+
+SELECTION_CSS = """
+.gallery{display:grid;grid-template-columns:repeat(6,1fr);gap:10px}
+.gallery figure{background:#fff;border:1px solid #e3e3e3}
+.audits{display:grid;grid-template-columns:repeat(auto-fill,minmax(520px,1fr));gap:14px}
+.flag{color:#b01c1c}
+"""
+
+
+def _cutoff_mark(
+    value: float | None, lo: float, hi: float, x_of, top: float, ph: float, right: float
+) -> list[str]:
+    """The cut-off line on a term's histogram (with an arrow when it lies beyond the drawn range)."""
+    if value is None or not math.isfinite(value):
+        note = "no cut-off (none alone)"
+        return [
+            tag("text", e(note), cls="nocut", x=right, y=top - 8, font_size=9, text_anchor="end", fill="#555")
+        ]
+    x = num(x_of(value))
+    beyond = "→" if value > hi else ("←" if value < lo else "")
+    return [
+        tag("line", cls="cutoff", x1=x, y1=top - 4, x2=x, y2=top + ph, stroke=CUT_COLOUR, stroke_width="2"),
+        tag("text", e(f"cut {fmt(value, 3)}{beyond}"), x=x, y=top - 6, font_size=10, text_anchor="middle"),
+    ]
+
+
+def _selection_sections(view: SelectionView | None) -> str:
+    if view is None:
+        return ""
+    parts = [f"<style>{SELECTION_CSS}</style>"]
+    if view.note:
+        parts.append(f"<p class='warn'>Selection: {e(view.note)}.</p>")
+    if view.decisions:
+        parts.append(_decisions(view))
+    if view.gallery:
+        parts.append(_gallery(view))
+    parts.append(_audits(view.audit))
+    return "\n".join(parts)
+
+
+def _term_name(term: str | None) -> str:
+    if term is None:
+        return "–"
+    return LABELS[term][0] if term in LABELS else e(term)
+
+
+def _decisions(view: SelectionView) -> str:
+    d = view.decisions
+    cut = view.cut.get("score")
+    head = (
+        "<h2>Why samples were dropped</h2><p class='muted'>The cut keeps "
+        f"{d.get('kept_rows', 0):,} samples (score ≥ {e(fmt(cut, 6))}); of the {d.get('dropped_rows', 0):,} "
+        "eligible samples it drops, the <b>decisive term</b> is the one whose change to its pool median "
+        "alone would keep the sample (<i>none alone</i>: no single term would), the <b>main term</b> the one "
+        "that holds it down the most. The black line on each histogram above is that term's cut-off: the "
+        "value at which a sample with every other term at its pool median reaches the cut.</p>"
+    )
+    if "decisive" not in d:
+        return head + f"<p class='muted'>{e(d.get('note', 'no per-term attribution'))}</p>"
+    rows = ["<tr><th class='l'>term</th><th>decisive for</th><th>main term of</th></tr>"]
+    main = d.get("main", {})
+    for term, n in d["decisive"].items():
+        m = f"{main.get(term, 0):,}" if term != NONE_ALONE_LABEL else "–"
+        rows.append(f"<tr><td class='l'>{_term_name(term)}</td><td>{n:,}</td><td>{m}</td></tr>")
+    return head + f"<table class='decisions'>{''.join(rows)}</table>"
+
+
+NONE_ALONE_LABEL = "none alone"
+
+
+def _gallery(view: SelectionView) -> str:
+    out = [
+        "<h3>Dropped samples by decisive term</h3><p class='muted'>A fixed pseudo-random sample of the "
+        "dropped samples, grouped by decisive term (and, for <i>none alone</i>, by main term), with the "
+        "five values.</p>"
+    ]
+    order = sorted(view.gallery, key=lambda k: (k[0] == NONE_ALONE_LABEL, k[0], k[1] or ""))
+    for decisive, main in order:
+        title = f"decisive: {_term_name(decisive)}"
+        if main is not None or decisive == NONE_ALONE_LABEL:
+            title = f"none alone · main term {_term_name(main)}"
+        figs = []
+        for s in view.gallery[(decisive, main)]:
+            img = (
+                f"<img src='{e(s.image)}' alt='sample {e(s.uid)}'>"
+                if s.image and s.image.startswith("data:image/")
+                else "<div class='noimg'>image unavailable</div>"
+            )
+            values = " · ".join(f"{PLAIN.get(k, k)} {fmt(v, 3)}" for k, v in s.values.items())
+            figs.append(
+                f"<figure class='dropped' data-decisive='{e(decisive)}'>{img}<figcaption>{_caption(s.text)}"
+                f"<br><span class='v'>{e(values)}</span></figcaption></figure>"
+            )
+        out.append(f"<h4>{title}</h4><div class='gallery'>{''.join(figs)}</div>")
+    return "".join(out)
+
+
+AUDIT_TITLES = {
+    "concept": "per concept (k-means cluster of c<sub>IN</sub>)",
+    "class": "per reference class",
+    "language": "per caption language",
+    "size": "per image size (shorter side)",
+    "domain": "per URL domain",
+}
+AUDIT_BARS = 15  # groups drawn per audit (the largest)
+
+
+def _audits(audit: Mapping | None) -> str:
+    head = (
+        "<h2>Audits of the cut</h2><p class='muted'>Kept fraction per group (the largest groups); the dashed "
+        "line is the overall kept fraction, red bars the groups kept at less than a quarter of it.</p>"
+    )
+    if not audit or ("note" in audit and len(audit) == 1):  # select without --audit writes only a note
+        return (
+            head + "<p class='muted'>No audit in the subset.json: run <span class='mono'>hype select "
+            "--audit</span>.</p>"
+        )
+    charts, notes = [], []
+    for name, a in audit.items():
+        if not isinstance(a, Mapping):
+            continue
+        if "groups" not in a:
+            notes.append(f"<li>{e(name)}: {e(a.get('note', ''))}</li>")
+            continue
+        charts.append(f"<div class='chart'>{_audit_svg(name, a)}</div>")
+    flags = [f for a in audit.values() if isinstance(a, Mapping) for f in a.get("flags", [])]
+    out = head + f"<div class='audits'>{''.join(charts)}</div>"
+    if flags:
+        out += "<h3>Flags</h3><ul class='flags'>" + "".join(
+            f"<li class='flag'>{e(f)}</li>" for f in flags[:40]
+        )
+        out += "</ul>"
+    if notes:
+        out += "<ul class='muted'>" + "".join(notes) + "</ul>"
+    return out
+
+
+def _audit_svg(name: str, a: Mapping) -> str:
+    from hype.select.audit import FLAG_RATIO, MIN_ROWS
+
+    groups = list(a["groups"].items())[:AUDIT_BARS]
+    listed = sum(v["rows"] for v in a["groups"].values()) or 1
+    overall = a.get("overall", sum(v["kept"] for v in a["groups"].values()) / listed)
+    bar_h, left, right, top = 18, 150, 110, 30
+    w, h = 520, top + bar_h * len(groups) + 24
+    pw = w - left - right
+    xmax = max([overall * 1.25, *(v["kept_frac"] for _, v in groups), 1e-9])
+    out = [
+        f"<svg xmlns='http://www.w3.org/2000/svg' class='audit' data-audit='{e(name)}' "
+        f"viewBox='0 0 {w} {h}' width='100%'>",
+        tag(
+            "text",
+            f"{AUDIT_TITLES.get(name, e(name))}".replace("<sub>", "").replace("</sub>", ""),
+            x=4,
+            y=16,
+            font_size=14,
+            font_weight=600,
+        ),
+    ]
+    for i, (g, v) in enumerate(groups):
+        y = top + i * bar_h
+        flagged = v["rows"] >= MIN_ROWS and v["kept_frac"] < FLAG_RATIO * overall
+        colour = FLAG_COLOUR if flagged else SUBSET_COLOUR
+        ink = {"fill": FLAG_COLOUR, "font_weight": 600} if flagged else {}  # a 0% bar has no width to colour
+        out.append(tag("text", e(_clip(g, 24)), x=left - 6, y=y + 13, font_size=11, text_anchor="end", **ink))
+        width = num(max(v["kept_frac"] / xmax * pw, 0.5))
+        out.append(
+            tag(
+                "rect",
+                cls="bar flagged" if flagged else "bar",
+                x=left,
+                y=y + 2,
+                width=width,
+                height=bar_h - 5,
+                fill=colour,
+                fill_opacity="0.75",
+            )
+        )
+        label = f"{100 * v['kept_frac']:.1f}% of {v['rows']:,}"
+        out.append(tag("text", e(label), x=left + pw + 6, y=y + 13, font_size=11, fill="#444"))
+    x = num(left + overall / xmax * pw)
+    y2 = top + bar_h * len(groups)
+    out.append(
+        tag("line", cls="overall", x1=x, y1=top - 4, x2=x, y2=y2, stroke="#222", stroke_dasharray="4,3")
+    )
+    out.append(
+        tag(
+            "text",
+            e(f"overall {100 * overall:.1f}%"),
+            x=x,
+            y=y2 + 14,
+            font_size=10,
+            text_anchor="middle",
+            fill="#222",
+        )
+    )
+    if a.get("note"):
+        out.append(tag("text", e(_clip(str(a["note"]), 90)), x=4, y=h - 2, font_size=9, fill="#777"))
+    out.append("</svg>")
+    return "".join(out)

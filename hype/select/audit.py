@@ -5,7 +5,9 @@ follows a selection (`hype.select.explain.cut_pass`; the domain audit reads the 
 A group kept at less than a quarter of the overall kept fraction is flagged ("keeps 2.0% of captions in
 'ja' against 20.0% overall"), when it has at least `MIN_ROWS` rows (smaller groups say nothing).
 
-- concept: the k-means cluster of c_IN, when the scores table has a `cluster` column;
+- concept: the k-means cluster of c_IN (`hype.select.concepts`: joined by uid from the run's clusters
+  outputs, or the table's own `cluster` column); class: the reference class of that cluster (the most
+  frequent label of the `--class-images` in it; `(no class)`: a cluster no class image is nearest to);
 - language: fastText lid.176 (`hype.text.language`, what the basic filter uses) on a uniform hashed
   sample of at most `LANGUAGE_ROWS` rows (lid runs at ~45k captions/s on one core: a 128M pool would take
   47 min), so the per-language counts are of the sample;
@@ -22,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hype.data.uids import UidMultiset, arrow_to_pairs, splitmix64
+from hype.select.concepts import NO_CLASS, UNKNOWN, RunClusters, cluster_classes
 from hype.select.table import Batch, ScoresTable
 
 FLAG_RATIO = 0.25
@@ -78,7 +81,7 @@ class GroupAudit:
             if v["rows"] >= MIN_ROWS and v["kept_frac"] < FLAG_RATIO * overall
         ]
         listed = dict(list(out.items())[:LISTED])
-        return {"groups": listed, "more_groups": len(out) - len(listed), "flags": flags}
+        return {"groups": listed, "more_groups": len(out) - len(listed), "flags": flags, "overall": overall}
 
 
 class SizeAudit(GroupAudit):
@@ -104,14 +107,67 @@ def _size_labels() -> list[str]:
 
 
 class ClusterAudit(GroupAudit):
+    """Per k-means cluster of c_IN: the table's `cluster` column, else joined from the run's stage outputs
+    (`hype.select.concepts.RunClusters`)."""
+
     name = "concept"
     what = "concept cluster {group}"
 
+    def __init__(self, join=None):
+        super().__init__()
+        self.join = join  # None: the table has a `cluster` column
+        self._last: tuple[Batch, np.ndarray] | None = None  # the class audit asks for the same batch
+
     def columns(self) -> list[str]:
-        return ["cluster"]
+        return ["cluster"] if self.join is None else ["uid"]
+
+    def cluster_ids(self, batch: Batch) -> np.ndarray:
+        if self._last is not None and self._last[0] is batch:
+            return self._last[1]
+        if self.join is None:
+            ids = batch.arrow("cluster").to_numpy(zero_copy_only=False)
+        else:
+            ids = self.join.clusters(batch)
+        self._last = (batch, ids)
+        return ids
 
     def groups(self, batch: Batch) -> tuple[np.ndarray, None]:
-        return batch.arrow("cluster").to_numpy(zero_copy_only=False), None
+        ids = self.cluster_ids(batch)
+        return np.where(ids == UNKNOWN, "unknown", ids.astype(str)).astype(object), None
+
+    def report(self, overall: float) -> dict:
+        out = super().report(overall)
+        if self.join is not None:
+            out["note"] = "k-means clusters of c_IN, joined from the run's clusters/ outputs"
+        return out
+
+
+class ClassAudit(GroupAudit):
+    """Per reference class: the class of each row's cluster (`hype.select.concepts.cluster_classes`)."""
+
+    name = "class"
+    what = "samples of reference class {group}"
+
+    def __init__(self, clusters: ClusterAudit, classes: dict[int, str]):
+        super().__init__()
+        self.clusters = clusters
+        ids = np.array(sorted(classes), dtype=np.int64)
+        self._ids = ids
+        self._names = np.array([classes[int(c)] for c in ids] + [NO_CLASS], dtype=object)
+
+    def columns(self) -> list[str]:
+        return self.clusters.columns()
+
+    def groups(self, batch: Batch) -> tuple[np.ndarray, None]:
+        ids = np.asarray(self.clusters.cluster_ids(batch), dtype=np.int64)
+        at = np.searchsorted(self._ids, ids)
+        hit = (at < len(self._ids)) & (self._ids[np.minimum(at, len(self._ids) - 1)] == ids)
+        return self._names[np.where(hit, at, len(self._ids))], None
+
+    def report(self, overall: float) -> dict:
+        out = super().report(overall)
+        out["note"] = "the majority class of the class images in each sample's k-means cluster"
+        return out
 
 
 class LanguageAudit(GroupAudit):
@@ -172,10 +228,19 @@ def table_audits(table: ScoresTable) -> tuple[list[GroupAudit], dict]:
     notes = {}
     if table.has_column("cluster"):
         audits.append(ClusterAudit())
+        notes["class"] = "skipped: the table's own 'cluster' column comes with no class images"
     else:
-        notes["concept"] = (
-            "skipped: the scores table has no 'cluster' column (the k-means cluster of c_IN per sample)"
-        )
+        join, why = RunClusters.open(table)
+        if join is None:
+            notes["concept"] = notes["class"] = f"skipped: {why}"
+        else:
+            concept = ClusterAudit(join)
+            audits.append(concept)
+            classes, why = cluster_classes(table)
+            if classes is None:
+                notes["class"] = f"skipped: {why}"
+            else:
+                audits.append(ClassAudit(concept, classes))
     if table.has_column("text"):
         audits.append(LanguageAudit(table.num_rows))
     else:

@@ -148,6 +148,7 @@ class Wanted:
     sample: int = 0
     dropped: bool = True
     seed: int = 0
+    extra: tuple[str, ...] = ()  # more columns to carry for each explained row (e.g. the report's captions)
 
     def __post_init__(self):
         self._set = UidMultiset(self.uids) if self.uids is not None else None
@@ -196,6 +197,7 @@ def cut_pass(
     ]
     if wanted is not None:
         cols += [c for m in masks for c in m.columns()]
+        cols += list(wanted.extra)
     cols = list(dict.fromkeys(cols))
     n_terms = len(terms)
     decisive_counts = np.zeros(n_terms + 1, dtype=np.int64)  # last slot: none alone
@@ -273,6 +275,8 @@ def _collect(batch, rows, keys, eligible, kept, score, masks, decider, wanted) -
             "kept": bool(kept[r]),
             "values": {m: float(batch.raw(m)[r]) for m in (decider.terms if decider else [])},
         }
+        if wanted.extra:
+            row["extra"] = {c: batch.arrow(c)[r].as_py() for c in wanted.extra}
         out.append((int(keys[k]), row))
     return out
 
@@ -324,6 +328,8 @@ def explain_rows(
 ) -> list[dict]:
     """Per row: each term's value, pool percentile, contribution, its median's; the decisive term."""
     out = []
+    # The pool's midranks per term, once: each costs a pass over its histogram's ~64k key bins.
+    midranks = {m: pool_stats[m].hist.midranks() for m in (decider.terms if decider and rows else [])}
     for r in rows:
         hi = np.array([r["_pair"][0]], dtype=np.uint64)
         lo = np.array([r["_pair"][1]], dtype=np.uint64)
@@ -337,7 +343,7 @@ def explain_rows(
             swapped = decider.swapped(contrib)
             for t, m in enumerate(decider.terms):
                 h = pool_stats[m].hist
-                pct = float(h.midranks()[h.bins(np.array([r["values"][m]]))][0]) * 100
+                pct = float(midranks[m][h.bins(np.array([r["values"][m]]))][0]) * 100
                 terms[m] = {
                     "value": r["values"][m],
                     "percentile": round(pct, 2),
@@ -431,6 +437,7 @@ def explain_selection(sel, wanted: Wanted) -> dict:
     rank_pass(table, ranker, masks, bits, done.rows, workers=sel.workers, progress=sel.progress)
     decider = Decider(ranker, medians) if ranker.terms() else None
     rows = explain_rows(done.rows, decider, cut, done.first_dropped, stats)
+    cutoffs = term_cutoffs(decider, cut.score, stats) if decider is not None else {}
     if wanted.uids is not None:
         found = {r["uid"] for r in rows}
         missing = [u for u in _uids(wanted.uids) if u not in found]
@@ -448,8 +455,37 @@ def explain_selection(sel, wanted: Wanted) -> dict:
         "rows": rows,
         "missing": missing,
         "decisions": done.decisions,
+        "term_cutoffs": cutoffs,
         "warnings": warnings,
     }
+
+
+def term_cutoffs(decider: Decider, cut_score: float, stats: dict[str, RunningStats]) -> dict:
+    """Per term, the value at which a sample whose other terms sit at their pool medians reaches the cut
+    score (bisection on the rule's own contribution over the pool's range): the line the report draws on
+    the term's histogram. None when no value in the pool's range does it or every value does (the term
+    alone cannot move a median sample across the cut), or the term decreases the score."""
+    out: dict[str, float | None] = {}
+    if not math.isfinite(cut_score):
+        return {m: None for m in decider.terms}
+    for m in decider.terms:
+        rest = sum(v for k, v in decider.at_median.items() if k != m)
+        lo, hi = float(stats[m].min), float(stats[m].max)
+
+        def score(x: float, m: str = m, rest: float = rest) -> float:
+            return float(decider.rule.contribution(m, np.array([x], dtype=np.float32))[0]) + rest
+
+        if not (math.isfinite(lo) and math.isfinite(hi)) or score(hi) <= score(lo):
+            out[m] = None
+            continue
+        if score(lo) >= cut_score or score(hi) < cut_score:
+            out[m] = None
+            continue
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if score(mid) < cut_score else (lo, mid)
+        out[m] = hi
+    return out
 
 
 def _cut(target, watch: CutWatcher) -> Cut:
