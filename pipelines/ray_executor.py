@@ -47,6 +47,12 @@ from hype.executor import (
 SETUP_LIMIT_S = 600.0  # a worker that has not set a stage up after this long is hung (with a task timeout)
 
 
+def _reason(error: BaseException, limit: int = 300) -> str:
+    """The first lines of Ray's account of an actor's death (why: killed, out of memory, node lost)."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class _Worker:
     """A Ray actor that holds one set-up stage at a time; `run` processes one shard.
 
@@ -268,7 +274,7 @@ class RayExecutor(Executor):
                 except ray.exceptions.RayActorError as e:
                     # The worker died while holding this shard: replace it, give the shard again.
                     replace(worker)
-                    tally.failed(job, f"worker died ({type(e).__name__})")
+                    tally.failed(job, f"worker died ({type(e).__name__}: {_reason(e)})")
                     continue
                 except ray.exceptions.RayTaskError as e:
                     idle.append(worker)

@@ -63,7 +63,7 @@ def ray_env(temp_dir: str = "") -> dict:
 
 
 @pytest.fixture
-def ray_cluster():
+def ray_cluster(monkeypatch):
     temp_dir = tempfile.mkdtemp(prefix="hray", dir="/tmp")  # short: Ray's socket paths must fit 107 chars
     port = _free_port()
     env = ray_env(temp_dir)
@@ -84,6 +84,11 @@ def ray_cluster():
         ):
             done = subprocess.run([*cmd, *common], env=env, capture_output=True, text=True, timeout=120)
             assert done.returncode == 0, f"{' '.join(cmd)}:\n{done.stdout}\n{done.stderr}"
+        # A driver in this process (RayExecutor, the download's Ray distributor) must join with the
+        # cluster's settings: `ray.init` leaves RAY_AUTH_MODE=token in os.environ, and a later driver in
+        # token mode saw every actor it started on this auth-less cluster die at once.
+        for name in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED"):
+            monkeypatch.setenv(name, env[name])
         yield f"127.0.0.1:{port}"
     finally:
         _stop_cluster(temp_dir)

@@ -82,6 +82,27 @@ def test_ray_executor_survives_a_killed_worker_and_matches_the_local_run(
     )
 
 
+def _map(address: str, stage, tasks: list, task_timeout: float):
+    import ray.cloudpickle
+
+    from pipelines.ray_executor import RayExecutor
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import tests/
+    with RayExecutor(address, device="cpu", cpus_per_worker=1, retries=1, task_timeout=task_timeout) as ex:
+        return ex.map(stage, tasks)
+
+
+def _map_in_a_fresh_process(address: str, stage, tasks: list, task_timeout: float):
+    """`RayExecutor.map` in a new process, as `hype score` runs it: once pytest's own process had been a
+    Ray driver (the in-process download tests), every actor a later in-process driver started died at
+    once ("all references to the actor were removed"): one driver per process, as the CLI has."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_map, address, stage, tasks, task_timeout).result(timeout=600)
+
+
 class _HangsOnce:
     """A stage whose first attempt at each task hangs (as a worker stuck in I/O would); the second runs."""
 
@@ -99,13 +120,7 @@ class _HangsOnce:
 
 
 def test_a_hung_task_times_out_and_is_retried_on_a_fresh_worker(ray_cluster, tmp_path):
-    import ray.cloudpickle
-
-    from pipelines.ray_executor import RayExecutor
-
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import tests/
-    with RayExecutor(ray_cluster, device="cpu", cpus_per_worker=1, retries=1, task_timeout=20) as ex:
-        result = ex.map(_HangsOnce(tmp_path), [2, 3])
+    result = _map_in_a_fresh_process(ray_cluster, _HangsOnce(tmp_path), [2, 3], task_timeout=20)
     assert [r["square"] for r in result.results] == [4, 9] and not result.failures
     assert result.retries == 2 and result.ran == 2  # each task timed out once, then ran on a fresh worker
     hung = [int((tmp_path / f"{task}.started").read_text()) for task in (2, 3)]
@@ -130,13 +145,7 @@ class _SlowSetup:
 def test_a_slow_setup_does_not_count_against_the_task_timeout(ray_cluster):
     """Before: the clock started at submission, so a worker still starting or loading models (a minute
     under load) had its first task killed as hung, and its retry on a fresh worker the same."""
-    import ray.cloudpickle
-
-    from pipelines.ray_executor import RayExecutor
-
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    with RayExecutor(ray_cluster, device="cpu", cpus_per_worker=1, retries=1, task_timeout=6) as ex:
-        result = ex.map(_SlowSetup(), [2, 3])
+    result = _map_in_a_fresh_process(ray_cluster, _SlowSetup(), [2, 3], task_timeout=6)
     assert not result.failures and result.retries == 0
     assert [r["square"] for r in result.results] == [4, 9]
 
