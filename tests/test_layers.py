@@ -294,3 +294,29 @@ def test_no_import_cycles_between_packages():
     cycles = package_cycles(graph)
     assert not [sorted(c) for c in cycles if c not in CYCLES], "import cycles between packages"
     assert not [sorted(c) for c in CYCLES if c not in cycles], "CYCLES lists a cycle that no longer exists"
+
+
+# What hype.io may import besides the standard library and itself (docs/DESIGN.md §9), per module.
+IO_IMPORTS = {"numpy", "pyarrow", "fsspec", "upath"}
+IO_TORCH = {"hype.io.weights", "hype.io.torchscript"}  # torch, safetensors: imported by name only
+
+
+def test_io_imports_only_what_design_says():
+    import sys
+
+    bad = []
+    for module, path in all_modules().items():
+        if owner(module) != "hype.io":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            for top in {n.split(".")[0] for n in names}:
+                torch = {"torch", "safetensors"} if module in IO_TORCH else set()
+                allowed = IO_IMPORTS | {"hype", "__future__"} | torch
+                if top not in sys.stdlib_module_names and top not in allowed:
+                    bad.append(f"{module} imports {top}")
+        if module in IO_TORCH:
+            assert module not in imports("hype.io", all_modules()["hype.io"], set(all_modules()))
+    assert not bad, bad

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import io
-import os
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,7 +14,7 @@ from img2dataset import downloader as i2d_downloader
 from img2dataset.downloader import Downloader
 
 from hype.download.network import SCHEME_REFUSED, NetworkPolicy, install_guard
-from hype.io import open_input, read_bytes, storage, sync_path, write_bytes
+from hype.io import atomic_write, open_input, read_bytes, storage, sync_path
 
 # What the guard must refuse whatever the policy allows; a data: url needs neither network nor disk.
 PROBE_URL = "data:,hype-guard-probe"
@@ -170,14 +169,7 @@ def _sorted_tar(src: str, dst) -> None:
 
 
 def _replace(path: str, write) -> None:
-    """Write `path` anew through `write(file)`: locally a sibling temp file renamed over it (a crash leaves
-    the old file whole); on object storage one upload that replaces the object."""
-    if storage.is_url(path):
-        buf = io.BytesIO()
-        write(buf)
-        write_bytes(path, buf.getvalue())
-        return
-    tmp = Path(f"{path}.hype-tmp")
-    with open(tmp, "wb") as f:
+    """Write `path` anew through `write(file)` with hype's atomic writer (a crash leaves the old file
+    whole; on object storage one upload replaces the object)."""
+    with atomic_write(path, "wb") as f:
         write(f)
-    os.replace(tmp, path)
