@@ -38,7 +38,21 @@ def save_checkpoint(path: str | PathLike, model: torch.nn.Module, *, extra: dict
     # safetensors creates files 0600; atomic_path gives the user's default mode, so a cluster can share them.
     with atomic_path(path) as tmp:
         save_model(model, str(tmp), metadata=metadata)
+        _sort_header(Path(tmp))
     return path
+
+
+def _sort_header(path: Path) -> None:
+    """Rewrite the file's JSON header with sorted keys, in place: safetensors writes its metadata in hash
+    map order, which changes from one save to the next, so equal weights gave unequal files. Same
+    content, same length (padded with spaces, as safetensors pads), so the tensor offsets hold."""
+    header, _, n = _raw_header(path)
+    text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    if header is None or len(text) > n:
+        return  # not expected from safetensors; the file stays as written
+    with open(path, "r+b") as f:
+        f.seek(8)
+        f.write(text.ljust(n))
 
 
 def read_checkpoint_metadata(path: str | PathLike) -> dict:

@@ -185,3 +185,12 @@ def test_a_small_header_cannot_make_the_loader_allocate_a_huge_model(tmp_path, m
     result = run_bounded(setup, f"export_open_clip({str(small)!r}, {str(tmp_path / 'out')!r})")
     assert result["error"].startswith("CheckpointError: ") and str(small) in result["error"], result
     assert result["growth_mb"] < 200, result
+
+
+def test_saving_the_same_model_twice_gives_the_same_bytes(tmp_path, model):
+    # safetensors writes its metadata in hash-map order (new each save): the header is rewritten sorted
+    files = [save_checkpoint(tmp_path / f"{i}.safetensors", model, extra={"step": 1}) for i in range(6)]
+    assert len({f.read_bytes() for f in files}) == 1
+    assert read_checkpoint_metadata(files[0])["extra"] == {"step": 1}
+    loaded = load_checkpoint(files[0]).state_dict()
+    assert all(torch.equal(t, loaded[k]) for k, t in model.state_dict().items())

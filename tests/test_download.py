@@ -42,7 +42,11 @@ class PoolHandler(QuietHandler):
             self.requests.append(self.path)
         path = urlsplit(self.path)
         try:
-            if path.path.startswith("/slow/"):
+            if path.path.startswith("/late/"):  # the image at the rest of the path, 0.3 s late
+                time.sleep(0.3)
+                self.path = self.path[len("/late") :]
+                super().do_GET()
+            elif path.path.startswith("/slow/"):
                 time.sleep(SLOW_S)
                 self.send_error(404)
             elif path.path.startswith("/notimage/"):
@@ -582,6 +586,7 @@ def test_a_shard_is_on_disk_before_its_marker_says_done(world, server, tmp_path,
     summary = download(tmp_path / "meta", out, config=cfg)
     assert summary["samples"]["successes"] == 3
     shard = [e for e in events if e[0].startswith("00000000") or e[0] == "out"]
+    shard = shard[next(i for i, e in enumerate(shard) if e[0] != "out") :]  # after the reorder's renames
     assert shard[:2] in ([("00000000.parquet", False), ("00000000.tar", False)],
                          [("00000000.tar", False), ("00000000.parquet", False)])  # fmt: skip
     assert shard[2:] == [("out", False), ("00000000_stats.json", True), ("out", True)]
@@ -679,3 +684,37 @@ def test_rows_without_a_valid_uid_are_reported(first_run):
     text = format_summary(summary)
     assert "rows without a 32-hex uid: 2 (e.g. '0x12', None)" in text
     assert "without a 32-hex uid" not in format_summary(first_run[2])
+
+
+def test_shards_hold_metadata_order_whatever_the_thread_count(world, server, tmp_path):
+    """img2dataset writes samples as their downloads finish: with 8 threads the first rows (served late)
+    came last. Each shard is rewritten in key (metadata) order with a fixed mtime, so 1 and 8 threads give
+    byte-identical tars and parquets; webdataset still reads them, and the stats still count them."""
+    import webdataset as wds
+
+    _, base_url, _ = server
+    (src,) = sorted((world / "pool" / "metadata").glob("*.parquet"))
+    rows = pq.read_table(src, columns=["uid", "url", "text"]).slice(0, 24).to_pylist()
+    for row in rows[:3]:
+        row["url"] = row["url"].replace(base_url, base_url + "/late")
+    (tmp_path / "meta").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "meta" / "a.parquet")
+    outs = {}
+    for threads in ("1", "8"):
+        outs[threads] = out = tmp_path / f"out{threads}"
+        args = ["download", "--metadata", str(tmp_path / "meta"), "--out", str(out)]
+        args += ["--allow-private-network", "--processes", "1", "--threads", threads, "--no-progress"]
+        args += ["--samples-per-shard", "12"]
+        res = CliRunner().invoke(main, args, catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+    for shard in ("00000000", "00000001"):
+        for suffix in (".tar", ".parquet"):
+            name = f"{shard}{suffix}"
+            assert (outs["1"] / name).read_bytes() == (outs["8"] / name).read_bytes()
+    tars = str(outs["8"] / "{00000000..00000001}.tar")
+    uids = [json.loads(s["json"])["uid"] for s in wds.WebDataset(tars, shardshuffle=False)]
+    assert uids == [r["uid"] for r in rows]
+    parquet = pa.concat_tables([pq.read_table(outs["8"] / f"0000000{i}.parquet") for i in (0, 1)])
+    assert parquet.column("uid").to_pylist() == uids
+    stats = json.loads((outs["8"] / "00000000_stats.json").read_text())
+    assert stats["successes"] == 12 and not [p for p in outs["8"].iterdir() if p.name.startswith(".")]

@@ -17,8 +17,13 @@ literal name too):
    there (today: reading the scores table, which one stage writes and the next reads). Anything else two
    stages share belongs in core; an error type that several stages raise lives in the lowest module that
    raises it (`hype.data.errors.SelectError`).
+4. inside core, a package imports only packages before it in `CORE_ORDER` (lowest first), except along
+   an edge listed in `CORE_EXCEPTIONS`;
+5. no two top-level packages import each other, directly or round a longer loop, except a cycle listed
+   in `CYCLES` (each with the plan that removes it).
 Inside one top-level package (`hype.select.*` among themselves) imports are free. A new `hype.*` package
-fails the test until it is given a layer here.
+fails the test until it is given a layer here. Every allow-list entry (a layer, an edge, a cycle) must
+still be in use: one that no longer is fails the test, so the lists never allow more than is used.
 """
 
 from __future__ import annotations
@@ -43,7 +48,6 @@ LAYERS: dict[str, int] = {
             "losses",
             "text",
             "config",
-            "files",
             "plugins",
             "executor",
         )
@@ -83,6 +87,33 @@ STAGE_EDGES: dict[tuple[str, str], str] = {
     ): "a submission's results are checked against eval's DataComp task list",
     ("hype.submit", "hype.eval.report"): "a submission records the aggregates hype eval reports",
     ("hype.scoring", "hype.select.combine"): "the quality table ranks by the one HYPE sum selection uses",
+}
+
+# The core packages, lowest first: each may import only those before it.
+CORE_ORDER: list[str] = [
+    "hype",
+    "hype.text",
+    "hype.plugins",
+    "hype.geometry",
+    "hype.io",
+    "hype.losses",
+    "hype.config",
+    "hype.data",
+    "hype.executor",
+    "hype.models",
+    "hype.checkpoint",
+]
+# (importing core module, imported core module) against CORE_ORDER -> why.
+CORE_EXCEPTIONS: dict[tuple[str, str], str] = {
+    (
+        "hype.models.open_clip_files",
+        "hype.checkpoint",
+    ): "an open_clip source is told apart from a hype checkpoint by its header (to move into hype.models)",
+}
+# Import cycles between top-level packages -> the plan that removes each.
+CYCLES: dict[frozenset[str], str] = {
+    frozenset({"hype.scoring", "hype.select"}): "the scores-table contract becomes one core package",
+    frozenset({"hype.models", "hype.checkpoint"}): "see CORE_EXCEPTIONS",
 }
 
 
@@ -195,3 +226,97 @@ def test_allowlists_hold_only_live_edges():
     found = edges()
     stage_edges = {(owner(src), dst) for src, dst in found}
     assert not [e for e in STAGE_EDGES if e not in stage_edges], "STAGE_EDGES lists an edge no module uses"
+
+
+def test_layers_name_only_packages_that_exist():
+    owners = {owner(m) for m in all_modules()}
+    assert not [p for p in LAYERS if p not in owners], "LAYERS names a package that no longer exists"
+    assert sorted(CORE_ORDER) == sorted(p for p, n in LAYERS.items() if n == CORE), "CORE_ORDER != core"
+
+
+def test_core_packages_import_only_lower_ones():
+    found = edges()
+    core = [(s, d) for s, d in found if owner(s) != owner(d) and layer(s) == layer(d) == CORE]
+    rank = {p: i for i, p in enumerate(CORE_ORDER)}
+    bad = [(s, d) for s, d in core if rank[owner(d)] > rank[owner(s)] and (s, d) not in CORE_EXCEPTIONS]
+    assert not bad, "core imports against CORE_ORDER (tests/test_layers.py): " + str(sorted(bad))
+    assert not [e for e in CORE_EXCEPTIONS if e not in found], "CORE_EXCEPTIONS lists an edge no module uses"
+
+
+def package_cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The strongly connected components of more than one package (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[frozenset[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(frozenset(component))
+    return found
+
+
+def test_package_cycles_finds_loops():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert package_cycles(graph) == [frozenset("abc")]
+
+
+def test_no_import_cycles_between_packages():
+    graph: dict[str, set[str]] = {}
+    for src, dst in edges():
+        if owner(src) != owner(dst) and not src.endswith("__main__"):  # a program, not its package's code
+            graph.setdefault(owner(src), set()).add(owner(dst))
+    cycles = package_cycles(graph)
+    assert not [sorted(c) for c in cycles if c not in CYCLES], "import cycles between packages"
+    assert not [sorted(c) for c in CYCLES if c not in cycles], "CYCLES lists a cycle that no longer exists"
+
+
+# What hype.io may import besides the standard library and itself (docs/DESIGN.md §9), per module.
+IO_IMPORTS = {"numpy", "pyarrow", "fsspec", "upath"}
+IO_TORCH = {"hype.io.weights", "hype.io.torchscript"}  # torch, safetensors: imported by name only
+
+
+def test_io_imports_only_what_design_says():
+    import sys
+
+    bad = []
+    for module, path in all_modules().items():
+        if owner(module) != "hype.io":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            for top in {n.split(".")[0] for n in names}:
+                torch = {"torch", "safetensors"} if module in IO_TORCH else set()
+                allowed = IO_IMPORTS | {"hype", "__future__"} | torch
+                if top not in sys.stdlib_module_names and top not in allowed:
+                    bad.append(f"{module} imports {top}")
+        if module in IO_TORCH:
+            assert module not in imports("hype.io", all_modules()["hype.io"], set(all_modules()))
+    assert not bad, bad

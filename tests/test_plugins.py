@@ -57,3 +57,22 @@ def test_a_broken_plug_in_is_reported_not_fatal(tmp_path, monkeypatch, caplog):
     reg: Registry[type] = Registry("widgets-c")
     assert reg.get("bad") is None
     assert "could not load widgets-c plug-in bad" in caplog.text
+
+
+def test_executor_choices_come_from_the_registry():
+    """An installed executor is accepted by the score config and offered by every `--executor` option,
+    with no list of names kept anywhere else."""
+    from click.testing import CliRunner
+
+    from hype.cli import main
+    from hype.executor import EXECUTORS
+    from hype.scoring.config import ExecutorConfig
+
+    EXECUTORS.register(type("PluggedIn", (), {"name": "plugged-in"}))
+    try:
+        assert ExecutorConfig(kind="plugged-in").kind == "plugged-in"
+        for command in ("score", "run", "demo"):
+            res = CliRunner().invoke(main, [command, "--help"])
+            assert res.exit_code == 0 and "plugged-in" in res.output, (command, res.output)
+    finally:
+        EXECUTORS._items.pop("plugged-in")

@@ -337,3 +337,12 @@ def test_a_missing_bucket_is_named(world, s3):
     args = ["train", "--config", "tiny-clip", "--data", str(world / "clean" / "shards"), "--no-progress"]
     res = CliRunner().invoke(main, [*args, "--out", "s3://no-such-bucket-hype/run", *overrides()])
     assert res.exit_code == 1 and "s3://no-such-bucket-hype/run: the bucket does not exist" in res.output
+
+
+def test_two_cpu_runs_of_the_same_inputs_give_the_same_checkpoint(world, tmp_path):
+    # fixed CPU threads + deterministic algorithms + a sorted checkpoint header: byte-identical weights
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for out in runs:
+        cfg = config(world, out, "threads=2", "device=cpu", "checkpoint.every_steps=0", steps=3)
+        assert train(cfg, progress=False)["status"] == "completed"
+    assert (runs[0] / "model.safetensors").read_bytes() == (runs[1] / "model.safetensors").read_bytes()

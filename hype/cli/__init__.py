@@ -69,6 +69,29 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+class _ExecutorChoice(click.Choice):
+    """The executors registered in `hype.executor.EXECUTORS` (bundled or installed plug-ins), read when an
+    option is parsed or shown, never a list of its own."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+
+    @property
+    def choices(self) -> list[str]:
+        from hype.executor import EXECUTORS
+
+        return sorted(EXECUTORS.names())
+
+    @choices.setter
+    def choices(self, value: object) -> None:
+        pass  # click.Choice sets it in __init__; the registry is the one source
+
+
+def executor_choice() -> click.Choice:
+    """The type of every `--executor` option."""
+    return _ExecutorChoice()
+
+
 def lock_output(out: str, command: str, *, option: str = "--out") -> None:
     """Take the lock of a command's output (`hype.io.lock`, the one `hype score` takes on its run
     directory) until the command returns; an output another command holds is refused, holder named."""

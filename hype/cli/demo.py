@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from hype.cli import executor_choice
+
 
 @click.command("demo")
 @click.option(
@@ -38,7 +40,7 @@ import click
 @click.option("--num-clusters", default=48, show_default=True, type=int, help="k-means clusters for c_IN.")
 @click.option(
     "--executor",
-    type=click.Choice(["ray", "local"]),
+    type=executor_choice(),
     default="ray",
     show_default=True,
     help="`hype score` executor (ray: a local Ray cluster).",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from hype.cli import executor_choice
+
 
 @click.command("run")
 @click.argument("workflow", metavar="WORKFLOW")
@@ -15,7 +17,7 @@ import click
 @click.option("--dry-run", is_flag=True, help="Print each step's state (done/changed/pending) and command.")
 @click.option(
     "--executor",
-    type=click.Choice(["ray", "local"]),
+    type=executor_choice(),
     default=None,
     help="Executor of the score steps [default: the workflow's].",
 )

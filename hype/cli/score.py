@@ -8,6 +8,8 @@ import sys
 
 import click
 
+from hype.cli import executor_choice
+
 EXIT_FAILED_SHARDS = 2
 
 
@@ -39,9 +41,7 @@ class _Warnings(logging.Handler):
     help="Run directory (created; a rerun resumes it). A complete run given new shards in --pool grows: they "
     "are scored against its frozen reference sets, centroids and models.",
 )
-@click.option(
-    "--executor", type=click.Choice(["local", "ray"]), help="Where per-shard work runs [default: local]."
-)
+@click.option("--executor", type=executor_choice(), help="Where per-shard work runs [default: local].")
 @click.option(
     "--ray-address",
     metavar="ADDR",

@@ -4,6 +4,7 @@ pickles of it load there."""
 from __future__ import annotations
 
 import functools
+import io
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,7 +14,7 @@ from img2dataset import downloader as i2d_downloader
 from img2dataset.downloader import Downloader
 
 from hype.download.network import SCHEME_REFUSED, NetworkPolicy, install_guard
-from hype.io import storage, sync_path
+from hype.io import atomic_write, open_input, read_bytes, storage, sync_path
 
 # What the guard must refuse whatever the policy allows; a data: url needs neither network nor disk.
 PROBE_URL = "data:,hype-guard-probe"
@@ -62,6 +63,7 @@ class GuardedDownloader(Downloader):
         # without them it would write with whatever credentials and endpoint that node has.
         self.storage_options = dict(storage_options or {})
         self.local = not storage.is_url(self.output_folder)
+        self.sample_writer_class = functools.partial(_OrderedWriter, self.sample_writer_class)
         if self.local:
             self.sample_writer_class = functools.partial(_SyncedWriter, self.sample_writer_class)
 
@@ -118,3 +120,56 @@ class _SyncedWriter:
         for path in sorted(self.folder.glob(f"{self.stem}.*")):  # .tar and .parquet (or other formats')
             sync_path(path)
         sync_path(self.folder)
+
+
+class _OrderedWriter:
+    """Wraps an img2dataset webdataset sample writer so that a shard holds its samples in metadata order
+    whatever the thread count: img2dataset writes them as their downloads finish. On close (before the
+    shard's `_stats.json` marks it done) the tar's members are rewritten sorted by key (the zero-padded
+    row position, so metadata order) with a fixed mtime, and the parquet's rows sorted the same way; the
+    same pool then gives the same shard bytes with 1 or 128 threads. One member is in memory at a time."""
+
+    def __init__(self, writer_class, shard_id, output_folder, *args, **kwargs):
+        self.writer = writer_class(shard_id, output_folder, *args, **kwargs)
+        self.oom_shard_count = self.writer.oom_shard_count
+        self.base = f"{str(output_folder).rstrip('/')}/{shard_id:0{self.oom_shard_count}d}"
+
+    def write(self, *args, **kwargs):
+        return self.writer.write(*args, **kwargs)
+
+    def close(self) -> None:
+        self.writer.close()
+        reorder_shard(self.base + ".tar", self.base + ".parquet")
+
+
+def reorder_shard(tar: str, parquet: str) -> None:
+    """Rewrite a webdataset tar and its img2dataset parquet in key order (see `_OrderedWriter`)."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(io.BytesIO(read_bytes(parquet)))  # a shard's parquet: one row per sample
+    if "key" in table.column_names:
+        table = table.sort_by("key")
+        _replace(parquet, lambda f: pq.write_table(table, f, row_group_size=100))  # img2dataset's buffer size
+    _replace(tar, lambda f: _sorted_tar(tar, f))
+
+
+def _sorted_tar(src: str, dst) -> None:
+    import tarfile
+
+    with open_input(src) as raw, tarfile.open(fileobj=raw, mode="r:") as tin:
+        members = tin.getmembers()
+        # webdataset's key is the name up to its first dot; stable within a key (jpg, txt, json as written)
+        order = sorted(range(len(members)), key=lambda i: (members[i].name.split(".", 1)[0], i))
+        with tarfile.open(fileobj=dst, mode="w:") as tout:  # webdataset's TarWriter: the default format
+            for i in order:
+                info = members[i]
+                info.mtime = 0  # the download's clock is no part of the sample (webdataset's float
+                info.pax_headers = {k: v for k, v in info.pax_headers.items() if k != "mtime"}  # goes too)
+                tout.addfile(info, tin.extractfile(info))
+
+
+def _replace(path: str, write) -> None:
+    """Write `path` anew through `write(file)` with hype's atomic writer (a crash leaves the old file
+    whole; on object storage one upload replaces the object)."""
+    with atomic_write(path, "wb") as f:
+        write(f)

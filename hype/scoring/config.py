@@ -35,8 +35,8 @@ from hype.config import (
     preset_dir,
     to_dict,
 )
+from hype.executor import EXECUTORS
 
-EXECUTORS = ("local", "ray")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
@@ -137,7 +137,7 @@ class ExecutorConfig:
     task_timeout: float = 3600.0  # counted once the worker has set the stage up (models loaded)
 
     def __post_init__(self) -> None:
-        one_of(self, "kind", EXECUTORS)
+        one_of(self, "kind", tuple(sorted(EXECUTORS.names())))  # the registry's
         at_least(self, 0, "workers", "retries", "cpus_per_worker", "task_timeout")
         positive(self, "gpus_per_worker")
 

@@ -126,6 +126,9 @@ class TrainConfig:
     precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast for the towers; geometry and loss in fp32)
     device: str = "auto"  # auto (cuda if available) | cpu | cuda
     seed: int = 0
+    # torch's CPU threads (None: its default, one per core). CPU reductions split work by thread count, so
+    # two runs give identical weights only with the same count: fix it to compare machines.
+    threads: int | None = None
     out: str | None = None  # output folder [default: runs/train/<name>]
     log_every_steps: int = 10
     grad_checkpointing: bool = False
@@ -149,7 +152,7 @@ class TrainConfig:
         one_of(self, "precision", PRECISIONS)
         if self.device != "auto" and not self.device.startswith(("cpu", "cuda", "mps")):
             raise ConfigError("device", f"must be auto, cpu, cuda or cuda:N; got {self.device!r}")
-        at_least(self, 1, "max_steps", "debug_nan_at_step")
+        at_least(self, 1, "max_steps", "debug_nan_at_step", "threads")
 
     @property
     def total_steps(self) -> int:

@@ -726,9 +726,27 @@ def train(
     """
     info = init_distributed(cfg.device)
     try:
-        return Trainer(cfg, info, resume=resume, progress=progress, echo=echo).run()
+        with _reproducible(cfg, info.device):
+            return Trainer(cfg, info, resume=resume, progress=progress, echo=echo).run()
     finally:
         cleanup(info)
+
+
+@contextlib.contextmanager
+def _reproducible(cfg: TrainConfig, device: torch.device) -> Iterator[None]:
+    """For the run: `cfg.threads` CPU threads, and on CPU torch's deterministic algorithms (they cost
+    little there; on CUDA they need a cuBLAS workspace setting and slow scatter-adds, so GPU runs keep
+    the fast kernels). This process's settings are restored after, for callers that go on."""
+    saved = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    if device.type == "cpu":
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved[0])
+        torch.use_deterministic_algorithms(saved[1])
 
 
 __all__ = ["Trainer", "TrainingDiverged", "default_out", "effective_model_config", "format_summary", "train"]
