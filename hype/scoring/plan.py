@@ -169,6 +169,7 @@ class Probe:
     folder_bytes: dict[str, int]  # run-folder bytes per top-level entry
     device: str = "cpu"  # where the workers ran the models
     settings: dict = field(default_factory=dict)
+    kmeans: dict | None = None  # k-means timed at (up to) the run's size: points, k, seconds
 
 
 def _probe_pool(size: PoolSize, samples: int, shards: int, folder: Path) -> int:
@@ -212,6 +213,40 @@ def _workers(executor) -> int:
     if capacity is not None:  # Ray: the actors the cluster fits (or those asked for)
         return max(1, workers or capacity())
     return max(1, workers)
+
+
+KMEANS_CALIBRATION_POINTS = 20_000  # the most points k-means is timed on in the probe
+
+
+def kmeans_size(cfg: ScoreConfig, samples: int, eligible: float) -> tuple[int, int]:
+    """(K, training points) of the run's k-means, as `runner._train_clusters` sizes them; `eligible`: the
+    fraction of rows the caption filter passes."""
+    from hype.scoring.clusters import default_num_clusters
+
+    cc = cfg.clusters
+    k = int(cc.num_clusters or default_num_clusters(samples))
+    points = min(cc.points_per_centroid * k, cc.max_train_points or 1 << 62, int(samples * eligible))
+    return k, max(1, points)
+
+
+def _time_kmeans(cfg: ScoreConfig, samples: int, marker: dict, centroids_file: Path) -> dict | None:
+    """faiss k-means timed on random points of the run's width at the run's K and points (at most
+    KMEANS_CALIBRATION_POINTS points, K cut in proportion): the probe's own k-means is too small to time."""
+    import numpy as np
+
+    from hype.scoring.clusters import kmeans_centroids
+
+    if not marker.get("train_points") or not centroids_file.exists() or cfg.clusters.centroids:
+        return None
+    eligible = float(marker.get("train_eligible") or 1) / max(1, int(marker.get("pool") or 1))
+    k_r, pts_r = kmeans_size(cfg, samples, eligible)
+    points = min(pts_r, KMEANS_CALIBRATION_POINTS)
+    k = max(1, min(k_r, round(k_r * points / pts_r), points // 39))
+    dim = int(np.load(centroids_file, mmap_mode="r").shape[1])
+    x = np.random.default_rng(0).standard_normal((points, dim), dtype=np.float32)
+    t0 = time.perf_counter()
+    kmeans_centroids(x, k, niter=cfg.clusters.niter, seed=cfg.clusters.seed, gpu=cfg.clusters.gpu)
+    return {"points": points, "k": k, "seconds": time.perf_counter() - t0}
 
 
 def _device(executor, device: str) -> str:
@@ -267,6 +302,7 @@ def run_probe(
             "reference": read_json(run / "reference.json") or {},
             "clusters": read_json(run / "clusters" / "model.json") or {},
         }
+        kmeans = _time_kmeans(cfg, size.total, markers["clusters"], run / "clusters" / "centroids.npy")
         folder_bytes = {
             p.name: sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
             if p.is_dir()
@@ -285,6 +321,7 @@ def run_probe(
             folder_bytes=folder_bytes,
             settings={"num_clusters": k},
             device=device,
+            kmeans=kmeans,
         )
     finally:
         executor.close()
@@ -377,8 +414,6 @@ def _shard_seconds(probe: Probe, name: str) -> tuple[float, int, int, int]:
 
 def estimate(cfg: ScoreConfig, size: PoolSize, probe: Probe) -> dict:
     """Extrapolate the probe to the pool (module docstring); the plan as a JSON-able dict."""
-    from hype.scoring.clusters import default_num_clusters
-
     N, S, n = size.total, len(size.shards), max(1, probe.samples)
     W = probe.workers
     par = max(1, min(W, S))
@@ -391,10 +426,10 @@ def estimate(cfg: ScoreConfig, size: PoolSize, probe: Probe) -> dict:
     selected = rc.file is None and top_p > 0
     cl = probe.markers["clusters"]
     k_p = int(cl.get("k") or 1)
-    k_r = k_p if cc.centroids else int(cc.num_clusters or default_num_clusters(N))
     eligible = float(cl.get("train_eligible") or n) / max(1, int(cl.get("pool") or n))
+    k_r, pts_r = kmeans_size(cfg, N, eligible)
+    k_r = k_p if cc.centroids else k_r
     pts_p = int(cl.get("train_points") or 1)
-    pts_r = min(cc.points_per_centroid * k_r, cc.max_train_points or 1 << 62, int(N * eligible))
     tar_bytes = sum(size.tar_bytes) / max(1, S)
     embed_bytes = _shard_seconds(probe, "embed")[2] / max(1, n) * N / max(1, S)
     rows: list[Row] = []
@@ -463,7 +498,11 @@ def estimate(cfg: ScoreConfig, size: PoolSize, probe: Probe) -> dict:
     add_map("captions", "captions", "samples", 1.0)
     if cl:
         train_s = float(cl.get("seconds", 0.0))
-        k_scale = 1.0 if cc.centroids else (k_r * pts_r) / max(1, k_p * pts_p)
+        km = probe.kmeans
+        if km:  # timed at (up to) the run's size; the rest scales with K x points
+            k_scale = km["seconds"] * (k_r * pts_r) / max(1, km["k"] * km["points"]) / max(train_s, 1e-9)
+        else:
+            k_scale = 1.0 if cc.centroids else (k_r * pts_r) / max(1, k_p * pts_p)
         add_driver(
             "clusters train",
             train_s,
