@@ -11,7 +11,8 @@ and a RESULTS line. The score run is timed from its process start to its exit: w
         reference.n_top=1000 reference.m=1000 --executor ray
     (DEMO: a `hype run demo out=DEMO --until score` folder; on a GPU node add --device cuda)
 
-`--plan-only` / `--score-only` run one half (the other's JSON given with --plan-json / --summary).
+`--plan-only` makes the plan alone; `--measured-wall S` compares a new plan with the run already in --out
+(its summary.json) that took S seconds, instead of scoring again.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ STAGE_OF = {
 def run_plan(args: list[str], probe_samples: int | None) -> tuple[dict, float]:
     extra = ["--probe-samples", str(probe_samples)] if probe_samples else []
     t0 = time.perf_counter()
-    out = subprocess.run([*HYPE, "plan", *args, *extra, "--json"], capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        [*HYPE, "plan", *args, *extra, "--json"], capture_output=True, text=True, check=False
+    )
     seconds = time.perf_counter() - t0
     if out.returncode:
         sys.exit(f"hype plan failed:\n{out.stderr[-3000:]}")
@@ -98,6 +101,7 @@ def main() -> None:
     ap.add_argument("--probe-samples", type=int)
     ap.add_argument("--plan-only", action="store_true")
     ap.add_argument("--plan-json", type=Path, help="a plan already made (skips hype plan)")
+    ap.add_argument("--measured-wall", type=float, help="the wall time of the run already in --out")
     ap.add_argument("score_args", nargs=argparse.REMAINDER, help="-- then hype score's arguments, no --out")
     a = ap.parse_args()
     args = a.score_args[1:] if a.score_args[:1] == ["--"] else a.score_args
@@ -110,7 +114,11 @@ def main() -> None:
     print(f"plan ({plan_s:.1f} s): {plan['total']['seconds']:.1f} s estimated", flush=True)
     if a.plan_only:
         return
-    summary, wall = run_score(args, a.out)
+    if a.measured_wall:
+        summary, wall = json.loads((a.out / "summary.json").read_text()), a.measured_wall
+    else:
+        summary, wall = run_score(args, a.out)
+        (a.out.parent / f"{a.name}.measured.json").write_text(json.dumps({"wall_s": wall}))
     result = compare(plan, summary, wall) | {"plan_s": round(plan_s, 1), "name": a.name}
     print(json.dumps(result, indent=2))
     date = datetime.now(UTC).strftime("%Y-%m-%d")
