@@ -44,7 +44,7 @@ plan = click.Command(
         click.Option(
             ["--probe-samples"],
             type=click.IntRange(1),
-            help="Samples the probe scores (the first ones of the pool) [default: 512].",
+            help="Samples the probe scores (the first ones of the pool) [default: 1024].",
         ),
         click.Option(
             ["--count-tars"],

@@ -14,8 +14,11 @@ the class set of the real run) and every stage is extrapolated with its own scal
     classes (class images), metadata index, card, Ray start-up    fixed: measured as they are
 
 A per-shard stage's probe time splits into its shards' own seconds (their markers) and the rest (workers
-set up, models loaded, scheduled): the rest is a fixed cost, the shard seconds scale, spread over the
-executor's concurrent workers. Nothing is written into the run folder; the probe's folder is deleted.
+set up, models loaded, scheduled): the rest is a fixed cost. The rate that scales is the steady one: each
+worker runs two probe shards at least and its first one (lazy imports, decoder pools, first allocations)
+is left out of the rate, its extra time counted as fixed; the scaled time is spread over the executor's
+concurrent workers. k-means is timed apart at (up to 20,000 points of) the run's K and points.
+Nothing is written into the run folder; the probe's folder is deleted.
 
 Bucket requests follow the run contract (`hype.scoring.runner`, `rundir`, `stage_*`), counted per object
 operation as s3fs performs them (`hype.io.storage`): a random-access read (a Parquet file's columns, a
@@ -43,7 +46,7 @@ from pathlib import Path
 from hype.io import read_json, storage
 from hype.scoring.config import ScoreConfig
 
-PROBE_SAMPLES = 512
+PROBE_SAMPLES = 1024
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 PARQUET_BLOCK = 4 << 20  # open_remote's read-ahead block
 STREAM_CHUNK = 8 << 20  # RemoteStream's chunk
@@ -272,7 +275,9 @@ def run_probe(
     try:
         workers = _workers(executor)
         device = _device(executor, cfg.device)
-        shards = max(1, min(len(size.shards), max(workers, math.ceil(samples / max(1, size.samples[0])))))
+        # two shards per worker at least: each worker's first one is its warm-up (`_shard_seconds`)
+        per_shard = max(1, max(size.samples[:1] or [1]))
+        shards = max(1, min(len(size.shards), max(2 * workers, math.ceil(samples / per_shard))))
         n = _probe_pool(size, min(samples, size.total), shards, tmp / "pool")
         rows = max(1, n)
         cc = cfg.clusters
@@ -401,15 +406,29 @@ def _stage_seconds(probe: Probe, name: str) -> float:
     return float((probe.summary.get("stages", {}).get(name) or {}).get("seconds", 0.0))
 
 
+def _samples(stats: dict) -> int:
+    return int((stats.get("counts") or {}).get("samples", 0) or (stats.get("output") or {}).get("rows", 0))
+
+
 def _shard_seconds(probe: Probe, name: str) -> tuple[float, int, int, int]:
-    """(Σ shard seconds, Σ samples, Σ output bytes, shards) of one per-shard stage in the probe."""
+    """(steady seconds per sample, Σ samples, Σ output bytes, shards) of one per-shard stage in the probe.
+
+    Steady: each worker's first shard pays for lazy imports, thread and decoder pools, the first
+    allocations; that shard (the slowest per sample of each worker) is left out of the rate and its extra
+    time counts as fixed. A worker that ran one shard only gives no steady rate; if none did, all count."""
     st = [s for s in probe.stats.get(name, []) if s]
-    seconds = sum(float(s.get("seconds", 0.0)) for s in st)
-    samples = sum(
-        int((s.get("counts") or {}).get("samples", 0) or (s.get("output") or {}).get("rows", 0)) for s in st
-    )
+    by_worker: dict = {}
+    for s in st:
+        by_worker.setdefault((s.get("worker") or {}).get("pid"), []).append(s)
+    steady = []
+    for shards in by_worker.values():
+        if len(shards) > 1:
+            warm = max(shards, key=lambda s: float(s.get("seconds", 0.0)) / max(1, _samples(s)))
+            steady += [s for s in shards if s is not warm]
+    steady = steady or st
+    rate = sum(float(s.get("seconds", 0.0)) for s in steady) / max(1, sum(_samples(s) for s in steady))
     out = sum(int((s.get("output") or {}).get("bytes", 0)) for s in st)
-    return seconds, samples, out, len(st)
+    return rate, sum(_samples(s) for s in st), out, len(st)
 
 
 def estimate(cfg: ScoreConfig, size: PoolSize, probe: Probe) -> dict:
@@ -437,12 +456,12 @@ def estimate(cfg: ScoreConfig, size: PoolSize, probe: Probe) -> dict:
     def add_map(
         name: str, label: str, scales: str, factor: float, *, fixed_only: bool = False, driver_s: float = 0.0
     ) -> None:
-        work, _, out, shards_p = _shard_seconds(probe, name)
+        rate, samples_p, out, shards_p = _shard_seconds(probe, name)
         if shards_p == 0:
             return
         wall = max(0.0, _stage_seconds(probe, name) - driver_s)
-        fixed = max(0.0, wall - work / max(1, min(W, shards_p)))
-        est = wall if fixed_only else fixed + work * lin * factor / par
+        fixed = max(0.0, wall - rate * samples_p / max(1, min(W, shards_p)))
+        est = wall if fixed_only else fixed + rate * N * factor / par
         out_r = out if fixed_only else out * lin
         per_shard_in = tar_bytes if name == "embed" else embed_bytes
         shards_r = shards_p if fixed_only else S
