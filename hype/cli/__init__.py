@@ -29,6 +29,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "export": ("hype.cli.export", "export", "Write a hype model as an open_clip (or EuCLIP fork) model."),
     "score": ("hype.cli.score", "score", "Score a pool: ε_i, ε_t, −d_L, cos θ and c_IN for every sample."),
+    "plan": (
+        "hype.cli.plan",
+        "plan",
+        "Estimate a score run: time, device-hours, output bytes, bucket requests (a short probe).",
+    ),
     "select": (
         "hype.cli.select",
         "select",

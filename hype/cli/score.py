@@ -102,6 +102,12 @@ class _Warnings(logging.Handler):
 )
 @click.option("--progress/--no-progress", default=None, help="Progress bars on stderr [default: on].")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of text.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print what the run would cost (`hype plan`: time, device-hours, bytes, bucket requests, from a "
+    "probe in a temporary folder) and exit; nothing is written to RUN_DIR and its lock is not taken.",
+)
 @click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
 def score(
     pool,
@@ -123,6 +129,7 @@ def score(
     config,
     progress,
     as_json,
+    dry_run,
     overrides,
 ) -> None:
     """Score every sample of a pool with the HYPE terms and write the scores table.
@@ -148,37 +155,15 @@ def score(
 
     share_cores_with_decoders()  # before torch starts its OpenMP threads
     from hype.models import ConfigError
-    from hype.scoring.config import load_score_config
     from hype.scoring.runner import ScoreError, ScoreFailed, run_score
     from hype.scoring.summary import format_summary
 
-    extra = []
-    options = (
-        ("pool", pool),
-        ("meru", meru),
-        ("clip", clip),
-        ("out", out),
-        ("executor.kind", executor),
-        ("executor.ray_address", ray_address),
-        ("reference.file", reference_file),
-        ("clusters.class_features", class_features),
-        ("clusters.class_images", class_images),
-        ("clusters.centroids", centroids),
-        ("metadata.dir", metadata),
-        ("decontam.eval_dir", decontaminate),
-        ("device", device),
-        ("batch_size", batch_size),
-        ("specificity.hinge", hinge),
-        ("clusters.num_clusters", num_clusters),
-        ("progress", progress),
-    )
-    for key, value in options:
-        if value is not None:
-            extra.append(f"{key}={json.dumps(value)}")  # JSON scalars are YAML scalars: paths stay strings
-    try:
-        cfg = load_score_config(config, [*overrides, *extra])
-    except ConfigError as e:
-        raise click.UsageError(str(e)) from None
+    cfg = score_config(config, overrides, **{k: v for k, v in locals().items() if k in OPTION_KEYS})
+    if dry_run:
+        from hype.cli.plan import print_plan
+
+        print_plan(cfg, as_json=as_json)
+        return
 
     handler = _Warnings(logging.WARNING)
     loggers = [logging.getLogger(n) for n in ("hype", "pipelines")]
@@ -198,3 +183,42 @@ def score(
         for lg in loggers:
             lg.removeHandler(handler)
     click.echo(json.dumps(summary, indent=2) if as_json else format_summary(summary))
+
+
+# command-line option -> config field
+OPTION_KEYS = {
+    "pool": "pool",
+    "meru": "meru",
+    "clip": "clip",
+    "out": "out",
+    "executor": "executor.kind",
+    "ray_address": "executor.ray_address",
+    "reference_file": "reference.file",
+    "class_features": "clusters.class_features",
+    "class_images": "clusters.class_images",
+    "centroids": "clusters.centroids",
+    "metadata": "metadata.dir",
+    "decontaminate": "decontam.eval_dir",
+    "device": "device",
+    "batch_size": "batch_size",
+    "hinge": "specificity.hinge",
+    "num_clusters": "clusters.num_clusters",
+    "progress": "progress",
+}
+
+
+def score_config(config: str, overrides: tuple[str, ...] | list[str], **options):
+    """The ScoreConfig of `hype score`'s (and `hype plan`'s) options: the preset, KEY=VALUE overrides, then
+    the options given."""
+    from hype.models import ConfigError
+    from hype.scoring.config import load_score_config
+
+    extra = [
+        f"{OPTION_KEYS[name]}={json.dumps(value)}"  # JSON scalars are YAML scalars: paths stay strings
+        for name, value in options.items()
+        if value is not None
+    ]
+    try:
+        return load_score_config(config, [*overrides, *extra])
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from None

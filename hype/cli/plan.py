@@ -1,0 +1,73 @@
+"""`hype plan`: what `hype score` with the same arguments will cost (time, device-hours, output bytes,
+bucket requests), from a short probe on the actual device and models. `hype score --dry-run` prints it too."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from hype.cli.score import score, score_config
+
+
+def print_plan(cfg, *, as_json: bool, probe_samples: int | None = None, count_tars: bool = False) -> dict:
+    """Plan `cfg` (nothing is written to its run folder, whose lock is not taken) and print the plan."""
+    from hype.scoring.decode import share_cores_with_decoders
+    from hype.scoring.plan import PROBE_SAMPLES, PlanError, format_plan, plan_score
+
+    share_cores_with_decoders()  # as `hype score` does, before torch starts its threads
+    try:
+        plan = plan_score(
+            cfg,
+            probe_samples=probe_samples or PROBE_SAMPLES,
+            count_tars=count_tars,
+            log=lambda m: click.echo(f"hype plan: {m}", err=True),
+        )
+    except PlanError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(json.dumps(plan, indent=2) if as_json else format_plan(plan))
+    return plan
+
+
+def _plan(config, overrides, as_json, probe_samples, count_tars, **options) -> None:
+    cfg = score_config(config, overrides, **options)
+    print_plan(cfg, as_json=as_json, probe_samples=probe_samples, count_tars=count_tars)
+
+
+_SKIP = ("progress", "dry_run", "as_json")
+plan = click.Command(
+    "plan",
+    callback=_plan,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    params=[
+        *(p for p in score.params if p.name not in _SKIP),
+        click.Option(
+            ["--probe-samples"],
+            type=click.IntRange(1),
+            help="Samples the probe scores (the first ones of the pool) [default: 1024].",
+        ),
+        click.Option(
+            ["--count-tars"],
+            is_flag=True,
+            help="Count each tar's samples from its headers (reads every tar) instead of img2dataset's "
+            "<shard>_stats.json.",
+        ),
+        click.Option(["--json", "as_json"], is_flag=True, help="Print the plan as JSON."),
+    ],
+    help="""Estimate a `hype score` run before it runs: wall time, device-hours, output bytes and bucket
+    requests (GET/PUT/LIST of a fresh run), per stage.
+
+    \b
+    Takes `hype score`'s arguments. The pool's size comes from its shards' img2dataset _stats.json (or
+    their tar headers with --count-tars, or --metadata's parquet rows); a probe then scores the first
+    --probe-samples samples with the same models, device and executor in a temporary folder (deleted
+    after; --out is only read to count its requests) and each stage is extrapolated with its scaling:
+    samples (embed, captions, merge), samples x N / x M (reference candidates / specificity), K x points
+    (k-means), samples x K (cluster assignment); model loads and Ray's start are fixed costs.
+
+    \b
+    Example:
+      hype plan --pool pool/shards --meru meru.safetensors --clip clip.safetensors \\
+          --class-images world/eval/reference/train --config tiny --out runs/score
+    """,
+)

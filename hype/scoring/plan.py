@@ -1,0 +1,656 @@
+"""`hype plan` / `hype score --dry-run`: what a scoring run will cost, before it runs.
+
+The pool's size comes from its shards' img2dataset `<shard>_stats.json` (`successes`), else from their tar
+member lists (headers only, `count_tars`), else from the `--metadata` parquet row counts (the nominal size:
+samples that failed to download count). Then a short probe runs the real `run_score` on the actual
+device, models and executor over the first `probe_samples` samples (copied into a temporary folder, with
+the class set of the real run) and every stage is extrapolated with its own scaling:
+
+    embed, captions, merge, dedup, reference selection (driver)   linear in samples
+    reference candidates                                          samples x N (the top pairs)
+    specificity                                                   samples x M (the reference sets)
+    clusters: k-means training                                    K x training points (x niter)
+    clusters: assignment                                          samples x K
+    classes (class images), metadata index, card, Ray start-up    fixed: measured as they are
+
+A per-shard stage's probe time splits into its shards' own seconds (their markers) and the rest (workers
+set up, models loaded, scheduled): the rest is a fixed cost. The rate that scales is the steady one: each
+worker runs two probe shards at least and its first one (lazy imports, decoder pools, first allocations)
+is left out of the rate, its extra time counted as fixed; the scaled time is spread over the executor's
+concurrent workers. k-means is timed apart at (up to 20,000 points of) the run's K and points.
+Nothing is written into the run folder; the probe's folder is deleted.
+
+Bucket requests follow the run contract (`hype.scoring.runner`, `rundir`, `stage_*`), counted per object
+operation as s3fs performs them (`hype.io.storage`): a random-access read (a Parquet file's columns, a
+JSON marker) is one HEAD at open plus its ranged GETs (Parquet: the footer, then one GET per 4 MiB of the
+file: `open_remote`'s read-ahead block); a streamed tar is one HEAD plus one GET per 8 MiB chunk
+(`RemoteStream`), and `file_identity` HEADs it before and after; every write is one PUT (an upload of a
+finished local file: `atomic_write`; s3fs turns files over 100 MiB into multipart uploads, counted as
+1 + parts + 1); a listing is one LIST per 1,000 names (`list_sizes`). HEAD is billed as a GET on S3 and
+counted with them. A fresh run is counted: a resumed one reads markers that exist instead of recomputing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hype.io import read_json, storage
+from hype.scoring.config import ScoreConfig
+
+PROBE_SAMPLES = 1024
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+PARQUET_BLOCK = 4 << 20  # open_remote's read-ahead block
+STREAM_CHUNK = 8 << 20  # RemoteStream's chunk
+MULTIPART_OVER = 100 << 20  # s3fs put_file: single PUT below 2 x its 50 MiB chunk
+MULTIPART_PART = 50 << 20
+LIST_PAGE = 1000
+
+
+class PlanError(ValueError):
+    """A pool whose size cannot be known, or a probe that cannot run; the message says what to do."""
+
+
+# --- the pool's size ------------------------------------------------------------------------------
+
+
+@dataclass
+class PoolSize:
+    shards: list[str]  # tar paths as given
+    samples: list[int]  # per shard (the successes img2dataset recorded, or the tar's image members)
+    tar_bytes: list[int]
+    source: str  # "shard stats" | "tar members" | "metadata"
+    nominal: int | None = None  # metadata rows (uids listed, downloaded or not)
+    metadata_files: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.samples)
+
+    def to_dict(self) -> dict:
+        return {
+            "samples": self.total,
+            "shards": len(self.shards),
+            "tar_bytes": sum(self.tar_bytes),
+            "source": self.source,
+            "nominal": self.nominal,
+            "metadata_files": self.metadata_files,
+        }
+
+
+def stats_path(tar: str) -> str:
+    """img2dataset's `<shard>_stats.json` beside `<shard>.tar`."""
+    return tar[: -len(".tar")] + "_stats.json" if tar.endswith(".tar") else tar + "_stats.json"
+
+
+def count_tar_samples(tar: str) -> int:
+    """Samples (keys with an image member) of a tar, from its headers only."""
+    from hype.data.samples import SkipStats
+    from hype.io.tar import index_samples
+
+    problems = SkipStats()
+    n = sum(1 for _, files in index_samples(tar, problems) if any(e in files for e in IMAGE_EXTS))
+    if problems.counts:
+        shown = "; ".join(m for msgs in problems.examples.values() for m in msgs[:1])
+        raise PlanError(f"{tar}: unreadable tar ({shown}); re-download it or leave it out of --pool")
+    return n
+
+
+def metadata_rows(folder: str) -> tuple[int, int]:
+    """(rows, files) of a DataComp metadata folder's <hash>.parquet files (footers only)."""
+    import pyarrow.parquet as pq
+
+    from hype.io import open_input
+    from hype.scoring.metadata import MetadataError, metadata_files
+
+    try:
+        files = metadata_files(folder)
+    except MetadataError as e:
+        raise PlanError(str(e)) from None
+    rows = 0
+    for f in files:
+        with open_input(f) as fh:
+            rows += pq.ParquetFile(fh).metadata.num_rows
+    return rows, len(files)
+
+
+def pool_size(pool: str, metadata: str | None = None, *, count_tars: bool = False) -> PoolSize:
+    """The pool's samples per shard, from the shards' stats (or tar headers with `count_tars`), else from
+    `metadata`'s rows spread over the shards; a shard without either is an error naming it and the fix."""
+    from hype.data.shards import ShardError, expand_shards
+
+    try:
+        paths = [str(p) for p in expand_shards(pool).paths]
+    except ShardError as e:
+        raise PlanError(str(e).replace("--data", "--pool")) from None
+    sizes = [storage.size(p) for p in paths]
+    nominal, files = metadata_rows(metadata) if metadata else (None, 0)
+    counts: list[int] = []
+    source = "tar members" if count_tars else "shard stats"
+    for p in paths:
+        if count_tars:
+            counts.append(count_tar_samples(p))
+            continue
+        stats = read_json(stats_path(p))
+        if stats is not None and isinstance(stats.get("successes"), int):
+            counts.append(stats["successes"])
+            continue
+        if nominal is not None:  # the metadata's rows stand in for the shards' (an upper bound)
+            share, extra = divmod(nominal, len(paths))
+            counts = [share + (i < extra) for i in range(len(paths))]
+            source = "metadata"
+            break
+        raise PlanError(
+            f"{stats_path(p)}: missing or without `successes`, so the size of {p} is unknown; pass "
+            "--metadata DIR (the pool's <hash>.parquet files), or --count-tars to count the tars' samples "
+            "from their headers (reads every tar)"
+        )
+    return PoolSize(paths, counts, sizes, source, nominal, files)
+
+
+# --- the probe ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Probe:
+    samples: int
+    shards: int
+    workers: int  # concurrent workers of the executor (1 in process)
+    executor_start_s: float
+    startup_s: float  # a fresh `hype` process importing the scoring stack
+    summary: dict
+    stats: dict[str, list[dict]]  # stage -> the shards' markers
+    markers: dict[str, dict]  # driver steps' markers: top_n, reference, clusters
+    folder_bytes: dict[str, int]  # run-folder bytes per top-level entry
+    device: str = "cpu"  # where the workers ran the models
+    settings: dict = field(default_factory=dict)
+    kmeans: dict | None = None  # k-means timed at (up to) the run's size: points, k, seconds
+
+
+def _probe_pool(size: PoolSize, samples: int, shards: int, folder: Path) -> int:
+    """Copies of the first samples of the pool's first shards (each `samples / shards`) into `folder`."""
+    from hype.data.samples import SkipStats
+    from hype.io.tar import read_samples, write_tar
+
+    folder.mkdir(parents=True)
+    per = max(1, math.ceil(samples / shards))
+    total = 0
+    for i, path in enumerate(size.shards[:shards]):
+        members: list[tuple[str, bytes]] = []
+        n = 0
+        for key, files in read_samples(path, SkipStats()):
+            if n >= per:
+                break
+            members += [(f"{key}.{ext}", data) for ext, data in files.items()]
+            n += any(e in files for e in IMAGE_EXTS)
+        write_tar(folder / f"{i:08d}.tar", members)
+        total += n
+    return total
+
+
+_STARTUP: list[float] = []  # measured once per process
+
+
+def _startup_seconds() -> float:
+    """A fresh process importing what `hype score` imports before its first stage."""
+    if _STARTUP:
+        return _STARTUP[0]
+    code = "import torch, open_clip, pyarrow.parquet, hype.scoring.runner, hype.scoring.embed, pipelines"
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    _STARTUP.append(time.perf_counter() - t0)
+    return _STARTUP[0]
+
+
+def _workers(executor) -> int:
+    capacity = getattr(executor, "capacity", None)
+    workers = int(getattr(executor, "workers", 1) or 0)
+    if capacity is not None:  # Ray: the actors the cluster fits (or those asked for)
+        return max(1, workers or capacity())
+    return max(1, workers)
+
+
+KMEANS_CALIBRATION_POINTS = 20_000  # the most points k-means is timed on in the probe
+
+
+def kmeans_size(cfg: ScoreConfig, samples: int, eligible: float) -> tuple[int, int]:
+    """(K, training points) of the run's k-means, as `runner._train_clusters` sizes them; `eligible`: the
+    fraction of rows the caption filter passes."""
+    from hype.scoring.clusters import default_num_clusters
+
+    cc = cfg.clusters
+    k = int(cc.num_clusters or default_num_clusters(samples))
+    points = min(cc.points_per_centroid * k, cc.max_train_points or 1 << 62, int(samples * eligible))
+    return k, max(1, points)
+
+
+def _time_kmeans(cfg: ScoreConfig, samples: int, marker: dict, centroids_file: Path) -> dict | None:
+    """faiss k-means timed on random points of the run's width at the run's K and points (at most
+    KMEANS_CALIBRATION_POINTS points, K cut in proportion): the probe's own k-means is too small to time."""
+    import numpy as np
+
+    from hype.scoring.clusters import kmeans_centroids
+
+    if not marker.get("train_points") or not centroids_file.exists() or cfg.clusters.centroids:
+        return None
+    eligible = float(marker.get("train_eligible") or 1) / max(1, int(marker.get("pool") or 1))
+    k_r, pts_r = kmeans_size(cfg, samples, eligible)
+    points = min(pts_r, KMEANS_CALIBRATION_POINTS)
+    k = max(1, min(k_r, round(k_r * points / pts_r), points // 39))
+    dim = int(np.load(centroids_file, mmap_mode="r").shape[1])
+    x = np.random.default_rng(0).standard_normal((points, dim), dtype=np.float32)
+    t0 = time.perf_counter()
+    kmeans_centroids(x, k, niter=cfg.clusters.niter, seed=cfg.clusters.seed, gpu=cfg.clusters.gpu)
+    return {"points": points, "k": k, "seconds": time.perf_counter() - t0}
+
+
+def _device(executor, device: str) -> str:
+    from hype.scoring.stagebase import resolve_device
+
+    resolve = getattr(executor, "worker_device", None)
+    return resolve_device(resolve(device) if resolve is not None else device)
+
+
+def run_probe(
+    cfg: ScoreConfig, size: PoolSize, samples: int = PROBE_SAMPLES, *, log: Callable[[str], None] = print
+) -> Probe:
+    """Score the first `samples` samples with `cfg`'s models, device and executor in a temporary folder
+    (deleted after); the timings and outputs the estimate extrapolates from."""
+    from hype.scoring.runner import ScoreError, ScoreFailed, make_executor, run_score
+
+    if size.total == 0:
+        raise PlanError(f"{cfg.pool}: the pool has no samples to probe")
+    t0 = time.perf_counter()
+    executor = make_executor(cfg)
+    start_s = time.perf_counter() - t0 if cfg.executor.kind != "local" else 0.0
+    tmp = Path(tempfile.mkdtemp(prefix="hype-plan-"))
+    try:
+        workers = _workers(executor)
+        device = _device(executor, cfg.device)
+        # two shards per worker at least: each worker's first one is its warm-up (`_shard_seconds`)
+        per_shard = max(1, max(size.samples[:1] or [1]))
+        shards = max(1, min(len(size.shards), max(2 * workers, math.ceil(samples / per_shard))))
+        n = _probe_pool(size, min(samples, size.total), shards, tmp / "pool")
+        rows = max(1, n)
+        cc = cfg.clusters
+        k = max(1, min(cc.num_clusters or 0, rows // 40) or rows // 40 or 1)
+        probe_cfg = dataclasses.replace(
+            cfg,
+            pool=str(tmp / "pool"),
+            out=str(tmp / "run"),
+            progress=False,
+            clusters=dataclasses.replace(cc, num_clusters=k if cc.centroids is None else None),
+        )
+        log(f"probing {n} samples in {shards} shard(s) on {cfg.executor.kind} ...")
+        try:
+            summary = run_score(probe_cfg, executor=executor, progress=False)
+        except ScoreFailed as e:
+            raise PlanError(f"the probe failed: {e}") from None
+        except ScoreError as e:
+            raise PlanError(str(e)) from None
+        run = tmp / "run"
+        stats = {
+            d.name: [read_json(f) for f in sorted(d.glob("*_stats.json"))]
+            for d in run.iterdir()
+            if d.is_dir()
+        }
+        markers = {
+            "top_n": read_json(run / "reference" / "top_n.json") or {},
+            "reference": read_json(run / "reference.json") or {},
+            "clusters": read_json(run / "clusters" / "model.json") or {},
+        }
+        kmeans = _time_kmeans(cfg, size.total, markers["clusters"], run / "clusters" / "centroids.npy")
+        folder_bytes = {
+            p.name: sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+            if p.is_dir()
+            else p.stat().st_size
+            for p in run.iterdir()
+        }
+        return Probe(
+            samples=n,
+            shards=shards,
+            workers=workers,
+            executor_start_s=start_s,
+            startup_s=_startup_seconds(),
+            summary=summary,
+            stats=stats,
+            markers=markers,
+            folder_bytes=folder_bytes,
+            settings={"num_clusters": k},
+            device=device,
+            kmeans=kmeans,
+        )
+    finally:
+        executor.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --- bucket requests (see the module docstring for how each operation is counted) ---------------------
+
+
+def _parquet_get(nbytes: float) -> float:
+    """HEAD at open + the footer + one GET per read-ahead block."""
+    return 2 + max(1, math.ceil(nbytes / PARQUET_BLOCK))
+
+
+def _put(nbytes: float) -> float:
+    return 1 if nbytes <= MULTIPART_OVER else 2 + math.ceil(nbytes / MULTIPART_PART)
+
+
+_JSON_GET = 2  # HEAD + GET of a marker
+
+
+def _lists(names: float) -> float:
+    return max(1, math.ceil(names / LIST_PAGE))
+
+
+def stage_requests(stage: str, shards: int, out_bytes: float, in_bytes: float, workers: int) -> dict:
+    """GET (HEAD included) / PUT / LIST of one stage of a fresh run over `shards` shards: `out_bytes` its
+    output per shard, `in_bytes` what each shard reads of its main input (a tar for embed/classes, the
+    embed output otherwise). Run-folder requests only, except embed's `pool_get` (reads of the pool)."""
+    s = shards
+    put_shard = _put(out_bytes) + 1  # output, then its marker
+    if stage in ("embed", "classes"):
+        # driver: the input's identity (HEAD) for the fingerprint; worker: identity before and after the
+        # read, the size (HEAD) and the 8 MiB chunks of the stream
+        pool = s * (1 + 2 + 1 + max(1, math.ceil(in_bytes / STREAM_CHUNK)))
+        return {"get": 0, "put": s * put_shard, "list": _lists(2 * s), "pool_get": pool}
+    marker_reads = {"reference": 1, "specificity": 1, "captions": 1, "clusters": 2, "merge": 3}[stage]
+    parquet_reads = {"reference": 2, "specificity": 2, "captions": 1, "clusters": 2, "merge": 3}[stage]
+    # upstream markers read for the fingerprint by the driver and again by the worker (`upstream_digest`);
+    # the sets (top N, reference, centroids) loaded once per worker
+    get = s * (2 * marker_reads * _JSON_GET + parquet_reads * _parquet_get(in_bytes))
+    get += min(workers, s) * 2 if stage in ("reference", "specificity", "clusters") else 0
+    lists = _lists(2 * s) * (3 if stage == "merge" else 1)  # merge: merge/, scores/ and the stale-part check
+    return {"get": get, "put": s * put_shard, "list": lists}
+
+
+def driver_requests(step: str, shards: int, in_bytes: float) -> dict:
+    """Requests of the driver steps that stream every shard's embed output."""
+    s = shards
+    if step == "dedup":  # uids of each shard; the list written, then read back
+        return {"get": s * _parquet_get(in_bytes) + _parquet_get(0), "put": 2, "list": 0}
+    if step == "reference select":  # cos θ of each shard, top-N gather; candidates; two M-row gathers
+        return {"get": s * _parquet_get(in_bytes) * 5, "put": 4, "list": 0}
+    if step == "clusters train":  # CLIP features + caption flags of each shard; centroids, targets, marker
+        return {"get": s * _parquet_get(in_bytes) * 2, "put": 3, "list": 0}
+    if step == "card":  # scores parts listed, up to 8 sampled, the markers' digests
+        return {"get": 1 + 8 * _parquet_get(in_bytes), "put": 1, "list": _lists(s)}
+    # run level: the lock (conditional create + heartbeat-free), config, plan, summary twice
+    return {"get": 2, "put": 5, "list": 0}
+
+
+# --- the estimate ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    stage: str
+    scales_with: str
+    probe_s: float  # measured in the probe
+    fixed_s: float  # part of the estimate that does not grow with the pool
+    estimate_s: float  # for the whole pool, fixed included
+    bytes: int = 0
+    requests: dict = field(default_factory=dict)
+
+
+def _stage_seconds(probe: Probe, name: str) -> float:
+    return float((probe.summary.get("stages", {}).get(name) or {}).get("seconds", 0.0))
+
+
+def _samples(stats: dict) -> int:
+    return int((stats.get("counts") or {}).get("samples", 0) or (stats.get("output") or {}).get("rows", 0))
+
+
+def _shard_seconds(probe: Probe, name: str) -> tuple[float, int, int, int]:
+    """(steady seconds per sample, Σ samples, Σ output bytes, shards) of one per-shard stage in the probe.
+
+    Steady: each worker's first shard pays for lazy imports, thread and decoder pools, the first
+    allocations; that shard (the slowest per sample of each worker) is left out of the rate and its extra
+    time counts as fixed. A worker that ran one shard only gives no steady rate; if none did, all count."""
+    st = [s for s in probe.stats.get(name, []) if s]
+    by_worker: dict = {}
+    for s in st:
+        by_worker.setdefault((s.get("worker") or {}).get("pid"), []).append(s)
+    steady = []
+    for shards in by_worker.values():
+        if len(shards) > 1:
+            warm = max(shards, key=lambda s: float(s.get("seconds", 0.0)) / max(1, _samples(s)))
+            steady += [s for s in shards if s is not warm]
+    steady = steady or st
+    rate = sum(float(s.get("seconds", 0.0)) for s in steady) / max(1, sum(_samples(s) for s in steady))
+    out = sum(int((s.get("output") or {}).get("bytes", 0)) for s in st)
+    return rate, sum(_samples(s) for s in st), out, len(st)
+
+
+def estimate(cfg: ScoreConfig, size: PoolSize, probe: Probe) -> dict:
+    """Extrapolate the probe to the pool (module docstring); the plan as a JSON-able dict."""
+    N, S, n = size.total, len(size.shards), max(1, probe.samples)
+    W = probe.workers
+    par = max(1, min(W, S))
+    lin = N / n
+    top_p = int(probe.markers["top_n"].get("n_top") or 0)
+    m_p = int(((probe.markers["reference"].get("meta") or {}).get("m")) or 0)
+    rc, cc = cfg.reference, cfg.clusters
+    top_r = min(rc.n_top, N)
+    m_r = min(rc.m, top_r)
+    selected = rc.file is None and top_p > 0
+    cl = probe.markers["clusters"]
+    k_p = int(cl.get("k") or 1)
+    eligible = float(cl.get("train_eligible") or n) / max(1, int(cl.get("pool") or n))
+    k_r, pts_r = kmeans_size(cfg, N, eligible)
+    k_r = k_p if cc.centroids else k_r
+    pts_p = int(cl.get("train_points") or 1)
+    tar_bytes = sum(size.tar_bytes) / max(1, S)
+    embed_bytes = _shard_seconds(probe, "embed")[2] / max(1, n) * N / max(1, S)
+    rows: list[Row] = []
+
+    def add_map(
+        name: str, label: str, scales: str, factor: float, *, fixed_only: bool = False, driver_s: float = 0.0
+    ) -> None:
+        rate, samples_p, out, shards_p = _shard_seconds(probe, name)
+        if shards_p == 0:
+            return
+        wall = max(0.0, _stage_seconds(probe, name) - driver_s)
+        fixed = max(0.0, wall - rate * samples_p / max(1, min(W, shards_p)))
+        est = wall if fixed_only else fixed + rate * N * factor / par
+        out_r = out if fixed_only else out * lin
+        per_shard_in = tar_bytes if name == "embed" else embed_bytes
+        shards_r = shards_p if fixed_only else S
+        req = stage_requests(name, shards_r, out_r / max(1, shards_r), per_shard_in, W)
+        rows.append(Row(label, scales, round(wall, 3), round(fixed, 3), round(est, 3), int(out_r), req))
+
+    def add_fixed(label: str, seconds: float, nbytes: int = 0, req: dict | None = None) -> None:
+        rows.append(
+            Row(label, "fixed", round(seconds, 3), round(seconds, 3), round(seconds, 3), nbytes, req or {})
+        )
+
+    def add_driver(label: str, seconds: float, factor: float, scales: str, nbytes: int, req: dict) -> None:
+        rows.append(Row(label, scales, round(seconds, 3), 0.0, round(seconds * factor, 3), int(nbytes), req))
+
+    add_fixed("start-up", probe.startup_s)
+    if probe.executor_start_s:
+        add_fixed(f"{cfg.executor.kind} start", probe.executor_start_s)
+    if "metadata" in probe.summary.get("stages", {}):
+        add_fixed("metadata index", _stage_seconds(probe, "metadata"), probe.folder_bytes.get("metadata", 0))
+    add_map("embed", "embed", "samples", 1.0)
+    add_driver(
+        "dedup",
+        _stage_seconds(probe, "dedup"),
+        lin,
+        "samples",
+        probe.folder_bytes.get("dedup", 0),
+        driver_requests("dedup", S, embed_bytes),
+    )
+    if selected:
+        drv = float(probe.markers["top_n"].get("seconds", 0)) + float(
+            probe.markers["reference"].get("seconds", 0)
+        )
+        add_map("reference", "reference cands", "samples x N", top_r / max(1, top_p), driver_s=drv)
+        ref_bytes = probe.folder_bytes.get("reference.safetensors", 0) * m_r / max(1, m_p)
+        add_driver(
+            "reference select",
+            drv,
+            lin,
+            "samples",
+            ref_bytes,
+            driver_requests("reference select", S, embed_bytes),
+        )
+        m_scale = m_r / max(1, m_p)
+    else:
+        add_fixed(
+            "reference copy",
+            _stage_seconds(probe, "reference"),
+            probe.folder_bytes.get("reference.safetensors", 0),
+        )
+        m_scale = 1.0
+    add_map("specificity", "specificity", "samples x M", m_scale)
+    add_map("classes", "classes", "fixed", 1.0, fixed_only=True)
+    add_map("captions", "captions", "samples", 1.0)
+    if cl:
+        train_s = float(cl.get("seconds", 0.0))
+        km = probe.kmeans
+        if km:  # timed at (up to) the run's size; the rest scales with K x points
+            k_scale = km["seconds"] * (k_r * pts_r) / max(1, km["k"] * km["points"]) / max(train_s, 1e-9)
+        else:
+            k_scale = 1.0 if cc.centroids else (k_r * pts_r) / max(1, k_p * pts_p)
+        add_driver(
+            "clusters train",
+            train_s,
+            k_scale,
+            "K x points",
+            0,
+            driver_requests("clusters train", S, embed_bytes),
+        )
+        add_map("clusters", "clusters assign", "samples x K", k_r / max(1, k_p), driver_s=train_s)
+    add_map("merge", "merge", "samples", 1.0)
+    add_fixed(
+        "card",
+        _stage_seconds(probe, "card"),
+        probe.folder_bytes.get("card.json", 0),
+        driver_requests("card", S, embed_bytes),
+    )
+    other = float(probe.summary.get("seconds", 0.0)) - sum(
+        _stage_seconds(probe, k) for k in probe.summary.get("stages", {})
+    )
+    add_fixed("driver other", max(0.0, other), 0, driver_requests("run", S, 0))
+
+    total_s = sum(r.estimate_s for r in rows)
+    fixed_s = sum(r.fixed_s for r in rows)
+    requests = {k: int(sum(r.requests.get(k, 0) for r in rows)) for k in ("get", "put", "list", "pool_get")}
+    device = probe.device
+    gpus = 0
+    if str(device).startswith("cuda"):
+        gpus = par * (cfg.executor.gpus_per_worker if cfg.executor.kind == "ray" else 1)
+    return {
+        "pool": {"path": cfg.pool, **size.to_dict()},
+        "run": {
+            "out": cfg.out,
+            "bucket": bool(cfg.out and storage.is_url(cfg.out)),
+            "pool_bucket": storage.is_url(str(size.shards[0])) if size.shards else False,
+        },
+        "device": str(device),
+        "executor": {"kind": cfg.executor.kind, "workers": W},
+        "scaling": {
+            "N_top": top_r,
+            "M": m_r,
+            "K": k_r,
+            "kmeans_points": pts_r,
+            "probe": {"N_top": top_p, "M": m_p, "K": k_p, "kmeans_points": pts_p},
+        },
+        "probe": {
+            "samples": probe.samples,
+            "shards": probe.shards,
+            "seconds": round(float(probe.summary.get("seconds", 0)), 3),
+        },
+        "stages": [dataclasses.asdict(r) for r in rows],
+        "total": {
+            "seconds": round(total_s, 1),
+            "fixed_seconds": round(fixed_s, 1),
+            "device_hours": round(total_s * gpus / 3600, 4),
+            "gpus": gpus,
+            "cpu_core_hours": round(total_s * (os_cpus() if not gpus else 0) / 3600, 4),
+            "output_bytes": int(sum(r.bytes for r in rows)),
+            "requests": requests,
+        },
+    }
+
+
+def os_cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def plan_score(
+    cfg: ScoreConfig,
+    *,
+    probe_samples: int = PROBE_SAMPLES,
+    count_tars: bool = False,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """The whole `hype plan`: the pool's size, the probe, the estimate."""
+    if not cfg.pool:
+        raise PlanError("--pool is required: the shards to plan for")
+    size = pool_size(cfg.pool, cfg.metadata.dir, count_tars=count_tars)
+    probe = run_probe(cfg, size, probe_samples, log=log)
+    return estimate(cfg, size, probe)
+
+
+def _fmt_s(s: float) -> str:
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.2f} h"
+
+
+def _fmt_b(b: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if b < 1000 or unit == "TB":
+            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
+        b /= 1000
+    return ""
+
+
+def format_plan(plan: dict) -> str:
+    """The plan as a text table."""
+    p, t = plan["pool"], plan["total"]
+    ex, pr = plan["executor"], plan["probe"]
+    nominal = f", {p['nominal']:,} in the metadata" if p["nominal"] is not None else ""
+    lines = [
+        f"hype plan: {p['samples']:,} samples in {p['shards']:,} shards ({p['source']}{nominal}), "
+        f"{_fmt_b(p['tar_bytes'])} of tars",
+        f"  device {plan['device']}, executor {ex['kind']} x{ex['workers']}; probe: {pr['samples']} samples "
+        f"in {pr['shards']} shard(s), {pr['seconds']:.1f} s",
+        f"  {'stage':<17}{'scales with':<13}{'probe':>9}{'fixed':>9}{'estimate':>11}{'output':>10}"
+        f"{'GET':>9}{'PUT':>8}{'LIST':>6}",
+    ]
+    for r in plan["stages"]:
+        q = r["requests"]
+        lines.append(
+            f"  {r['stage']:<17}{r['scales_with']:<13}{r['probe_s']:>8.1f}s{r['fixed_s']:>8.1f}s"
+            f"{_fmt_s(r['estimate_s']):>11}{_fmt_b(r['bytes']):>10}"
+            f"{int(q.get('get', 0)):>9,}{int(q.get('put', 0)):>8,}{int(q.get('list', 0)):>6,}"
+        )
+    q = t["requests"]
+    hours = (
+        f"{t['device_hours']:.3f} GPU-hours ({t['gpus']} GPU)"
+        if t["gpus"]
+        else (f"{t['cpu_core_hours']:.3f} CPU core-hours")
+    )
+    lines += [
+        f"  total: {_fmt_s(t['seconds'])} (fixed {_fmt_s(t['fixed_seconds'])}), {hours}, "
+        f"{_fmt_b(t['output_bytes'])} written",
+        f"  bucket requests (fresh run): run folder {q['get']:,} GET/HEAD, {q['put']:,} PUT, "
+        f"{q['list']:,} LIST; pool {q['pool_get']:,} GET/HEAD",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,114 @@
+"""`hype plan` and `hype score --dry-run`: the pool's size from its shards, tars or metadata, the plan's
+shape and units from a real probe on the tiny world, and a dry run that writes nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+
+import pytest
+from click.testing import CliRunner
+from test_score_support import POOL_SIZE, SHARD_SIZE, models, run_cli, score_args, world
+
+from hype.scoring.plan import PlanError, pool_size
+
+PROBE = 60  # two shards of 30: the probe is a real run, kept small
+
+
+def _tree(folder) -> dict:
+    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in sorted(folder.rglob("*"))}
+
+
+def test_plan_has_every_stage_in_seconds_bytes_and_requests_and_extrapolates_linearly(
+    tmp_path_factory, tmp_path, monkeypatch
+):
+    from hype.cli.plan import plan
+
+    w = world(tmp_path_factory)
+    meru, clip = models(tmp_path_factory)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the probe's folder lands here
+    out = tmp_path / "never"
+    args = [*score_args(w, meru, clip, out), "--probe-samples", str(PROBE), "--json"]
+    result = CliRunner().invoke(plan, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    p = json.loads(result.stdout)
+    assert not out.exists() and not list(tmp_path.iterdir())  # nothing written, the probe's folder deleted
+    assert p["pool"]["samples"] == POOL_SIZE and p["pool"]["shards"] == POOL_SIZE // SHARD_SIZE
+    assert p["probe"]["samples"] == PROBE and p["probe"]["shards"] == 2
+    assert p["device"] == "cpu" and p["executor"] == {"kind": "local", "workers": 1}
+    stages = {r["stage"]: r for r in p["stages"]}
+    assert {
+        "start-up",
+        "embed",
+        "dedup",
+        "reference cands",
+        "reference select",
+        "specificity",
+        "classes",
+    } <= set(stages)
+    assert {"captions", "clusters train", "clusters assign", "merge", "card"} <= set(stages)
+    for r in p["stages"]:
+        assert 0 <= r["fixed_s"] <= r["estimate_s"] + 1e-6, r
+        assert r["bytes"] >= 0 and all(isinstance(v, (int, float)) and v >= 0 for v in r["requests"].values())
+    # a linear stage: its variable part grows by pool / probe (one worker); a fixed one stays
+    e = stages["embed"]
+    assert e["estimate_s"] - e["fixed_s"] == pytest.approx(
+        (e["probe_s"] - e["fixed_s"]) * POOL_SIZE / PROBE, 0.01
+    )
+    assert stages["classes"]["estimate_s"] == stages["classes"]["probe_s"]
+    # specificity scales with M: the probe's reference is cut to its 60 samples, the run's is 80
+    assert p["scaling"]["M"] == 80 and p["scaling"]["probe"]["M"] == PROBE
+    t = p["total"]
+    assert t["seconds"] == pytest.approx(sum(r["estimate_s"] for r in p["stages"]), abs=0.1)
+    assert t["output_bytes"] == sum(r["bytes"] for r in p["stages"]) > 0
+    assert t["gpus"] == 0 and t["device_hours"] == 0 and t["cpu_core_hours"] > 0
+    # a fresh run writes each per-shard output and its marker: embed's PUTs are 2 per shard
+    assert stages["embed"]["requests"]["put"] == 2 * p["pool"]["shards"]
+    assert t["requests"]["put"] == sum(r["requests"].get("put", 0) for r in p["stages"])
+
+
+def test_dry_run_prints_the_plan_writes_nothing_and_does_not_wait_for_the_lock(tmp_path_factory, tmp_path):
+    """A dry run reads nothing of the run folder, so it plans next to a run that holds the lock."""
+    from hype.scoring.rundir import RunDir
+
+    w = world(tmp_path_factory)
+    meru, clip = models(tmp_path_factory)
+    run = tmp_path / "run"
+    RunDir(run).create()
+    (run / "summary.json").write_text('{"status": "running"}')
+    with RunDir(run).lock():
+        before = _tree(run)
+        refused = run_cli(score_args(w, meru, clip, run))  # the lock is held: a real run is refused
+        assert refused.exit_code != 0 and "is running on this run directory" in refused.output
+        result = run_cli([*score_args(w, meru, clip, run), "--dry-run"])
+        assert result.exit_code == 0, result.output
+        assert _tree(run) == before
+    assert "hype plan: 150 samples in 3 shards" in result.output
+    assert "total:" in result.output and "bucket requests" in result.output
+
+
+def test_sizes_from_shard_stats_tar_headers_and_metadata_agree(tmp_path_factory):
+    w = world(tmp_path_factory)
+    shards = str(w / "pool" / "shards")
+    from_stats = pool_size(shards)
+    from_tars = pool_size(shards, count_tars=True)
+    with_meta = pool_size(shards, str(w / "pool" / "metadata"))
+    assert from_stats.source == "shard stats" and from_tars.source == "tar members"
+    assert from_stats.samples == from_tars.samples == [SHARD_SIZE] * (POOL_SIZE // SHARD_SIZE)
+    assert with_meta.nominal == from_stats.total == POOL_SIZE and with_meta.metadata_files >= 1
+
+
+def test_a_pool_without_sizes_names_the_file_and_the_fix(tmp_path_factory, tmp_path):
+    w = world(tmp_path_factory)
+    shutil.copy(w / "pool" / "shards" / "00000000.tar", tmp_path / "00000000.tar")
+    with pytest.raises(PlanError) as e:
+        pool_size(str(tmp_path))
+    msg = str(e.value)
+    assert str(tmp_path / "00000000_stats.json") in msg and "--metadata" in msg and "--count-tars" in msg
+    assert pool_size(str(tmp_path), count_tars=True).samples == [SHARD_SIZE]  # the fix works
+    meta = pool_size(str(tmp_path), str(w / "pool" / "metadata"))  # so does the other
+    assert meta.source == "metadata" and meta.total == POOL_SIZE
+    (tmp_path / "00000000.tar").write_bytes(b"not a tar" * 100)
+    with pytest.raises(PlanError, match="00000000.tar: unreadable tar"):
+        pool_size(str(tmp_path), count_tars=True)
