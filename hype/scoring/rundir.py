@@ -78,6 +78,7 @@ from hype.io.storage import AnyPath
 from hype.scoring.schema import scores_dir
 
 SHARD_STAGES = ("embed", "reference", "specificity", "classes", "captions", "clusters", "merge")
+SHARD_STAGES += ("neardup_split", "neardup")  # near-duplicates (hype.scoring.stage_neardup)
 RUN_DIGEST = "blake2b-128"  # recorded in markers' fingerprints: changing it would redo every finished output
 # Parquet writer settings are fixed here so that identical tables give identical bytes. zstd with no
 # dictionary except for the one low-cardinality column, and float columns byte-stream-split: a uid (32 hex

@@ -323,6 +323,7 @@ def _score(state: _Run) -> dict:
     _specificity(state, pool, ref_info["digest"])
     clusters_info = _clusters(state, pool)
     merge_stats = _merge(state, pool, c_in=clusters_info is not None)
+    neardup_info = _neardup(state, pool, clusters_info)
     state.timed("card", lambda: _card(state, pool))
     return state.summary(
         state.plan,
@@ -333,7 +334,21 @@ def _score(state: _Run) -> dict:
         reference=ref_info,
         clusters=clusters_info,
         specificity={"hinge": cfg.specificity.hinge, "K": pool.K, "curv": pool.curv},
+        neardup=neardup_info,
     )
+
+
+def _neardup(state: _Run, pool: _Embedded, clusters_info: dict | None) -> dict | None:
+    """Near-duplicate groups and keepers (`neardup.enabled`; after merge: the `hype` keeper reads the
+    scores); see `hype.scoring.stage_neardup`."""
+    if not state.cfg.neardup.enabled:
+        return None
+    from hype.scoring.stage_neardup import NeardupError, find_near_duplicates
+
+    try:
+        return find_near_duplicates(state, pool, clusters_info)
+    except NeardupError as e:
+        raise ScoreError(str(e)) from None
 
 
 def _card(state: _Run, pool: _Embedded) -> dict:

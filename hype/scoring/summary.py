@@ -35,6 +35,7 @@ def build_summary(
     specificity: dict | None = None,
     metadata: dict | None = None,
     error: str | None = None,
+    neardup: dict | None = None,
 ) -> dict:
     skips = SkipStats()
     read = embedded = empty_captions = 0
@@ -92,6 +93,8 @@ def build_summary(
     }
     if error is not None:
         out["error"] = error
+    if neardup is not None:  # hype.scoring.stage_neardup; `hype select --filter dedup` checks its digest
+        out["neardup"] = {k: v for k, v in neardup.items() if k not in ("fingerprint", "output", "edges")}
     if c_in_on:
         out["c_in"] |= {
             "k": clusters.get("k"),
@@ -192,6 +195,13 @@ def format_summary(s: dict) -> str:
     if sh["failed"]:
         lines.append(f"  FAILED      {len(sh['failed'])} shard(s); rerun the same command to retry them:")
         lines += [f"              {f['shard']} ({f.get('stage')}): {f['error']}" for f in sh["failed"][:5]]
+    nd = s.get("neardup")
+    if nd:
+        lines.append(
+            f"  neardup     {nd['members']:,} samples in {nd['groups']:,} groups at cosine >= "
+            f"{nd['threshold']}; "
+            f"keeper {nd['keeper']}: {nd['removed']:,} to remove (hype select --filter dedup)"
+        )
     for w in s["warnings"]:
         lines.append(f"  warning     {w}")
     return "\n".join(lines)
