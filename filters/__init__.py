@@ -13,6 +13,7 @@ Score rules give each row a number (the selection keeps the top rows); mask rule
 | image_cluster | mask | c_IN > 0, DataComp's image-based filter |
 | basic | mask | DataComp's basic filter (language, caption length, image size) |
 | intersect | mask | uid in an external subset file (e.g. DFN) |
+| dedup | mask | near-duplicates out but one keeper per group (`hype score` neardup stage) |
 
 `union` with an external subset file is part of selection itself (`hype.select.union`).
 """
@@ -28,7 +29,8 @@ from filters.random import RandomScore
 from filters.image_cluster import ImageCluster
 from filters.basic import BasicFilter
 from filters.uid_set import Intersect
+from filters.dedup import Dedup
 
 # isort: on
 
-__all__ = ["HypeScore", "ClipScore", "Specificity", "RandomScore", "ImageCluster", "BasicFilter", "Intersect"]
+__all__ = ["HypeScore", "ClipScore", "Specificity", "RandomScore", "ImageCluster", "BasicFilter", "Intersect", "Dedup"]

@@ -408,6 +408,7 @@ def explain_selection(sel, wanted: Wanted) -> dict:
     table.require(ranker.columns(), f"ranking rule {ranker.spec()!r}")
     for m in masks:
         table.require(m.columns(), f"filter {m.spec()!r}")
+        m.bind(table)
     stats = {m: RunningStats() for m in table.present_metrics()}
     watch = CutWatcher()
     bits: list[np.ndarray] = []

@@ -53,6 +53,10 @@ class Rule:
     def finish_observe(self) -> None:
         """Called once after the last `observe`."""
 
+    def bind(self, table: Any) -> None:
+        """Called once with the `ScoresTable` before any pass: rules that read files beside the scores
+        (the `dedup` filter's near-duplicate groups) read them here."""
+
     # -- the rule itself
     def score(self, batch: Batch) -> np.ndarray:
         """float64 score per row (score rules)."""

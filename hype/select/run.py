@@ -124,6 +124,7 @@ def select_subset(req: SelectRequest) -> dict:
     table.require(ranker.columns(), f"ranking rule {ranker.spec()!r}")
     for m in masks:
         table.require(m.columns(), f"filter {m.spec()!r}")
+        m.bind(table)
     metrics = table.present_metrics()
     cached = _read_pool_cache(table)
     pool_stats = {} if cached else {m: RunningStats() for m in metrics}
