@@ -33,4 +33,13 @@ from filters.dedup import Dedup
 
 # isort: on
 
-__all__ = ["HypeScore", "ClipScore", "Specificity", "RandomScore", "ImageCluster", "BasicFilter", "Intersect", "Dedup"]
+__all__ = [
+    "HypeScore",
+    "ClipScore",
+    "Specificity",
+    "RandomScore",
+    "ImageCluster",
+    "BasicFilter",
+    "Intersect",
+    "Dedup",
+]
