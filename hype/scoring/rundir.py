@@ -21,6 +21,9 @@
       clusters/<id>.parquet, <id>_stats.json    nearest centroid, caption filter, c_IN
       metadata/index.npy (+ index.json)         uid -> (metadata file, row, cos θ) with --metadata
       scores/part-<index:08d>.parquet           THE scores table (hype.scoring.schema)
+      neardup_split/<id>.parquet, <id>_stats.json   --neardup, per shard: cluster, HYPE score, feature
+      neardup/group-<g>.parquet (+ .edges.parquet, _stats.json)  per group of clusters: members, forest
+      neardup/groups.parquet, edges.parquet (+ groups.json)  near-duplicate groups (stage_neardup)
       merge/<id>_stats.json                     completion markers of the score parts
       card.json                                 the score card: digests of what the scores depend on and
                                                 a checksummed sample of them (hype verify; scoring/card.py)

@@ -7,6 +7,7 @@
     captions     per shard   DataComp's caption filter (c_IN)      -> captions/<id>.parquet
     clusters     [per class shard] + driver k-means + per shard  -> clusters/<id>.parquet (c_IN)
     merge        per shard   THE scores table                      -> scores/part-<index>.parquet
+    neardup      per shard + per cluster group + driver (--neardup) -> neardup/groups.parquet
 
 Per-shard work goes through an executor found by name in `hype.executor.EXECUTORS` (`local` in-process,
 `ray`: the plug-ins of `pipelines/`); the driver-side steps stream the per-shard outputs with bounded
