@@ -274,3 +274,17 @@ def test_filter_needs_the_stage(tmp_path_factory, tmp_path):
 
     with pytest.raises(SelectError, match="neardup.enabled=true"):
         _select(baseline(tmp_path_factory), tmp_path / "a.npy", "dedup")
+
+
+def test_a_pool_without_near_duplicates(tmp_path_factory, tmp_path):
+    w = world(tmp_path_factory)
+    meru, clip = models(tmp_path_factory)
+    run = tmp_path / "run"
+    shutil.copytree(neardup_run(tmp_path_factory), run)
+    result = run_cli(score_args(w, meru, clip, run, "--neardup", "neardup.threshold=1.0"))
+    assert result.exit_code == 0, result.output
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["neardup"]["members"] == 0 and summary["neardup"]["groups"] == 0
+    assert pq.read_table(run / "neardup" / "groups.parquet").num_rows == 0
+    s = _select(run, tmp_path / "a.npy", "dedup")
+    assert s["filters"][0]["removed_rows"] == 0 and s["selected_rows"] == s["pool_rows"]

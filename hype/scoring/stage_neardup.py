@@ -286,7 +286,7 @@ class GroupStage(ShardStage):
             members, edges = _concat(found)
         # edges first, then members, then the marker (`_finish`): the marker means both are there
         edge_out = write_parquet(
-            self._edges_output(task),
+            self.edges_output(task),
             pa.table({"a": edges[0], "b": edges[1], "sim": pa.array(edges[2], pa.float32())}),
         )
         return self._finish(
@@ -299,7 +299,7 @@ class GroupStage(ShardStage):
             edges=edge_out,
         )
 
-    def _edges_output(self, task: ShardTask) -> AnyPath:
+    def edges_output(self, task: ShardTask) -> AnyPath:
         return self.run_dir.root / self.name / f"{task.shard_id}.edges.parquet"
 
     def _cluster(self, offset: int, x: np.ndarray, t: pa.Table, hi, lo) -> tuple[dict, tuple]:
@@ -466,7 +466,7 @@ def _gather(run: RunDir, stage: GroupStage, tasks: list[ShardTask], stats: list[
     groups = rows = 0
     for task in tasks:
         m = read_parquet(run.shard_output(stage.name, task))
-        e = read_parquet(stage._edges_output(task))
+        e = read_parquet(stage.edges_output(task))
         if not m.num_rows:
             continue
         g = m.column("group").to_numpy()
@@ -557,10 +557,11 @@ def regroup(stored: StoredGroups, threshold: float, keeper: str, seed: int) -> t
             f"at; use threshold >= {stored_t}, or rerun `hype score` with neardup.threshold={threshold}"
         )
     n = len(stored.hi)
+    if n == 0:  # a pool without near-duplicates
+        return np.zeros(0, np.int64), np.zeros(0, bool)
     strong = stored.sim >= threshold
     label = components(n, stored.a[strong], stored.b[strong])
-    sizes = np.bincount(label, minlength=label.max() + 1 if n else 0)
-    group = np.where(sizes[label] >= 2, label, -1) if n else label
+    group = np.where(np.bincount(label)[label] >= 2, label, -1)
     keep = keepers(
         group,
         keeper,
