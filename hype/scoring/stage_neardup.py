@@ -28,6 +28,7 @@ T >= the stored threshold from the forest (`regroup`) and masks every member but
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import time
@@ -39,6 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import hype.io as hype_io
+from hype.executor import Resources
 from hype.io import load_npy, read_json, read_parquet
 from hype.io.storage import AnyPath
 from hype.scoring import embed_format
@@ -125,6 +127,10 @@ class SplitStage(ShardStage):
                 "format": SPLIT_FORMAT,
             }
         )
+
+    def resources(self) -> Resources:
+        # CPU work (Parquet, faiss' CPU assignment): no GPU share held on a GPU cluster
+        return dataclasses.replace(super().resources(), gpus=0.0)
 
     def setup(self) -> None:
         super().setup()
