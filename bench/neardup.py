@@ -138,16 +138,18 @@ def main() -> None:
     result["elapsed_s"] = round(time.perf_counter() - t0, 1)
     (out / "neardup.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     kinds = list(rows[0]["removed_share_by_kind"])
+    n = len(truth)
     print(
-        f"pool {len(truth):,} samples, {rows[0]['true_pairs']:,} true duplicate pairs; "
-        "removed share by noise kind with --filter dedup (keeper hype)\n"
+        f"pool {n:,} samples, {rows[0]['true_pairs']:,} true duplicate pairs (precision of a random pair: "
+        f"{rows[0]['true_pairs'] / (n * (n - 1) / 2):.5f}); removed share by noise kind with --filter dedup "
+        "(keeper hype)\n"
     )
     head = "| threshold | groups | members | pairs | precision | recall | dups with source | removed | "
     print(head + " | ".join(k.replace("_", " ") for k in kinds) + " |")
     print("|" + "---|" * (8 + len(kinds)))
     for r in rows:
         cells = [
-            f"{r['threshold']:.2f}",
+            f"{r['threshold']:g}",
             f"{r['groups']:,}",
             f"{r['members']:,}",
             f"{r['predicted_pairs']:,}",
