@@ -58,6 +58,11 @@ ARMS: dict[str, list[str] | None] = {
     # Scale of the terms: Eq. 1 over normalized terms.
     "hype-zscore": ["--preset", "hype", "--normalize", "zscore"],
     "hype-rank": ["--preset", "hype", "--normalize", "rank"],
+    # Near-duplicates out before ranking (`hype score`'s neardup stage), one keeper per group chosen by
+    # the highest HYPE score, as SemDeDup (farthest from the cluster centroid), or at random.
+    "hype-dedup": ["--preset", "hype", "--filter", "dedup:keeper=hype"],
+    "hype-dedup-semdedup": ["--preset", "hype", "--filter", "dedup:keeper=semdedup"],
+    "hype-dedup-random": ["--preset", "hype", "--filter", "dedup:keeper=random"],
     "pool": None,
 }
 DEFAULT_ARMS = [a for a in ARMS if a != "pool"]
@@ -122,8 +127,9 @@ def main() -> None:
     print(f"wrote {out / args.name}.md and .json ({result['elapsed_s'] / 60:.1f} min)")
 
 
-def _scores(run, args, out: Path, world: Path) -> Path:
-    """The world, its two scorers and the scored pool (each step skipped when its output exists)."""
+def _scores(run, args, out: Path, world: Path, extra: tuple[str, ...] = ()) -> Path:
+    """The world, its two scorers and the scored pool (each step skipped when its output exists), with the
+    near-duplicate stage (the dedup arms); `extra`: more `hype score` settings."""
     from hype.workflow import train_args
 
     if not (world / "world.json").is_file():
@@ -142,6 +148,9 @@ def _scores(run, args, out: Path, world: Path) -> Path:
         "--clip", str(models / "clip" / "model.safetensors"),
         "--class-images", str(world / "eval" / "reference" / "train"), "--out", str(score),
         "--config", "tiny", "--num-clusters", str(args.num_clusters), "--no-progress",
+        # The tiny CLIP's image features crowd near cosine 1 (within a cluster most pairs are > 0.98):
+        # 0.999 removes ~30% of the pool (bench/neardup.py's removed column, not its truth columns).
+        "neardup.enabled=true", "neardup.threshold=0.999", *extra,
     )  # fmt: skip
     return score
 

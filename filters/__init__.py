@@ -14,6 +14,7 @@ Score rules give each row a number (the selection keeps the top rows); mask rule
 | basic | mask | DataComp's basic filter (language, caption length, image size) |
 | intersect | mask | uid in an external subset file (e.g. DFN) |
 | decontaminate | mask | not near an evaluation image (`hype score --decontaminate`) |
+| dedup | mask | near-duplicates out but one keeper per group (`hype score` neardup stage) |
 
 `union` with an external subset file is part of selection itself (`hype.select.union`).
 """
@@ -30,6 +31,7 @@ from filters.image_cluster import ImageCluster
 from filters.basic import BasicFilter
 from filters.uid_set import Intersect
 from filters.decontaminate import Decontaminate
+from filters.dedup import Dedup
 
 # isort: on
 
@@ -42,4 +44,5 @@ __all__ = [
     "BasicFilter",
     "Intersect",
     "Decontaminate",
+    "Dedup",
 ]

@@ -14,12 +14,14 @@ import pyarrow.dataset as ds
 import yaml
 from ray_support import needs_ray, ray_env
 from test_score_support import (
+    NEARDUP_OVERRIDES,
     POOL_SIZE,
     baseline,
     cli_command,
     digests,
     kill9,
     models,
+    neardup_run,
     score_args,
     wait_for,
     world,
@@ -48,6 +50,7 @@ def test_ray_executor_survives_a_killed_worker_and_matches_the_local_run(
         f"debug.pid_dir={pids}",
         "debug.hold_s=1.5",
         "executor.retries=2",
+        *NEARDUP_OVERRIDES,  # the near-duplicate stage's two maps on Ray too
     )
     env = ray_env()
     proc = subprocess.Popen(
@@ -77,6 +80,9 @@ def test_ray_executor_survives_a_killed_worker_and_matches_the_local_run(
     assert table.num_rows == POOL_SIZE and len(set(table.column("uid").to_pylist())) == POOL_SIZE
     assert digests(run / "scores") == digests(base / "scores")
     assert digests(run / "embed") == digests(base / "embed")
+    local = neardup_run(tmp_path_factory)
+    assert digests(run / "neardup") == digests(local / "neardup")  # groups, edges, per-group outputs
+    assert s["neardup"]["members"] > 0
     assert (
         len({json.loads(p.read_text())["worker"]["pid"] for p in (run / "embed").glob("*_stats.json")}) >= 2
     )

@@ -99,6 +99,26 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _CACHE["baseline"]
 
 
+# Near-duplicate stage on the tiny random-init CLIP, whose image features are all close: a cosine of 0.999
+# keeps ~1% of the pairs, in groups of a few.
+NEARDUP_OVERRIDES = ["neardup.enabled=true", "neardup.threshold=0.999"]
+
+
+def neardup_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the baseline run with the near-duplicate stage added (every other stage is reused)."""
+    if "neardup" not in _CACHE:
+        import shutil
+
+        w = world(tmp_path_factory)
+        meru, clip = models(tmp_path_factory)
+        out = tmp_path_factory.mktemp("score-neardup") / "run"
+        shutil.copytree(baseline(tmp_path_factory), out)
+        result = run_cli(score_args(w, meru, clip, out, *NEARDUP_OVERRIDES))
+        assert result.exit_code == 0, result.output
+        _CACHE["neardup"] = out
+    return _CACHE["neardup"]
+
+
 def run_cli(args: list[str]):
     from click.testing import CliRunner
 

@@ -100,6 +100,12 @@ class _Warnings(logging.Handler):
     show_default=True,
     help="Score preset (configs/score/NAME.yaml) or a YAML file.",
 )
+@click.option(
+    "--neardup/--no-neardup",
+    default=None,
+    help="Near-duplicate images after merge (neardup.*): RUN_DIR/neardup/groups.parquet, for "
+    "`hype select --filter dedup` [default: off].",
+)
 @click.option("--progress/--no-progress", default=None, help="Progress bars on stderr [default: on].")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of text.")
 @click.option(
@@ -127,6 +133,7 @@ def score(
     hinge,
     num_clusters,
     config,
+    neardup,
     progress,
     as_json,
     dry_run,
@@ -142,8 +149,9 @@ def score(
           --class-features in1k_l14.npy --out runs/small --executor ray --ray-address auto --device cuda
 
     Stages (each resumable; a rerun skips finished shards): embed -> dedup -> reference -> specificity ->
-    clusters -> merge. Output: RUN_DIR/scores/part-*.parquet (uid, eps_i, eps_t, neg_d_l, cos_theta,
-    c_in, shard, key, text, width, height), RUN_DIR/summary.json, per-shard stats under RUN_DIR/<stage>/.
+    clusters -> merge [-> neardup, with --neardup]. Output: RUN_DIR/scores/part-*.parquet (uid, eps_i,
+    eps_t, neg_d_l, cos_theta, c_in, shard, key, text, width, height), RUN_DIR/summary.json, per-shard stats
+    under RUN_DIR/<stage>/ (with --neardup: RUN_DIR/neardup/groups.parquet, for --filter dedup).
 
     Growing a pool: `hype score --pool NEW_SHARDS --out RUN` on a complete run scores only the new shards,
     with the run's frozen reference sets, centroids and models (others are refused); the result equals a
@@ -204,6 +212,7 @@ OPTION_KEYS = {
     "hinge": "specificity.hinge",
     "num_clusters": "clusters.num_clusters",
     "progress": "progress",
+    "neardup": "neardup.enabled",
 }
 
 

@@ -99,6 +99,32 @@ class ClustersConfig:
 
 
 @dataclass(frozen=True)
+class NeardupConfig:
+    """Near-duplicate images (hype.scoring.stage_neardup): groups of CLIP image features within k-means
+    clusters whose cosine similarity is >= threshold, one keeper per group."""
+
+    enabled: bool = False  # --neardup
+    threshold: float = 0.95  # cosine of CLIP image features; `hype select --filter dedup` may only raise it
+    keeper: str = "hype"  # hype (highest HYPE score) | semdedup (farthest from its centroid) | random
+    seed: int = 0  # of the random keeper
+    reuse_clusters: bool = True  # c_IN's k-means when it ran; else k-means of its own
+    num_clusters: int | None = None  # own k-means K; null: default_num_clusters(pool size)
+    max_cluster: int = 1_000_000  # rows of one cluster searched at once (its features are in memory)
+    rows_per_group: int = 1_000_000  # rows per unit of work (clusters grouped: features in memory)
+    pairs_per_block: int = 1 << 24  # pairs of one range-search block held at once
+
+    def __post_init__(self) -> None:
+        from hype.scoring.neardup import KEEPERS
+
+        one_of(self, "keeper", KEEPERS)
+        if not 0 < self.threshold <= 1:
+            raise ConfigError("threshold", f"must be in (0, 1] (a cosine similarity); got {self.threshold}")
+        at_least(self, 1, "num_clusters")
+        at_least(self, 2, "max_cluster")
+        at_least(self, 1, "rows_per_group", "pairs_per_block")
+
+
+@dataclass(frozen=True)
 class MetadataConfig:
     """DataComp pool metadata: `<hash>.parquet` lists the pool's uids; with the row-aligned `<hash>.npz`
     it is also the source of cos θ and the CLIP image features for c_IN (without the .npz, --clip computes
@@ -170,6 +196,7 @@ class ScoreConfig:
     clusters: ClustersConfig = field(default_factory=ClustersConfig)
     metadata: MetadataConfig = field(default_factory=MetadataConfig)
     decontam: DecontamConfig = field(default_factory=DecontamConfig)
+    neardup: NeardupConfig = field(default_factory=NeardupConfig)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
 

@@ -21,8 +21,11 @@
       clusters/<id>.parquet, <id>_stats.json    nearest centroid, caption filter, c_IN
       metadata/index.npy (+ index.json)         uid -> (metadata file, row, cos θ) with --metadata
       decontam_eval/<id>.parquet, <id>_stats.json   CLIP features of the --decontaminate evaluation images
-      decontam/matches.parquet (+ matches.json)     pool samples near an evaluation image (scoring/decontam.py)
+      decontam/matches.parquet (+ matches.json)     pool samples near an evaluation image (stage_decontam)
       scores/part-<index:08d>.parquet           THE scores table (hype.scoring.schema)
+      neardup_split/<id>.parquet, <id>_stats.json   --neardup, per shard: cluster, HYPE score, feature
+      neardup/group-<g>.parquet (+ .edges.parquet, _stats.json)  per group of clusters: members, forest
+      neardup/groups.parquet, edges.parquet (+ groups.json)  near-duplicate groups (stage_neardup)
       merge/<id>_stats.json                     completion markers of the score parts
       card.json                                 the score card: digests of what the scores depend on and
                                                 a checksummed sample of them (hype verify; scoring/card.py)
@@ -80,6 +83,7 @@ from hype.io.storage import AnyPath
 from hype.scoring.schema import scores_dir
 
 SHARD_STAGES = ("embed", "reference", "specificity", "classes", "captions", "clusters", "merge")
+SHARD_STAGES += ("neardup_split", "neardup")  # near-duplicates (hype.scoring.stage_neardup)
 RUN_DIGEST = "blake2b-128"  # recorded in markers' fingerprints: changing it would redo every finished output
 # Parquet writer settings are fixed here so that identical tables give identical bytes. zstd with no
 # dictionary except for the one low-cardinality column, and float columns byte-stream-split: a uid (32 hex

@@ -7,6 +7,7 @@
     captions     per shard   DataComp's caption filter (c_IN)      -> captions/<id>.parquet
     clusters     [per class shard] + driver k-means + per shard  -> clusters/<id>.parquet (c_IN)
     merge        per shard   THE scores table                      -> scores/part-<index>.parquet
+    neardup      per shard + per cluster group + driver (--neardup) -> neardup/groups.parquet
 
 Per-shard work goes through an executor found by name in `hype.executor.EXECUTORS` (`local` in-process,
 `ray`: the plug-ins of `pipelines/`); the driver-side steps stream the per-shard outputs with bounded
@@ -325,6 +326,7 @@ def _score(state: _Run) -> dict:
     clusters_info = _clusters(state, pool)
     decontam_info = _decontaminate(state, pool)
     merge_stats = _merge(state, pool, c_in=clusters_info is not None)
+    neardup_info = _neardup(state, pool, clusters_info)
     state.timed("card", lambda: _card(state, pool))
     return state.summary(
         state.plan,
@@ -336,6 +338,7 @@ def _score(state: _Run) -> dict:
         clusters=clusters_info,
         specificity={"hinge": cfg.specificity.hinge, "K": pool.K, "curv": pool.curv},
         decontam=decontam_info,
+        neardup=neardup_info,
     )
 
 
@@ -344,6 +347,19 @@ def _decontaminate(state: _Run, pool: _Embedded) -> dict | None:
     from hype.scoring.stage_decontam import decontaminate
 
     return decontaminate(state, pool)
+
+
+def _neardup(state: _Run, pool: _Embedded, clusters_info: dict | None) -> dict | None:
+    """Near-duplicate groups and keepers (`neardup.enabled`; after merge: the `hype` keeper reads the
+    scores); see `hype.scoring.stage_neardup`."""
+    if not state.cfg.neardup.enabled:
+        return None
+    from hype.scoring.stage_neardup import NeardupError, find_near_duplicates
+
+    try:
+        return find_near_duplicates(state, pool, clusters_info)
+    except NeardupError as e:
+        raise ScoreError(str(e)) from None
 
 
 def _card(state: _Run, pool: _Embedded) -> dict:

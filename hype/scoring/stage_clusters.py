@@ -191,21 +191,7 @@ def train_clusters(
     if done is not None and run.centroids.is_file() and run.targets.is_file():
         return done
     started = time.perf_counter()
-    sample = RunningTopK(max_points, largest=False)
-    pool = eligible = 0
-    for task in tasks:
-        t = read_parquet(run.shard_output("embed", task), columns=["uid", "clip_img"])
-        keep = keep_mask(t.num_rows, drops.get(task.index))
-        pool += int(keep.sum())
-        if caption_filter:
-            keep &= read_caption_ok(run, task, t.num_rows)
-        rows = np.nonzero(keep)[0]
-        eligible += len(rows)
-        if not len(rows):
-            continue
-        hi, _ = uids_to_pairs(t.column("uid").take(pa.array(rows)).to_pylist())
-        feats = embed_format.fixed_list_to_numpy(t.column("clip_img"))[rows]
-        sample.add(hi, order_id(task.index, rows), feats)
+    sample, pool, eligible = sample_pool_features(run, tasks, drops, max_points, caption_filter)
     if eligible == 0:
         raise ClustersError(
             f"none of the {pool} samples passes DataComp's caption filter: nothing to train k-means on; "
@@ -229,6 +215,30 @@ def train_clusters(
     }
     atomic_write_json(run.clusters_marker, info)
     return info
+
+
+def sample_pool_features(
+    run: RunDir, tasks: list[ShardTask], drops: dict[int, np.ndarray], max_points: int, caption_filter: bool
+) -> tuple[RunningTopK, int, int]:
+    """(a deterministic sample of at most `max_points` CLIP image features of the pool: the rows with the
+    smallest uid hashes, independent of shard order; pool rows; eligible rows), streamed from the embed
+    outputs, on the caption-filtered rows when `caption_filter`. `sample.payload` holds the features."""
+    sample = RunningTopK(max_points, largest=False)
+    pool = eligible = 0
+    for task in tasks:
+        t = read_parquet(run.shard_output("embed", task), columns=["uid", "clip_img"])
+        keep = keep_mask(t.num_rows, drops.get(task.index))
+        pool += int(keep.sum())
+        if caption_filter:
+            keep &= read_caption_ok(run, task, t.num_rows)
+        rows = np.nonzero(keep)[0]
+        eligible += len(rows)
+        if not len(rows):
+            continue
+        hi, _ = uids_to_pairs(t.column("uid").take(pa.array(rows)).to_pylist())
+        feats = embed_format.fixed_list_to_numpy(t.column("clip_img"))[rows]
+        sample.add(hi, order_id(task.index, rows), feats)
+    return sample, pool, eligible
 
 
 def use_centroids(run: RunDir, path: str, dim: int, class_features: np.ndarray, fp: str) -> dict:

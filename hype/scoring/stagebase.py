@@ -126,12 +126,17 @@ class ShardStage(Stage):
         if dbg.hold_s > 0:
             time.sleep(dbg.hold_s)
 
+    def _write_output(self, task: ShardTask, table) -> dict:
+        """Write the shard's output table; its `write_parquet` record (a stage with its own layout
+        overrides this)."""
+        return write_parquet(self.run_dir.shard_output(self.name, task), table)
+
     def _finish(
         self, task: ShardTask, fingerprint: str, table, started: float, *, rate: int | None = None, **extra
     ) -> dict:
         """Write the shard's output table, then its `_stats.json` marker (last: the marker means done),
         and return the marker. `rate`: samples behind `samples_per_s`; `extra`: more marker fields."""
-        output = write_parquet(self.run_dir.shard_output(self.name, task), table)
+        output = self._write_output(task, table)
         seconds = time.perf_counter() - started
         stats = {
             "stage": self.name,

@@ -36,6 +36,7 @@ def build_summary(
     metadata: dict | None = None,
     error: str | None = None,
     decontam: dict | None = None,
+    neardup: dict | None = None,
 ) -> dict:
     skips = SkipStats()
     read = embedded = empty_captions = 0
@@ -95,6 +96,8 @@ def build_summary(
         out["error"] = error
     if decontam is not None:  # --decontaminate: matches per task (RUN_DIR/decontam/matches.json)
         out["decontam"] = {k: v for k, v in decontam.items() if k not in ("fingerprint", "output")}
+    if neardup is not None:  # hype.scoring.stage_neardup; `hype select --filter dedup` checks its digest
+        out["neardup"] = {k: v for k, v in neardup.items() if k not in ("fingerprint", "output", "edges")}
     if c_in_on:
         out["c_in"] |= {
             "k": clusters.get("k"),
@@ -201,6 +204,13 @@ def format_summary(s: dict) -> str:
     if sh["failed"]:
         lines.append(f"  FAILED      {len(sh['failed'])} shard(s); rerun the same command to retry them:")
         lines += [f"              {f['shard']} ({f.get('stage')}): {f['error']}" for f in sh["failed"][:5]]
+    nd = s.get("neardup")
+    if nd:
+        lines.append(
+            f"  neardup     {nd['members']:,} samples in {nd['groups']:,} groups at cosine >= "
+            f"{nd['threshold']}; "
+            f"keeper {nd['keeper']}: {nd['removed']:,} to remove (hype select --filter dedup)"
+        )
     for w in s["warnings"]:
         lines.append(f"  warning     {w}")
     return "\n".join(lines)

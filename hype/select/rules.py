@@ -42,7 +42,8 @@ class Rule:
         """Scores-table columns this rule reads (add "uid" for rules that look at uids)."""
         return []
 
-    # -- optional: outputs of the scoring run beside the table (e.g. `decontaminate`: RUN_DIR/decontam/)
+    # -- optional: outputs of the scoring run beside the table (`decontaminate`: RUN_DIR/decontam/,
+    # `dedup`: RUN_DIR/neardup/)
     def attach(self, table: Any) -> None:
         """Called once with the `ScoresTable` before any batch: rules that read a run's other outputs
         find them here (the run directory of each scores folder: `folder.parent` of `table.folders`)."""

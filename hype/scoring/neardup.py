@@ -1,0 +1,154 @@
+"""Near-duplicate images (semantic dedup, SemDeDup-style) within k-means clusters: the algorithms, no I/O.
+
+Within one cluster of L2-normalised CLIP image features, every pair with cosine similarity >= threshold is
+an edge; duplicate groups are the connected components of that graph. Pairs come from a range search
+(faiss `IndexFlatIP.range_search` on the CPU; on a GPU, blocks of `x @ x.T` with torch, since faiss' GPU
+flat indexes have no range search) over blocks of query rows, so memory is the cluster's features plus
+one block's pairs (`pairs_per_block`), never all pairs of the cluster.
+
+What is kept is the cluster's maximum spanning forest, not every pair: the components of the pairs >= t
+are the components of the forest's edges >= t for every t at or above the threshold (a forest edge left
+out below t cannot join what a stronger path does not), so one stored forest answers any stricter
+threshold later (`hype select --filter dedup:threshold=...`) with at most one edge per member. Blocks are
+folded in one at a time (the forest of the forest plus a block's pairs is the forest of everything so
+far), so a cluster of identical copies costs one block of pairs, not m².
+
+Keeper rules (one member of each group stays, the others are marked): `hype`: the highest HYPE score
+(paper Eq. 1; the most specific and best aligned copy), `semdedup`: the member farthest from its cluster's
+centroid (lowest cosine to it, as SemDeDup keeps), `random`: the smallest seeded hash of the uid. Ties go
+to the smallest uid, so the choice never depends on order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+KEEPERS = ("hype", "semdedup", "random")
+PAIRS_PER_BLOCK = 1 << 24  # range-search results held at once (int64 ids + float32 sims: ~200 MB)
+
+
+class NeardupError(ValueError):
+    """Near-duplicate search that cannot run on these inputs; the message says why and what to do."""
+
+
+def normalize_rows(x: np.ndarray) -> np.ndarray:
+    """float32 rows of unit L2 norm (a zero row stays zero: it is nobody's duplicate)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.where(norms > 0, norms, 1.0).astype(np.float32)
+
+
+def _faiss_pairs(x: np.ndarray, threshold: float, block: int) -> Iterator[tuple[np.ndarray, ...]]:
+    import faiss
+
+    index = faiss.IndexFlatIP(x.shape[1])
+    index.add(x)
+    for start in range(0, len(x), block):
+        lims, sims, ids = index.range_search(x[start : start + block], float(threshold))
+        rows = start + np.repeat(np.arange(len(lims) - 1, dtype=np.int64), np.diff(lims).astype(np.int64))
+        yield rows, ids.astype(np.int64, copy=False), sims
+
+
+def _torch_pairs(
+    x: np.ndarray, threshold: float, block: int, device: str
+) -> Iterator[tuple[np.ndarray, ...]]:
+    import torch
+
+    xt = torch.from_numpy(x).to(device)
+    for start in range(0, len(x), block):
+        sims = xt[start : start + block] @ xt.T
+        rows, ids = torch.nonzero(sims >= threshold, as_tuple=True)
+        yield (rows + start).cpu().numpy(), ids.cpu().numpy(), sims[rows, ids].cpu().numpy()
+
+
+def similar_pairs(
+    x: np.ndarray, threshold: float, *, pairs_per_block: int = PAIRS_PER_BLOCK, device: str = "cpu"
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Blocks of (a, b, sim) with a < b and cosine sim >= threshold (rows of unit `x`); each pair once."""
+    block = max(1, pairs_per_block // max(1, len(x)))
+    found = (
+        _faiss_pairs(x, threshold, block) if device == "cpu" else _torch_pairs(x, threshold, block, device)
+    )
+    for a, b, s in found:
+        keep = (a < b) & (s >= threshold)  # faiss keeps sim > radius; >= here either way
+        yield a[keep], b[keep], s[keep].astype(np.float32)
+
+
+def spanning_forest(
+    n: int, a: np.ndarray, b: np.ndarray, sim: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The maximum spanning forest of the graph on `n` nodes with distinct edges (a, b, sim > 0): at most
+    n - 1 edges (scipy's minimum spanning tree of -sim; a zero weight would read as no edge)."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import minimum_spanning_tree
+
+    if not len(a):
+        return a, b, sim
+    graph = coo_matrix((-sim.astype(np.float64), (a, b)), shape=(n, n)).tocsr()
+    tree = minimum_spanning_tree(graph).tocoo()
+    lo, hi = np.minimum(tree.row, tree.col), np.maximum(tree.row, tree.col)
+    return lo.astype(np.int64), hi.astype(np.int64), (-tree.data).astype(np.float32)
+
+
+def cluster_forest(
+    x: np.ndarray, threshold: float, *, pairs_per_block: int = PAIRS_PER_BLOCK, device: str = "cpu"
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The maximum spanning forest of the pairs >= threshold among the rows of unit `x` (one cluster)."""
+    fa, fb, fs = np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
+    for a, b, s in similar_pairs(x, threshold, pairs_per_block=pairs_per_block, device=device):
+        if len(a):
+            fa, fb, fs = spanning_forest(
+                len(x), np.concatenate([fa, a]), np.concatenate([fb, b]), np.concatenate([fs, s])
+            )
+    return fa, fb, fs
+
+
+def components(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Component label of each of `n` nodes (labels 0.. in order of each component's first node)."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    graph = coo_matrix((np.ones(len(a), np.int8), (a, b)), shape=(n, n))
+    _, labels = connected_components(graph, directed=False)
+    # relabel by first appearance: independent of scipy's numbering
+    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+    return rank[inverse]
+
+
+def random_keys(hi: np.ndarray, lo: np.ndarray, seed: int) -> np.ndarray:
+    """A seeded hash of each uid (the `random` rule's, as uint64): the `random` keeper keeps the smallest."""
+    from hype.data.uids import splitmix64
+
+    s = np.full_like(lo, np.uint64(seed % 2**64))
+    return splitmix64(hi ^ splitmix64(lo ^ splitmix64(s)))
+
+
+def keepers(
+    group: np.ndarray,
+    rule: str,
+    *,
+    hi: np.ndarray,
+    lo: np.ndarray,
+    hype: np.ndarray | None = None,
+    centroid_sim: np.ndarray | None = None,
+    seed: int = 0,
+) -> np.ndarray:
+    """bool per member: the one member of its `group` the rule keeps. `group` -1: in no group (kept)."""
+    if rule == "hype":
+        primary = -np.asarray(hype, np.float64)  # highest score first
+    elif rule == "semdedup":
+        primary = np.asarray(centroid_sim, np.float64)  # farthest from the centroid first
+    elif rule == "random":
+        primary = random_keys(hi, lo, seed)
+    else:
+        raise NeardupError(f"unknown keeper {rule!r}; keepers: {', '.join(KEEPERS)}")
+    order = np.lexsort((lo, hi, primary, group))  # best member of each group first, ties by uid
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = group[order][1:] != group[order][:-1]
+    keep = np.zeros(len(group), dtype=bool)
+    keep[order[first]] = True
+    return keep | (group < 0)

@@ -1,0 +1,580 @@
+"""Near-duplicate stage of `hype score` (`neardup.enabled=true`): duplicate groups of CLIP image features
+within k-means clusters, a keeper per group. The algorithms are in `hype.scoring.neardup`.
+
+It runs after merge, because the `hype` keeper is the member with the highest HYPE score (paper Eq. 1 of
+the scores table the run just wrote; the fingerprints hold the scores parts' digests, so a rescored pool
+recomputes it), on rows of the scores table only (repeated uids are already dropped).
+
+1. clusters (driver): c_IN's k-means and each sample's cluster when the clusters stage ran
+   (`neardup.reuse_clusters`), else the same k-means (`kmeans_centroids` on the same deterministic sample
+   of the pool) into `neardup.num_clusters` (default: `default_num_clusters`) -> `neardup/centroids.npy`
+   (+ `model.json`).
+2. `SplitStage` (per shard, executor): each row's cluster, group of clusters (`cluster % groups`, with
+   `groups` = ceil(rows / `neardup.rows_per_group`)), HYPE score, cosine to its centroid, uid and feature,
+   sorted by group with one Parquet row group per group -> `neardup_split/<id>.parquet`; the marker lists
+   the groups present. Memory: one shard.
+3. `GroupStage` (per group of clusters, executor): reads its row group from every shard (the shuffle),
+   then per cluster the maximum spanning forest of the pairs >= `neardup.threshold` (faiss range search
+   in blocks), the duplicate groups and their keepers -> `neardup/group-<g>.parquet` (members) and
+   `group-<g>.edges.parquet` (the forest). Memory: one group of clusters (~`rows_per_group` features) plus
+   one block of pairs; a cluster above `neardup.max_cluster` rows is an error naming the fix.
+4. driver: `neardup/groups.parquet` (uid, group, keeper, sim_to_keeper, cluster, hype, centroid_sim: one
+   row per member of a group of >= 2) and `neardup/edges.parquet` (a, b: rows of groups.parquet, sim),
+   marker `neardup/groups.json` last.
+
+`hype select --filter dedup[:threshold=T,keeper=RULE]` (filters/dedup.py) regroups the members at any
+T >= the stored threshold from the forest (`regroup`) and masks every member but the keeper.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+import hype.io as hype_io
+from hype.executor import Resources
+from hype.io import load_npy, read_json, read_parquet
+from hype.io.storage import AnyPath
+from hype.scoring import embed_format
+from hype.scoring.clusters import default_num_clusters, kmeans_centroids, nearest_centroid
+from hype.scoring.dedup import keep_mask
+from hype.scoring.neardup import (
+    PAIRS_PER_BLOCK,
+    NeardupError,
+    cluster_forest,
+    components,
+    keepers,
+    normalize_rows,
+)
+from hype.scoring.rundir import (
+    RUN_DIGEST,
+    RunDir,
+    ShardTask,
+    atomic_write_bytes,
+    atomic_write_json,
+    completed,
+    fingerprint,
+    parquet_options,
+    write_parquet,
+)
+from hype.scoring.schema import METRICS
+from hype.scoring.stagebase import ShardStage
+
+SPLIT_FORMAT = "neardup-split-1"  # enters the split fingerprint: change it when the split's columns change
+GROUP_COLUMNS = ("uid", "group", "keeper", "sim_to_keeper", "cluster", "hype", "centroid_sim")
+
+
+def folder(run: RunDir) -> AnyPath:
+    return run.root / "neardup"
+
+
+def groups_path(run: RunDir) -> AnyPath:
+    return folder(run) / "groups.parquet"
+
+
+def edges_path(run: RunDir) -> AnyPath:
+    return folder(run) / "edges.parquet"
+
+
+def groups_marker(run: RunDir) -> AnyPath:
+    return folder(run) / "groups.json"
+
+
+def group_task(g: int) -> ShardTask:
+    """The unit of work of `GroupStage`: one group of clusters (named like a shard for the executor)."""
+    return ShardTask(g, f"cluster group {g}", f"group-{g:05d}", source=f"cluster group {g}")
+
+
+class SplitStage(ShardStage):
+    """Per shard: cluster, group of clusters, HYPE score, cosine to the centroid and feature of every scored
+    row, one Parquet row group per group of clusters (read by `GroupStage` without the others)."""
+
+    name = "neardup_split"
+
+    def __init__(
+        self,
+        run: RunDir,
+        *,
+        groups: int,
+        model_digest: str,
+        reuse_clusters: bool,
+        drops: dict | None = None,
+        **kw,
+    ):
+        super().__init__(run, **kw)
+        self.groups = groups
+        self.model_digest = model_digest
+        self.reuse_clusters = reuse_clusters  # the clusters stage's `cluster` column, else neardup's model
+        self.drops = drops or {}
+
+    def fingerprint(self, task: ShardTask) -> str:
+        return fingerprint(
+            {
+                "stage": self.name,
+                "embed": self.upstream_digest("embed", task),
+                "merge": self.upstream_digest("merge", task),
+                "clusters": self.upstream_digest("clusters", task) if self.reuse_clusters else None,
+                "model": self.model_digest,
+                "groups": self.groups,
+                "format": SPLIT_FORMAT,
+            }
+        )
+
+    def resources(self) -> Resources:
+        # CPU work (Parquet, faiss' CPU assignment): no GPU share held on a GPU cluster
+        return dataclasses.replace(super().resources(), gpus=0.0)
+
+    def setup(self) -> None:
+        super().setup()
+        path = self.run_dir.centroids if self.reuse_clusters else centroids_path(self.run_dir)
+        self._centroids = normalize_rows(load_npy(path))
+
+    def run(self, task: ShardTask) -> dict:
+        from hype.select.combine import hype_score
+
+        started = time.perf_counter()
+        fp = self.fingerprint(task)
+        self._debug_hook(task)
+        r = self.run_dir
+        emb = read_parquet(r.shard_output("embed", task), columns=["uid", "clip_img"])
+        keep = keep_mask(emb.num_rows, self.drops.get(task.index))
+        scores = read_parquet(r.shard_output("merge", task), columns=["uid", *METRICS])
+        uids = emb.column("uid").filter(pa.array(keep))
+        if not uids.equals(scores.column("uid")):
+            raise RuntimeError(
+                f"{task.shard_id}: embed output and scores part differ; rerun to recompute them"
+            )
+        feats = embed_format.fixed_list_to_numpy(emb.column("clip_img"))[keep]
+        if self.reuse_clusters:
+            cluster = read_parquet(r.shard_output("clusters", task), columns=["cluster"]).column(0)
+            cluster = cluster.to_numpy().astype(np.int64)[keep]
+        else:
+            cluster = nearest_centroid(feats, self._centroids) if len(feats) else np.zeros(0, np.int64)
+        unit = normalize_rows(feats)
+        centroid_sim = np.einsum("ij,ij->i", unit, self._centroids[cluster]) if len(unit) else unit[:, 0]
+        hype = hype_score({m: scores.column(m).to_numpy() for m in METRICS})
+        group = cluster % self.groups
+        order = np.lexsort((cluster, group))  # by group, then cluster; rows in shard order within
+        table = pa.table(
+            {
+                "group": pa.array(group[order], pa.int32()),
+                "cluster": pa.array(cluster[order], pa.int32()),
+                "uid": uids.take(pa.array(order)),
+                "hype": pa.array(hype[order], pa.float64()),
+                "centroid_sim": pa.array(centroid_sim[order], pa.float32()),
+                "clip_img": embed_format.fixed_list(feats[order]),
+            }
+        )
+        present, counts = np.unique(group, return_counts=True)
+        return self._finish(
+            task,
+            fp,
+            table,
+            started,
+            rate=table.num_rows,
+            counts={"samples": table.num_rows},
+            groups=[[int(g), int(n)] for g, n in zip(present, counts, strict=True)],
+        )
+
+    def _write_output(self, task: ShardTask, table: pa.Table) -> dict:
+        """One row group per group of clusters, in group order (the marker's `groups` list)."""
+        buf = io.BytesIO()
+        opts = {k: v for k, v in parquet_options(table.schema).items() if k != "row_group_size"}
+        group = table.column("group").to_numpy()
+        bounds = np.flatnonzero(np.diff(group)) + 1
+        with pq.ParquetWriter(buf, table.schema, **opts) as writer:
+            for start, stop in zip([0, *bounds], [*bounds, len(group)], strict=True):
+                if stop > start:
+                    writer.write_table(table.slice(start, stop - start), row_group_size=stop - start)
+        data = buf.getvalue()
+        written = atomic_write_bytes(self.run_dir.shard_output(self.name, task), data)
+        return {
+            "file": written.name,
+            "rows": table.num_rows,
+            "bytes": len(data),
+            "digest": hype_io.bytes_digest(data, RUN_DIGEST),
+        }
+
+
+def read_split_group(run: RunDir, shard: ShardTask, g: int) -> pa.Table | None:
+    """Shard's rows of group of clusters `g` (its row group), or None when it has none."""
+    stats = read_json(run.shard_stats(SplitStage.name, shard)) or {}
+    present = [grp for grp, _ in stats.get("groups", [])]
+    if g not in present:
+        return None
+    with hype_io.open_input(run.shard_output(SplitStage.name, shard)) as f:
+        return pq.ParquetFile(f).read_row_group(present.index(g))
+
+
+class GroupStage(ShardStage):
+    """Per group of clusters: the duplicate groups of each of its clusters, their keepers and forests."""
+
+    name = "neardup"
+
+    def __init__(
+        self,
+        run: RunDir,
+        *,
+        shards: list[ShardTask],
+        splits_digest: str,
+        threshold: float,
+        keeper: str,
+        seed: int,
+        max_cluster: int,
+        pairs_per_block: int = PAIRS_PER_BLOCK,
+        **kw,
+    ):
+        super().__init__(run, **kw)
+        self.shards = shards
+        self.splits_digest = splits_digest
+        self.threshold = threshold
+        self.keeper = keeper
+        self.seed = seed
+        self.max_cluster = max_cluster
+        self.pairs_per_block = pairs_per_block
+
+    def fingerprint(self, task: ShardTask) -> str:
+        return fingerprint(
+            {
+                "stage": self.name,
+                "group": task.index,
+                "splits": self.splits_digest,
+                "threshold": self.threshold,
+                "keeper": self.keeper,
+                "seed": self.seed,
+                "max_cluster": self.max_cluster,
+            }
+        )
+
+    def label(self, task: ShardTask) -> str:
+        return task.path
+
+    def run(self, task: ShardTask) -> dict:
+        from hype.data.uids import arrow_to_pairs
+
+        started = time.perf_counter()
+        fp = self.fingerprint(task)
+        self._debug_hook(task)
+        parts = [read_split_group(self.run_dir, s, task.index) for s in self.shards]
+        parts = [p for p in parts if p is not None and p.num_rows]
+        rows = sum(p.num_rows for p in parts)
+        members, edges = _empty_members(), (np.zeros(0, np.int64),) * 2 + (np.zeros(0, np.float32),)
+        clusters = 0
+        if rows:
+            t = pa.concat_tables(parts).combine_chunks()
+            order = np.argsort(t.column("cluster").to_numpy(), kind="stable")
+            t = t.take(pa.array(order))
+            cluster = t.column("cluster").to_numpy()
+            feats = normalize_rows(embed_format.fixed_list_to_numpy(t.column("clip_img")))
+            hi, lo = arrow_to_pairs(t.column("uid"), f"{task.shard_id}: uid")
+            bounds = np.flatnonzero(np.diff(cluster)) + 1
+            found = []
+            for start, stop in zip([0, *bounds], [*bounds, rows], strict=True):
+                clusters += 1
+                if stop - start < 2:
+                    continue
+                if stop - start > self.max_cluster:
+                    raise NeardupError(
+                        f"cluster {int(cluster[start])} has {stop - start:,} rows, more than "
+                        f"neardup.max_cluster={self.max_cluster:,}: set more clusters "
+                        "(neardup.num_clusters=K with neardup.reuse_clusters=false) or raise "
+                        "neardup.max_cluster (memory: its features)"
+                    )
+                found.append(self._cluster(start, feats[start:stop], t, hi, lo))
+            members, edges = _concat(found)
+        # edges first, then members, then the marker (`_finish`): the marker means both are there
+        edge_out = write_parquet(
+            self.edges_output(task),
+            pa.table({"a": edges[0], "b": edges[1], "sim": pa.array(edges[2], pa.float32())}),
+        )
+        return self._finish(
+            task,
+            fp,
+            pa.table(members),
+            started,
+            rate=rows,
+            counts={"samples": rows, "clusters": clusters, "members": len(members["uid"])},
+            edges=edge_out,
+        )
+
+    def edges_output(self, task: ShardTask) -> AnyPath:
+        return self.run_dir.root / self.name / f"{task.shard_id}.edges.parquet"
+
+    def _cluster(self, offset: int, x: np.ndarray, t: pa.Table, hi, lo) -> tuple[dict, tuple]:
+        """One cluster's members (rows of `t` from `offset`) and forest edges (member indices)."""
+        a, b, sim = cluster_forest(
+            x, self.threshold, pairs_per_block=self.pairs_per_block, device=self.device
+        )
+        if not len(a):
+            return _empty_members(), (a, b, sim)
+        nodes = np.unique(np.concatenate([a, b]))  # members: every node a forest edge touches
+        local = np.searchsorted(nodes, np.arange(len(x)))  # index among nodes (valid where a member)
+        group = components(len(nodes), local[a], local[b])
+        rows = offset + nodes
+        hype = t.column("hype").to_numpy()[rows]
+        csim = t.column("centroid_sim").to_numpy()[rows]
+        keep = keepers(
+            group, self.keeper, hi=hi[rows], lo=lo[rows], hype=hype, centroid_sim=csim, seed=self.seed
+        )
+        keeper_of = np.zeros(group.max() + 1, np.int64)
+        keeper_of[group[keep]] = np.flatnonzero(keep)
+        sim_to_keeper = np.einsum("ij,ij->i", x[nodes], x[nodes[keeper_of[group]]])
+        members = {
+            "uid": t.column("uid").take(pa.array(rows)).combine_chunks(),
+            "group": group,
+            "keeper": keep,
+            "sim_to_keeper": sim_to_keeper.astype(np.float32),
+            "cluster": t.column("cluster").to_numpy()[rows],
+            "hype": hype,
+            "centroid_sim": csim,
+        }
+        return members, (local[a], local[b], sim)
+
+
+def _empty_members() -> dict:
+    return {
+        "uid": pa.array([], pa.string()),
+        "group": np.zeros(0, np.int64),
+        "keeper": np.zeros(0, bool),
+        "sim_to_keeper": np.zeros(0, np.float32),
+        "cluster": np.zeros(0, np.int32),
+        "hype": np.zeros(0, np.float64),
+        "centroid_sim": np.zeros(0, np.float32),
+    }
+
+
+def _concat(found: list[tuple[dict, tuple]]) -> tuple[dict, tuple]:
+    """Clusters' members and edges as one table: group ids and edge ends offset to stay distinct."""
+    members, ea, eb, es = _empty_members(), [], [], []
+    groups = rows = 0
+    cols: dict[str, list] = {k: [v] for k, v in members.items()}
+    for m, (a, b, s) in found:
+        n = len(m["group"])
+        if not n:
+            continue
+        for k, v in m.items():
+            cols[k].append(v + groups if k == "group" else v)
+        ea.append(a + rows)
+        eb.append(b + rows)
+        es.append(s)
+        groups += int(m["group"].max()) + 1
+        rows += n
+    out = {
+        k: (pa.concat_arrays(v) if k == "uid" else np.concatenate(v).astype(members[k].dtype))
+        for k, v in cols.items()
+    }
+    out["group"] = out["group"].astype(np.int64)
+    out["cluster"] = out["cluster"].astype(np.int32)
+    empty = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
+    edges = (np.concatenate(ea), np.concatenate(eb), np.concatenate(es)) if ea else empty
+    return out, edges
+
+
+def centroids_path(run: RunDir) -> AnyPath:
+    return folder(run) / "centroids.npy"
+
+
+@dataclass(frozen=True)
+class Model:
+    """Where each row's cluster comes from: c_IN's (reuse) or neardup's own k-means."""
+
+    digest: str
+    reuse: bool
+    k: int
+
+
+def _model(state: Any, pool: Any, clusters_info: dict | None) -> Model:
+    """c_IN's k-means when it ran and `reuse_clusters`; else the same k-means trained for this stage."""
+    from hype.scoring.stage_clusters import sample_pool_features
+
+    nc, cc, run = state.cfg.neardup, state.cfg.clusters, state.run
+    if clusters_info is not None and nc.reuse_clusters:
+        return Model(clusters_info["digest"], True, int(clusters_info["k"]))
+    k = nc.num_clusters or default_num_clusters(pool.unique)
+    max_points = cc.points_per_centroid * k
+    fp = fingerprint(
+        {
+            "pool": pool.fingerprint,
+            "dups": pool.dups["digest"],
+            "k": k,
+            "niter": cc.niter,
+            "seed": cc.seed,
+            "max_points": max_points,
+            "gpu": cc.gpu,
+        }  # fmt: skip
+    )
+    marker = folder(run) / "model.json"
+    done = completed(marker, fp, centroids_path(run))
+    if done is None:
+        sample, _, _ = sample_pool_features(run, pool.tasks, pool.drops, max_points, caption_filter=False)
+        if k > len(sample):
+            state.warn(f"{len(sample)} points for the near-duplicate k-means: clusters reduced from {k}")
+            k = len(sample)
+        centroids = kmeans_centroids(sample.payload, k, niter=cc.niter, seed=cc.seed, gpu=cc.gpu)
+        buf = io.BytesIO()
+        np.save(buf, centroids, allow_pickle=False)
+        data = buf.getvalue()
+        atomic_write_bytes(centroids_path(run), data)
+        digest = hype_io.bytes_digest(data, RUN_DIGEST)
+        done = {"fingerprint": fp, "k": k, "digest": digest, "output": {"bytes": len(data), "digest": digest}}
+        atomic_write_json(marker, done)
+    return Model(done["digest"], False, int(done["k"]))
+
+
+def find_near_duplicates(state: Any, pool: Any, clusters_info: dict | None) -> dict:
+    """Run steps 1-4 for a `hype score` run (`state`: the runner's `_Run`, `pool`: its `_Embedded`)."""
+    nc, run = state.cfg.neardup, state.run
+    started = time.perf_counter()
+    model = state.timed("neardup", lambda: _model(state, pool, clusters_info))
+    groups = max(1, math.ceil(pool.unique / nc.rows_per_group))
+    split = SplitStage(
+        run, groups=groups, model_digest=model.digest, reuse_clusters=model.reuse, drops=pool.drops, **pool.kw
+    )
+    split_stats = state.map(split, pool.tasks)
+    state.check_failures("neardup", state.plan)
+    stage = GroupStage(
+        run,
+        shards=pool.tasks,
+        splits_digest=fingerprint([s["output"]["digest"] for s in split_stats]),
+        threshold=nc.threshold,
+        keeper=nc.keeper,
+        seed=nc.seed,
+        max_cluster=nc.max_cluster,
+        pairs_per_block=nc.pairs_per_block,
+        **pool.kw,
+    )
+    tasks = [group_task(g) for g in range(groups)]
+    group_stats = state.map(stage, tasks)
+    state.check_failures("neardup", state.plan)
+    info = state.timed("neardup", lambda: _gather(run, stage, tasks, group_stats))
+    info |= {"k": model.k, "clusters_from": "c_IN k-means" if model.reuse else "own k-means",
+             "cluster_groups": groups, "seconds": round(time.perf_counter() - started, 3)}  # fmt: skip
+    return info
+
+
+def _gather(run: RunDir, stage: GroupStage, tasks: list[ShardTask], stats: list[dict]) -> dict:
+    """groups.parquet and edges.parquet from the groups of clusters, marker last."""
+    fp = fingerprint(
+        {"groups": [s["output"]["digest"] for s in stats], "edges": [s["edges"]["digest"] for s in stats]}
+    )
+    done = completed(groups_marker(run), fp, groups_path(run))
+    if done is not None:
+        return done
+    members, ea, eb, es = [], [], [], []
+    groups = rows = 0
+    for task in tasks:
+        m = read_parquet(run.shard_output(stage.name, task))
+        e = read_parquet(stage.edges_output(task))
+        if not m.num_rows:
+            continue
+        g = m.column("group").to_numpy()
+        m = m.set_column(m.schema.get_field_index("group"), "group", pa.array(g + groups, pa.int64()))
+        members.append(m)
+        ea.append(e.column("a").to_numpy() + rows)
+        eb.append(e.column("b").to_numpy() + rows)
+        es.append(e.column("sim").to_numpy())
+        groups += int(g.max()) + 1
+        rows += m.num_rows
+    table = pa.concat_tables(members) if members else pa.table(_empty_members())
+    edges = pa.table(
+        {
+            "a": pa.array(np.concatenate(ea) if ea else np.zeros(0, np.int64), pa.int64()),
+            "b": pa.array(np.concatenate(eb) if eb else np.zeros(0, np.int64), pa.int64()),
+            "sim": pa.array(np.concatenate(es) if es else np.zeros(0, np.float32), pa.float32()),
+        }
+    )
+    edge_out = write_parquet(edges_path(run), edges)
+    output = write_parquet(groups_path(run), table.select(list(GROUP_COLUMNS)))
+    keep = table.column("keeper").to_numpy(zero_copy_only=False)
+    info = {
+        "fingerprint": fp,
+        "output": output,
+        "edges": edge_out,
+        "digest": fingerprint([output["digest"], edge_out["digest"]]),
+        "threshold": stage.threshold,
+        "keeper": stage.keeper,
+        "seed": stage.seed,
+        "groups": groups,
+        "members": int(table.num_rows),
+        "removed": int((~keep).sum()),
+    }
+    atomic_write_json(groups_marker(run), info)
+    return info
+
+
+@dataclass(frozen=True)
+class StoredGroups:
+    """What `hype select --filter dedup` reads back: members, the forest, the stage's settings."""
+
+    hi: np.ndarray
+    lo: np.ndarray
+    hype: np.ndarray
+    centroid_sim: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+    sim: np.ndarray
+    info: dict
+
+
+def read_groups(run_root: AnyPath) -> StoredGroups:
+    """The near-duplicate groups of a complete run (`NeardupError` naming the fix when it has none)."""
+    from hype.data.uids import arrow_to_pairs
+
+    run = RunDir(run_root)
+    info = read_json(groups_marker(run))
+    summary = read_json(run.summary) or {}
+    recorded = (summary.get("neardup") or {}).get("digest")
+    if info is None or recorded is None or info.get("digest") != recorded:
+        raise NeardupError(
+            f"{run.root}: no near-duplicate groups of this run's scores (neardup/groups.json missing or from "
+            "another run); rerun `hype score` on it with neardup.enabled=true (a rerun reuses every finished "
+            "stage)"
+        )
+    m = read_parquet(groups_path(run), columns=["uid", "hype", "centroid_sim"])
+    e = read_parquet(edges_path(run))
+    hi, lo = arrow_to_pairs(m.column("uid"), f"{groups_path(run)}: uid")
+    return StoredGroups(
+        hi,
+        lo,
+        m.column("hype").to_numpy(),
+        m.column("centroid_sim").to_numpy(),
+        e.column("a").to_numpy(),
+        e.column("b").to_numpy(),
+        e.column("sim").to_numpy(),
+        info,
+    )
+
+
+def regroup(stored: StoredGroups, threshold: float, keeper: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(group per member, -1 where alone at `threshold`; keeper flag) from the stored forest: the groups
+    of the pairs >= threshold, for any threshold >= the stored one (see `hype.scoring.neardup`)."""
+    stored_t = float(stored.info["threshold"])
+    if threshold < stored_t:
+        raise NeardupError(
+            f"dedup threshold {threshold} is below the {stored_t} the run's near-duplicate stage kept pairs "
+            f"at; use threshold >= {stored_t}, or rerun `hype score` with neardup.threshold={threshold}"
+        )
+    n = len(stored.hi)
+    if n == 0:  # a pool without near-duplicates
+        return np.zeros(0, np.int64), np.zeros(0, bool)
+    strong = stored.sim >= threshold
+    label = components(n, stored.a[strong], stored.b[strong])
+    group = np.where(np.bincount(label)[label] >= 2, label, -1)
+    keep = keepers(
+        group,
+        keeper,
+        hi=stored.hi,
+        lo=stored.lo,
+        hype=stored.hype,
+        centroid_sim=stored.centroid_sim,
+        seed=seed,
+    )
+    return group, keep

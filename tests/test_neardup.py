@@ -1,0 +1,290 @@
+"""Near-duplicates: the groups (`hype.scoring.neardup`) against a brute-force float64 reference, the keeper
+rules, the `hype score` stage (resume, recompute, its own k-means, a giant cluster) and `hype select
+--filter dedup`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from test_score_support import NEARDUP_OVERRIDES, models, neardup_run, run_cli, score_args, world
+
+from hype.scoring import embed_format
+from hype.scoring.neardup import cluster_forest, components, keepers, random_keys
+from hype.select import SelectError
+
+THRESHOLD = float(NEARDUP_OVERRIDES[1].split("=")[1])
+
+
+def reference_groups(x: np.ndarray, cluster: np.ndarray, threshold: float) -> set[frozenset[int]]:
+    """Groups (size >= 2) of rows joined by pairs with float64 cosine >= threshold in the same cluster:
+    every pair computed, union-find written out here, nothing shared with the code under test."""
+    x = np.asarray(x, np.float64)
+    x = x / np.linalg.norm(x, axis=1, keepdims=True)
+    parent = list(range(len(x)))
+
+    def find(i):
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    for c in np.unique(cluster):
+        rows = np.flatnonzero(cluster == c)
+        sims = x[rows] @ x[rows].T
+        for i, j in zip(*np.nonzero(np.triu(sims >= threshold, 1)), strict=True):
+            ri, rj = find(rows[i]), find(rows[j])
+            if ri != rj:
+                parent[max(ri, rj)] = min(ri, rj)
+    groups: dict[int, set[int]] = {}
+    for i in range(len(x)):
+        groups.setdefault(find(i), set()).add(i)
+    return {frozenset(g) for g in groups.values() if len(g) >= 2}
+
+
+def found_groups(x: np.ndarray, cluster: np.ndarray, threshold: float, **kw) -> set[frozenset[int]]:
+    out = set()
+    for c in np.unique(cluster):
+        rows = np.flatnonzero(cluster == c)
+        xc = x[rows] / np.linalg.norm(x[rows], axis=1, keepdims=True)
+        a, b, _ = cluster_forest(xc.astype(np.float32), threshold, **kw)
+        label = components(len(rows), a, b)
+        for g in np.unique(label):
+            members = rows[label == g]
+            if len(members) >= 2:
+                out.add(frozenset(members.tolist()))
+    return out
+
+
+def pool_with_copies(seed: int = 0, n: int = 400, d: int = 24):
+    """Random features in 4 clusters, with exact copies, jittered copies and chains of copies injected."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(4, d)) * 3
+    cluster = rng.integers(0, 4, n)
+    x = centres[cluster] + rng.normal(size=(n, d))
+    copies, sources = [], []
+    for k in range(60):
+        src = int(rng.integers(0, n))
+        noise = 0.0 if k % 3 == 0 else 0.05  # exact and jittered copies
+        copies.append(x[src] + noise * rng.normal(size=d))
+        sources.append(src)
+    for src in sources[:10]:  # copies of copies: groups of three or more
+        copies.append(x[src] + 0.08 * rng.normal(size=d))
+        sources.append(src)
+    x = np.concatenate([x, np.array(copies)])
+    cluster = np.concatenate([cluster, cluster[sources]])
+    return x.astype(np.float32), cluster
+
+
+@pytest.mark.parametrize(
+    "kw", [{}, {"pairs_per_block": 64}, {"device": "cpu:0"}], ids=["faiss", "faiss-blocks", "torch"]
+)
+def test_groups_equal_a_brute_force_float64_reference(kw):
+    x, cluster = pool_with_copies()
+    for threshold in (0.97, 0.99, 0.999):
+        want = reference_groups(x, cluster, threshold)
+        assert want, threshold  # the injected copies make groups
+        assert found_groups(x, cluster, threshold, **kw) == want, threshold
+    # Every exact copy is in a group with its source at any threshold below 1.
+    assert len(reference_groups(x, cluster, 0.999)) >= 20
+
+
+def test_the_stored_forest_answers_every_stricter_threshold():
+    from hype.scoring.stage_neardup import StoredGroups, regroup
+
+    x, cluster = pool_with_copies(seed=1)
+    stored_t = 0.95
+    xc = x / np.linalg.norm(x, axis=1, keepdims=True)
+    ea, eb, es = [], [], []
+    for c in np.unique(cluster):
+        rows = np.flatnonzero(cluster == c)
+        a, b, s = cluster_forest(xc[rows], stored_t, pairs_per_block=100)
+        assert len(a) < len(rows)  # a forest: fewer edges than nodes
+        ea.append(rows[a])
+        eb.append(rows[b])
+        es.append(s)
+    n = len(x)
+    stored = StoredGroups(
+        hi=np.arange(n, dtype=np.uint64),
+        lo=np.zeros(n, np.uint64),
+        hype=np.zeros(n),
+        centroid_sim=np.zeros(n, np.float32),
+        a=np.concatenate(ea),
+        b=np.concatenate(eb),
+        sim=np.concatenate(es),
+        info={"threshold": stored_t},
+    )
+    for t in (0.95, 0.97, 0.99, 0.995, 0.9999):
+        group, keep = regroup(stored, t, "random", 0)
+        got = {frozenset(np.flatnonzero(group == g).tolist()) for g in np.unique(group[group >= 0])}
+        assert got == reference_groups(x, cluster, t), t
+        assert keep.sum() == n - (group >= 0).sum() + len(got)  # one keeper per group, the others kept
+    with pytest.raises(ValueError, match=r"below the 0.95 .* neardup.threshold=0.9"):
+        regroup(stored, 0.9, "hype", 0)
+
+
+def test_keeper_rules():
+    group = np.array([0, 0, 0, 1, 1, -1, 2, 2])
+    hi = np.array([5, 3, 9, 1, 2, 7, 4, 8], np.uint64)
+    lo = np.zeros(8, np.uint64)
+    hype = np.array([1.0, 3.0, 2.0, 0.5, 0.5, 9.0, -1.0, -2.0])
+    csim = np.array([0.9, 0.8, 0.95, 0.7, 0.6, 0.1, 0.99, 0.98], np.float32)
+    # hype: the highest score; a tie (group 1) goes to the smallest uid; alone (-1) always kept
+    assert keepers(group, "hype", hi=hi, lo=lo, hype=hype).tolist() == [0, 1, 0, 1, 0, 1, 1, 0]
+    # semdedup: the lowest cosine to the centroid (farthest)
+    assert keepers(group, "semdedup", hi=hi, lo=lo, centroid_sim=csim).tolist() == [0, 1, 0, 0, 1, 1, 0, 1]
+    # random: the smallest seeded uid hash, independent of the members' order
+    for seed in (0, 1, 2):
+        keep = keepers(group, "random", hi=hi, lo=lo, seed=seed)
+        h = random_keys(hi, lo, seed)
+        for g in (0, 1, 2):
+            rows = np.flatnonzero(group == g)
+            assert keep[rows].tolist() == (h[rows] == h[rows].min()).tolist()
+        perm = np.random.default_rng(seed).permutation(8)
+        assert (keepers(group[perm], "random", hi=hi[perm], lo=lo[perm], seed=seed) == keep[perm]).all()
+    with pytest.raises(ValueError, match="keepers: hype, semdedup, random"):
+        keepers(group, "best", hi=hi, lo=lo)
+
+
+def _pool_features(run, clusters_from: str = "clusters"):
+    """uid, feature and cluster of every scored row, read from the run's embed and clusters outputs."""
+    from hype.scoring.clusters import nearest_centroid
+
+    uids, feats, cluster = [], [], []
+    plan = json.loads((run / "plan.json").read_text())
+    for shard in plan["shards"]:
+        t = pq.read_table(run / "embed" / f"{shard['id']}.parquet", columns=["uid", "clip_img"])
+        uids += t.column("uid").to_pylist()
+        f = embed_format.fixed_list_to_numpy(t.column("clip_img"))
+        feats.append(f)
+        if clusters_from == "clusters":
+            cluster.append(
+                pq.read_table(run / "clusters" / f"{shard['id']}.parquet").column("cluster").to_numpy()
+            )
+        else:
+            cluster.append(nearest_centroid(f, np.load(run / "neardup" / "centroids.npy")))
+    return uids, np.concatenate(feats), np.concatenate(cluster)
+
+
+def _check_run(run, threshold: float, clusters_from: str = "clusters") -> dict:
+    uids, x, cluster = _pool_features(run, clusters_from)
+    groups = pq.read_table(run / "neardup" / "groups.parquet").to_pandas()
+    want = {frozenset(uids[i] for i in g) for g in reference_groups(x, cluster, threshold)}
+    got = {frozenset(m.uid) for _, m in groups.groupby("group")}
+    assert got == want and len(want) >= 2
+    scores = pq.read_table(run / "scores").to_pandas().set_index("uid")
+    hype = scores.loc[groups.uid, ["eps_i", "eps_t", "neg_d_l", "cos_theta", "c_in"]].sum(axis=1)
+    assert np.allclose(groups.hype, hype.to_numpy(), atol=1e-5)
+    for _, m in groups.groupby("group"):
+        assert m.keeper.sum() == 1 and m.hype[m.keeper].item() == m.hype.max()
+        assert np.isclose(m.sim_to_keeper[m.keeper].item(), 1.0, atol=1e-5)
+        assert (m.sim_to_keeper > 0.99).all()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["neardup"]["members"] == len(groups)
+    assert summary["neardup"]["removed"] == int((~groups.keeper).sum())
+    return summary
+
+
+def test_stage_finds_the_groups_of_a_brute_force_reference(tmp_path_factory):
+    _check_run(neardup_run(tmp_path_factory), THRESHOLD)
+
+
+def test_resume_skips_the_stage_and_a_new_threshold_recomputes_it(tmp_path_factory, tmp_path):
+    w = world(tmp_path_factory)
+    meru, clip = models(tmp_path_factory)
+    run = tmp_path / "run"
+    shutil.copytree(neardup_run(tmp_path_factory), run)
+    before = (run / "neardup" / "groups.parquet").read_bytes()
+    assert run_cli(score_args(w, meru, clip, run, *NEARDUP_OVERRIDES)).exit_code == 0
+    stages = json.loads((run / "summary.json").read_text())["stages"]
+    assert stages["neardup_split"]["shards_run"] == 0 and stages["neardup_split"]["shards_reused"] == 3
+    assert stages["neardup"]["shards_run"] == 0 and stages["neardup"]["shards_reused"] == 1
+    assert (run / "neardup" / "groups.parquet").read_bytes() == before
+
+    stricter = 1 - (1 - THRESHOLD) / 2
+    result = run_cli(score_args(w, meru, clip, run, "neardup.enabled=true", f"neardup.threshold={stricter}"))
+    assert result.exit_code == 0, result.output
+    summary = _check_run(run, stricter)
+    assert summary["stages"]["neardup_split"]["shards_reused"] == 3  # the split does not depend on it
+    assert summary["stages"]["neardup"]["shards_run"] == 1 and summary["neardup"]["threshold"] == stricter
+    assert (run / "neardup" / "groups.parquet").read_bytes() != before
+
+
+def test_stage_runs_its_own_kmeans_and_stops_on_a_giant_cluster(tmp_path_factory, tmp_path):
+    w = world(tmp_path_factory)
+    meru, clip = models(tmp_path_factory)
+    run = tmp_path / "run"
+    shutil.copytree(neardup_run(tmp_path_factory), run)
+    own = ["neardup.reuse_clusters=false", "neardup.num_clusters=3", "neardup.rows_per_group=60"]
+    assert run_cli(score_args(w, meru, clip, run, *NEARDUP_OVERRIDES, *own)).exit_code == 0
+    summary = _check_run(run, THRESHOLD, clusters_from="neardup")
+    assert summary["neardup"]["k"] == 3 and summary["neardup"]["cluster_groups"] == 3
+    assert summary["stages"]["neardup"]["shards_run"] == 3  # one unit of work per group of clusters
+
+    result = run_cli(score_args(w, meru, clip, run, *NEARDUP_OVERRIDES, "neardup.max_cluster=2"))
+    assert result.exit_code != 0
+    assert "more than neardup.max_cluster=2" in result.output and "neardup.num_clusters" in result.output
+
+
+def _select(run, out, *filters: str) -> dict:
+    from hype.select.run import SelectRequest, select_subset
+
+    req = SelectRequest(scores=run, out=out, keep_all=True, filters=list(filters), progress=False)
+    return select_subset(req)
+
+
+def test_filter_masks_every_member_but_the_keeper(tmp_path_factory, tmp_path):
+    from hype.data.uids import load_subset, uids_to_pairs
+
+    run = neardup_run(tmp_path_factory)
+    groups = pq.read_table(run / "neardup" / "groups.parquet").to_pandas()
+    scored = pq.read_table(run / "scores", columns=["uid"]).column("uid").to_pylist()
+
+    def kept(summary) -> set[tuple[int, int]]:
+        arr = load_subset(summary["subset"])
+        return set(zip(arr["f0"].tolist(), arr["f1"].tolist(), strict=True))
+
+    def pairs(uids) -> set[tuple[int, int]]:
+        hi, lo = uids_to_pairs(list(uids))
+        return set(zip(hi.tolist(), lo.tolist(), strict=True))
+
+    s = _select(run, tmp_path / "a.npy", "dedup")
+    dropped = groups.uid[~groups.keeper]
+    assert kept(s) == pairs(scored) - pairs(dropped) and len(dropped) > 0
+    assert s["filters"][0]["removed_rows"] == len(dropped)
+    assert s["filters"][0]["keeper"] == "hype" and s["filters"][0]["threshold"] == THRESHOLD
+
+    s = _select(run, tmp_path / "b.npy", "dedup:keeper=semdedup")
+    keep = groups.loc[groups.groupby("group").centroid_sim.idxmin()]
+    assert kept(s) == pairs(scored) - (pairs(groups.uid) - pairs(keep.uid))
+
+    stricter = _select(run, tmp_path / "c.npy", f"dedup:threshold={1 - (1 - THRESHOLD) / 2}")
+    assert stricter["filters"][0]["removed_rows"] < len(dropped)
+
+    with pytest.raises(SelectError, match=f"below the {THRESHOLD}.*neardup.threshold=0.5"):
+        _select(run, tmp_path / "d.npy", "dedup:threshold=0.5")
+    with pytest.raises(SelectError, match="not one of hype, semdedup, random"):
+        _select(run, tmp_path / "e.npy", "dedup:keeper=best")
+
+
+def test_filter_needs_the_stage(tmp_path_factory, tmp_path):
+    from test_score_support import baseline
+
+    with pytest.raises(SelectError, match="neardup.enabled=true"):
+        _select(baseline(tmp_path_factory), tmp_path / "a.npy", "dedup")
+
+
+def test_a_pool_without_near_duplicates(tmp_path_factory, tmp_path):
+    w = world(tmp_path_factory)
+    meru, clip = models(tmp_path_factory)
+    run = tmp_path / "run"
+    shutil.copytree(neardup_run(tmp_path_factory), run)
+    result = run_cli(score_args(w, meru, clip, run, "--neardup", "neardup.threshold=1.0"))
+    assert result.exit_code == 0, result.output
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["neardup"]["members"] == 0 and summary["neardup"]["groups"] == 0
+    assert pq.read_table(run / "neardup" / "groups.parquet").num_rows == 0
+    s = _select(run, tmp_path / "a.npy", "dedup")
+    assert s["filters"][0]["removed_rows"] == 0 and s["selected_rows"] == s["pool_rows"]
