@@ -21,7 +21,7 @@
       clusters/<id>.parquet, <id>_stats.json    nearest centroid, caption filter, c_IN
       metadata/index.npy (+ index.json)         uid -> (metadata file, row, cos θ) with --metadata
       decontam_eval/<id>.parquet, <id>_stats.json   CLIP features of the --decontaminate evaluation images
-      decontam/matches.parquet (+ matches.json)     pool samples near an evaluation image (stage_decontam)
+      decontam/matches.parquet (+ matches.json)     pool samples near an evaluation image (decontam.py)
       scores/part-<index:08d>.parquet           THE scores table (hype.scoring.schema)
       neardup_split/<id>.parquet, <id>_stats.json   --neardup, per shard: cluster, HYPE score, feature
       neardup/group-<g>.parquet (+ .edges.parquet, _stats.json)  per group of clusters: members, forest
