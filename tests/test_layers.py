@@ -87,6 +87,12 @@ STAGE_EDGES: dict[tuple[str, str], str] = {
     ): "a submission's results are checked against eval's DataComp task list",
     ("hype.submit", "hype.eval.report"): "a submission records the aggregates hype eval reports",
     ("hype.scoring", "hype.select.combine"): "the quality table ranks by the one HYPE sum selection uses",
+    ("hype.report", "hype.scoring.decontam"): "the report shows the matches scoring's decontamination wrote",
+    ("hype.report", "hype.select.audit"): "the report draws the audits that subset.json records",
+    ("hype.report", "hype.select.run"): "the report redoes the selection that subset.json records",
+    ("hype.report", "hype.select.explain"): "the report's gallery explains dropped samples as explain does",
+    ("hype.select", "hype.scoring.clusters"): "the concept audit joins the run's k-means assignments by uid",
+    ("hype.select", "hype.scoring.embed_format"): "the concept audit reads the uids of the embed outputs",
 }
 
 # The core packages, lowest first: each may import only those before it.

@@ -46,7 +46,7 @@ def selection_view(
     audit = summary.get("audit") if isinstance(summary.get("audit"), dict) else None
     if "target" not in summary or "rank" not in summary:
         return SelectionView(audit=audit, note="the subset.json does not record a selection to redo")
-    from hype.select.errors import SelectError
+    from hype.data.errors import SelectError
     from hype.select.explain import Wanted, explain_selection, request_from_summary
     from hype.select.run import SelectRequest
 
