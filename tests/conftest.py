@@ -1,6 +1,8 @@
 """Fixtures shared by several test files."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -21,3 +23,24 @@ def cuda_device():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (bench/gpu_suite.py runs these on one: README 'GPU checks')")
     return torch.device("cuda")
+
+
+# The demo's small sizes (tests/test_demo.py, tests/test_workflow.py): `hype demo` options and the same
+# values as `hype run demo` variables.
+DEMO_OPTIONS = [
+    "--size", "300", "--clean-size", "300", "--eval-size", "40", "--scorer-samples", "256",
+    "--subset-samples", "192", "--num-clusters", "8", "--no-progress",
+]  # fmt: skip
+DEMO_VARS = [
+    "size=300", "clean_size=300", "eval_size=40", "scorer_samples=256", "subset_samples=192",
+    "num_clusters=8", "references=150",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory):
+    """One `hype demo` at the small sizes (Ray scoring, every step), made once per session: test_demo
+    checks it and its resume, test_workflow's kill test compares its interrupted runs with it."""
+    out = tmp_path_factory.mktemp("demo-run") / "demo"
+    cmd = [sys.executable, "-m", "hype.cli", "demo", "--out", str(out), *DEMO_OPTIONS]
+    return out, subprocess.run(cmd, capture_output=True, text=True, timeout=900)

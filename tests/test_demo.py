@@ -10,26 +10,21 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import DEMO_OPTIONS, DEMO_VARS
 
 from hype.config import config_dir
 from hype.data.uids import load_subset
 
 pytestmark = pytest.mark.slow
 
-SMALL = [
-    "--size", "300", "--clean-size", "300", "--eval-size", "40", "--scorer-samples", "256",
-    "--subset-samples", "192", "--num-clusters", "8", "--no-progress",
-]  # fmt: skip
-
 
 def _demo(out, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "hype.cli", "demo", "--out", str(out), *SMALL, *extra]
+    cmd = [sys.executable, "-m", "hype.cli", "demo", "--out", str(out), *DEMO_OPTIONS, *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=900)
 
 
-def test_demo_runs_every_step_and_resumes(tmp_path):
-    out = tmp_path / "demo"
-    first = _demo(out)
+def test_demo_runs_every_step_and_resumes(demo_run):
+    out, first = demo_run
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     # Each step is shown as the command a user would type.
     for cmd in ("$ hype synth", "$ hype download", "$ hype train", "$ hype score", "$ hype select"):
@@ -73,8 +68,6 @@ def test_demo_runs_every_step_and_resumes(tmp_path):
     assert json.loads((out / "results.json").read_text())["rows"] == result["rows"]
 
     # `hype run` of the workflow file with the same variables is the same run: every step is done.
-    same = ["size=300", "clean_size=300", "eval_size=40", "scorer_samples=256", "subset_samples=192",
-            "num_clusters=8", "references=150"]  # fmt: skip
     cmd = [
         sys.executable,
         "-m",
@@ -82,7 +75,7 @@ def test_demo_runs_every_step_and_resumes(tmp_path):
         "run",
         str(config_dir() / "workflows" / "demo.yaml"),
         f"out={out}",
-        *same,
+        *DEMO_VARS,
     ]
     third = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]

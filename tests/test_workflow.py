@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import yaml
 from click.testing import CliRunner
+from conftest import DEMO_VARS
 
 from hype.cli import main
 from hype.config import ConfigError, config_dir
@@ -201,16 +202,7 @@ def test_a_bad_workflow_names_the_file_the_step_and_the_fix(tmp_path, step, mess
 
 # --- the demo workflow, killed in every step -----------------------------------------------------------
 
-SMALL = [
-    "size=300",
-    "clean_size=300",
-    "eval_size=40",
-    "scorer_samples=256",
-    "subset_samples=192",
-    "num_clusters=8",
-    "references=150",
-    "steps.pool.runtime.processes=1",
-]  # fmt: skip  (tests/test_demo.py's sizes)
+SMALL = [*DEMO_VARS, "steps.pool.runtime.processes=1"]  # tests/test_demo.py's sizes
 
 
 def _hype_run(out: Path, *extra: str, **popen) -> subprocess.Popen:
@@ -242,11 +234,12 @@ def _digests(out: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_demo_workflow_killed_in_every_step_gives_the_outputs_of_an_uninterrupted_run(tmp_path):
-    base, out = tmp_path / "base", tmp_path / "killed"
+def test_demo_workflow_killed_in_every_step_gives_the_outputs_of_an_uninterrupted_run(tmp_path, demo_run):
+    # The uninterrupted run: the session's `hype demo` (Ray scoring, 2 download processes: neither
+    # changes an output), made once for tests/test_demo.py too.
+    (base, whole), out = demo_run, tmp_path / "killed"
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
     steps = list(load_workflow("demo", [f"out={base}", *SMALL]).steps)
-    # The uninterrupted run goes on beside the interrupted one.
-    whole = _hype_run(base, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     # For each step in turn: run, and kill the whole process group (hype run and the command it runs)
     # in that step: once the step has written a file, or 0.8 s after it started (the steps that write
@@ -272,8 +265,6 @@ def test_demo_workflow_killed_in_every_step_gives_the_outputs_of_an_uninterrupte
     last = _hype_run(out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log = last.communicate(timeout=900)[0]
     assert last.returncode == 0, log[-3000:]
-    base_log = whole.communicate(timeout=900)[0]
-    assert whole.returncode == 0, base_log[-3000:]
 
     # A kill landed in every step that runs a command (the table is written at once, atomically).
     assert [s for s in steps if s not in killed] in ([], ["results"]), killed
