@@ -24,7 +24,7 @@ def smoke(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=3000,  # bounded, but far above the idle ~150 s: CI machines can be loaded
     )
     return p, out
 
