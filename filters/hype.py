@@ -7,9 +7,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from hype.select.combine import PAPER_WEIGHTS, Combiner, format_weights, parse_weights
 from hype.select.rules import RULES, Rule
-from hype.select.table import Batch
+from hype.table.combine import PAPER_WEIGHTS, Combiner, format_weights, parse_weights
+from hype.table.reader import Batch
 
 
 @RULES.register

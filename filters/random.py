@@ -12,7 +12,7 @@ import numpy as np
 
 from hype.data.uids import splitmix64
 from hype.select.rules import RULES, Rule
-from hype.select.table import Batch
+from hype.table.reader import Batch
 
 
 @RULES.register

@@ -12,7 +12,7 @@ import numpy as np
 from hype.data.uids import UidMultiset, load_uid_file
 from hype.select.errors import SelectError
 from hype.select.rules import RULES, Rule
-from hype.select.table import Batch
+from hype.table.reader import Batch
 
 
 @RULES.register

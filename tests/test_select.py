@@ -17,10 +17,10 @@ from test_select_helpers import make_world, reference_top, save_memmap_subset, t
 import filters  # noqa: F401  (registers the bundled rules for select_subset without the CLI)
 from hype.cli import main
 from hype.data.uids import array_to_uids, load_subset
-from hype.scoring.schema import METRICS
 from hype.select import SelectError
 from hype.select import reducer as reducer_module
 from hype.select.run import SelectRequest, select_subset
+from hype.table.schema import METRICS
 
 ALL = dict.fromkeys(METRICS, 1.0)
 PRESET_WEIGHTS = {

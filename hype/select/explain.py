@@ -29,8 +29,8 @@ import numpy as np
 from hype.data.uids import UidMultiset, pair_to_uid, splitmix64
 from hype.select.reducer import Sink
 from hype.select.rules import Rule
-from hype.select.stats import RunningStats
-from hype.select.table import Batch, ScoresTable
+from hype.table.reader import Batch, ScoresTable
+from hype.table.stats import RunningStats
 
 NONE_ALONE = "none alone"
 MEDIAN_KEY = "p50"

@@ -23,7 +23,7 @@ import numpy as np
 from hype.config import ConfigError, coerce, is_text, parse_value
 from hype.plugins import Registry
 from hype.select.errors import SelectError
-from hype.select.table import Batch
+from hype.table.reader import Batch
 
 
 class Rule:

@@ -19,7 +19,6 @@ from hype import __version__
 from hype.data.uids import to_structured
 from hype.io import read_bytes
 from hype.io.storage import AnyPath
-from hype.scoring.schema import METRICS
 from hype.select import rules
 from hype.select.errors import SelectError
 from hype.select.explain import CutWatcher, review_cut
@@ -28,9 +27,10 @@ from hype.select.outputs import SubsetWriter, output_paths, write_json, write_su
 from hype.select.presets import DEFAULT_PRESET, load_preset
 from hype.select.reducer import Target, describe_cut, parse_frac, reduce
 from hype.select.rules import Rule
-from hype.select.stats import RunningStats
-from hype.select.table import ScoresTable
 from hype.select.union import union
+from hype.table.reader import ScoresTable
+from hype.table.schema import METRICS
+from hype.table.stats import RunningStats
 
 ROUNDING = "k = floor(frac * rows + 1/2) (round half up), computed exactly from the decimal --frac"
 
