@@ -110,16 +110,9 @@ CORE_ORDER: list[str] = [
     "hype.checkpoint",
 ]
 # (importing core module, imported core module) against CORE_ORDER -> why.
-CORE_EXCEPTIONS: dict[tuple[str, str], str] = {
-    (
-        "hype.models.open_clip_files",
-        "hype.checkpoint",
-    ): "an open_clip source is told apart from a hype checkpoint by its header (to move into hype.models)",
-}
+CORE_EXCEPTIONS: dict[tuple[str, str], str] = {}
 # Import cycles between top-level packages -> the plan that removes each.
-CYCLES: dict[frozenset[str], str] = {
-    frozenset({"hype.models", "hype.checkpoint"}): "see CORE_EXCEPTIONS",
-}
+CYCLES: dict[frozenset[str], str] = {}
 
 
 def module_name(path: Path) -> str:
