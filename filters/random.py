@@ -21,6 +21,7 @@ class RandomScore(Rule):
     kind: ClassVar[str] = "score"
     summary: ClassVar[str] = "uniform score from a hash of (uid, seed): a random subset"
     PARAMS: ClassVar = {"seed": (int, 0, "seed of the hash")}
+    OPTIONS: ClassVar = ("seed",)  # hype select --seed
 
     def columns(self) -> list[str]:
         return ["uid"]
