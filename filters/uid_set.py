@@ -21,6 +21,7 @@ class Intersect(Rule):
     kind: ClassVar[str] = "mask"
     summary: ClassVar[str] = "keep rows whose uid is in a DataComp subset file (path=FILE.npy)"
     PARAMS: ClassVar = {"path": (str, "", "DataComp subset file (u8,u8: .npy or raw memmap)")}
+    OPTIONS: ClassVar = ("intersect",)  # hype select --intersect FILE (repeatable): one filter per file
 
     def __init__(self, **params):
         super().__init__(**params)

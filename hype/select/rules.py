@@ -7,9 +7,10 @@ of pool statistics gathered in an optional first pass), so results never depend 
 thread counts or file order.
 
 Parameters are declared in `PARAMS` as name -> (type, default, help) and come from a spec string
-(`basic:min_side=64,english=false`), a preset's YAML mapping, or keyword arguments. A ranking rule also
-names in `OPTIONS` the `hype select` options (`SELECT_OPTIONS`: --weights, --normalize, --seed) it takes
-as its parameters of the same name, so that selection passes them on without knowing any rule.
+(`basic:min_side=64,english=false`), a preset's YAML mapping, or keyword arguments. A rule also names in
+`OPTIONS` the `hype select` options it takes, so that selection passes them on without knowing any rule:
+a ranking rule the ones of `SELECT_OPTIONS` (--weights, --normalize, --seed), as its parameters of the same
+name; a mask rule a repeatable one of `MASK_OPTIONS` (--intersect FILE), one filter per value.
 
 The rules themselves are plug-ins (the bundled ones in the top-level `filters` package): each subclasses
 `Rule` and registers itself in `RULES` when imported (`hype.plugins`), so selection never imports them.
@@ -30,6 +31,8 @@ from hype.table.reader import Batch
 # The options of `hype select` that a ranking rule may take (`Rule.OPTIONS`) -> what an error says such a
 # rule takes ("--seed applies to ranking rules that take a seed (random)").
 SELECT_OPTIONS: dict[str, str] = {"weights": "weights", "normalize": "a normalization", "seed": "a seed"}
+# The repeatable options of `hype select` that add a filter per value -> the parameter given that value.
+MASK_OPTIONS: dict[str, str] = {"intersect": "path"}
 
 
 class Rule:
@@ -39,16 +42,17 @@ class Rule:
     kind: ClassVar[str] = ""  # "score" or "mask"
     summary: ClassVar[str] = ""  # one line for --help and the summary
     PARAMS: ClassVar[dict[str, tuple[type, Any, str]]] = {}
-    OPTIONS: ClassVar[tuple[str, ...]] = ()  # the SELECT_OPTIONS this rule takes, each one of its PARAMS
+    OPTIONS: ClassVar[tuple[str, ...]] = ()  # the SELECT_OPTIONS (score) or MASK_OPTIONS (mask) it takes
 
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)
         # Checked when the plug-in is defined: an option that is not a parameter would fail on first use.
-        bad = [o for o in cls.OPTIONS if o not in SELECT_OPTIONS or o not in cls.PARAMS]
+        known = MASK_OPTIONS if cls.kind == "mask" else {o: o for o in SELECT_OPTIONS}
+        bad = [o for o in cls.OPTIONS if o not in known or known[o] not in cls.PARAMS]
         if bad:
             raise TypeError(
                 f"rule class {cls.__name__}: OPTIONS {bad} must each be a `hype select` option "
-                f"({', '.join(SELECT_OPTIONS)}) and a parameter in PARAMS ({', '.join(cls.PARAMS) or 'none'})"
+                f"({', '.join(known)}) whose parameter is in PARAMS ({', '.join(cls.PARAMS) or 'none'})"
             )
 
     def __init__(self, **params: Any):
@@ -127,6 +131,16 @@ def rule_names(kind: str) -> tuple[str, ...]:
 def rules_taking(option: str) -> tuple[str, ...]:
     """Names of the registered ranking rules that take the `hype select` option `option` (`Rule.OPTIONS`)."""
     return tuple(name for name, cls in RULES.items() if cls.kind == "score" and option in cls.OPTIONS)
+
+
+def option_filter(option: str, value: Any) -> Rule:
+    """The filter that the repeatable `hype select` option `option` (of MASK_OPTIONS) adds for `value`: the
+    one registered mask rule whose OPTIONS name it, given `value` as its MASK_OPTIONS parameter."""
+    takers = [cls for _, cls in RULES.items() if cls.kind == "mask" and option in cls.OPTIONS]
+    if len(takers) != 1:
+        names = ", ".join(cls.name for cls in takers) or "none"
+        raise SelectError(f"--{option} needs one registered filter that takes it; found {names}")
+    return takers[0](**{MASK_OPTIONS[option]: value})
 
 
 def rule_class(spec: str, kind: str | None = None) -> type[Rule]:

@@ -65,7 +65,7 @@ def build_rules(req: SelectRequest) -> tuple[str, Rule, list[Rule]]:
     params = _rank_options(rules.rule_class(rank_spec, kind="score"), req, preset)
     ranker = rules.make_rule(rank_spec, kind="score", **params)
     masks = [rules.make_rule(spec, kind="mask") for spec in [*preset.filters, *req.filters]]
-    masks += [rules.make_rule("intersect", path=str(p)) for p in req.intersect]
+    masks += [rules.option_filter("intersect", str(p)) for p in req.intersect]
     return preset.name, ranker, masks
 
 
