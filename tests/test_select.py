@@ -490,3 +490,25 @@ def test_a_rule_declares_only_options_it_can_take():
         TypeError, match=r"OPTIONS \['seed'\] must each be a `hype select` option \(intersect\)"
     ):
         type("SeededMask", (Rule,), seeded_mask)
+
+
+def test_a_recorded_selection_is_redone_with_its_rule_options(world, tmp_path):
+    """`request_from_summary` (hype explain, hype report) passes back every option the ranking rule took,
+    an explicit `--normalize none` over a preset's normalization included."""
+    from hype.select.explain import request_from_summary
+
+    preset = tmp_path / "zscore.yaml"
+    preset.write_text("rank: hype\nnormalize: zscore\n")
+    asked = [
+        {"rank": "random", "seed": 7},
+        {"preset": str(preset), "normalize": "none"},
+        {"rank": "clip_score", "normalize": "rank"},
+        {"weights": "eps_i=2,cos_theta=1"},
+    ]
+    for i, options in enumerate(asked):
+        out = tmp_path / f"a{i}.npy"
+        first = select_subset(SelectRequest(world["run"], out, frac=0.1, progress=False, **options))
+        fields = request_from_summary(first)
+        again = select_subset(SelectRequest(**fields, out=tmp_path / f"b{i}.npy", progress=False))
+        assert again["rank"] == first["rank"], options
+        assert load_subset(tmp_path / f"b{i}.npy").tolist() == load_subset(out).tolist()
