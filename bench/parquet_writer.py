@@ -1,6 +1,6 @@
 """The run directory's Parquet writer settings against pyarrow's defaults with snappy (the earlier setting).
 
-Two tables of the shapes `hype score` writes: a scores-table part (`hype.scoring.schema.SCHEMA`: random
+Two tables of the shapes `hype score` writes: a scores-table part (`hype.table.schema.SCHEMA`: random
 128-bit uids as hex, five float32 metrics, the shard path) and a per-shard embed output (uid, caption,
 two float32 scores, MERU image/text and CLIP image embeddings). For each, the bytes per row, the time to
 write and to read back the columns a selection reads (uid + metrics; for the embed output, everything),
@@ -26,7 +26,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from hype.data.uids import pairs_to_arrow  # noqa: E402
 from hype.scoring.rundir import parquet_bytes  # noqa: E402
-from hype.scoring.schema import SCHEMA  # noqa: E402
+from hype.table.schema import SCHEMA  # noqa: E402
 
 OLD = {"compression": "snappy", "row_group_size": 1 << 20, "write_statistics": True}
 METRICS = ["uid", "eps_i", "eps_t", "neg_d_l", "cos_theta", "c_in"]

@@ -1,6 +1,6 @@
 """Benchmark: hype's streaming top-fraction selection against DataComp's load-and-sort approach.
 
-Generates a scores table of `--rows` rows in `--files` Parquet files (the `hype.scoring.schema` layout;
+Generates a scores table of `--rows` rows in `--files` Parquet files (the `hype.table.schema` layout;
 random uids, float32 metrics, c_in in {0, 10}) unless `--table DIR` names one, then selects the top
 `--frac` by the HYPE sum (Eq. 1) three ways, each in a fresh child process (peak RSS is per process):
 
@@ -47,7 +47,7 @@ def generate(folder: Path, rows: int, files: int, seed: int = 0) -> None:
 
     from hype.data.uids import pairs_to_arrow
     from hype.scoring.rundir import parquet_bytes
-    from hype.scoring.schema import SCHEMA
+    from hype.table.schema import SCHEMA
 
     scores = folder / "scores"
     scores.mkdir(parents=True, exist_ok=True)
@@ -124,7 +124,7 @@ def worker(mode: str, table_dir: str, frac: float, out: str, workers: int, progr
     from hype.data.uids import sorted_uids
     from hype.select.outputs import write_subset
     from hype.select.reducer import Target, parse_frac
-    from hype.select.table import ScoresTable
+    from hype.table.reader import ScoresTable
 
     t0 = time.perf_counter()
     if mode == "cli":

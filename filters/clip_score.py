@@ -13,4 +13,5 @@ class ClipScore(HypeScore):
     name: ClassVar[str] = "clip_score"
     summary: ClassVar[str] = "cos θ (CLIP score), DataComp's CLIP-score baseline"
     PARAMS: ClassVar = {"normalize": HypeScore.PARAMS["normalize"]}
+    OPTIONS: ClassVar = ("normalize",)  # hype select --normalize (its weights are fixed)
     FIXED_WEIGHTS: ClassVar = {"cos_theta": 1.0}

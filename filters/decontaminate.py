@@ -19,7 +19,7 @@ from hype.data.uids import UidMultiset, uids_to_array, uids_to_pairs
 from hype.scoring.decontam import DecontamError, Matches, matches_path, read_matches
 from hype.select.errors import SelectError
 from hype.select.rules import RULES, Rule
-from hype.select.table import Batch
+from hype.table.reader import Batch
 
 
 @RULES.register

@@ -16,7 +16,7 @@ from hype.data.uids import UidMultiset, to_structured
 from hype.scoring.neardup import KEEPERS, NeardupError
 from hype.select.errors import SelectError
 from hype.select.rules import RULES, Rule
-from hype.select.table import Batch
+from hype.table.reader import Batch
 
 
 @RULES.register

@@ -7,9 +7,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from hype.select.combine import PAPER_WEIGHTS, Combiner, format_weights, parse_weights
 from hype.select.rules import RULES, Rule
-from hype.select.table import Batch
+from hype.table.combine import PAPER_WEIGHTS, Combiner, format_weights, parse_weights
+from hype.table.reader import Batch
 
 
 @RULES.register
@@ -21,6 +21,7 @@ class HypeScore(Rule):
         "weights": (str, format_weights(PAPER_WEIGHTS), "METRIC=W,... (unnamed metrics get 0)"),
         "normalize": (str, "none", "none | zscore | rank, over the whole pool before weighting"),
     }
+    OPTIONS: ClassVar = ("weights", "normalize")  # hype select --weights, --normalize
     FIXED_WEIGHTS: ClassVar[Mapping[str, float] | None] = None  # subclasses that are one fixed sum
 
     def __init__(self, weights: str | Mapping[str, Any] | None = None, **params: Any):
@@ -65,3 +66,10 @@ class HypeScore(Rule):
         if self.combiner.params:
             out["normalization"] = self.combiner.params
         return out
+
+    @classmethod
+    def headline(cls, record: Mapping[str, Any]) -> str:
+        if "weights" not in cls.OPTIONS:  # one fixed sum (clip_score, specificity): its name says which
+            return super().headline(record)
+        w = " + ".join(f"{v:g}*{m}" if v != 1 else m for m, v in record["weights"].items() if v)
+        return f"{record['rule']} ({w}; normalize {record['normalize']})"

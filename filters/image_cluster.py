@@ -11,7 +11,7 @@ from typing import ClassVar
 import numpy as np
 
 from hype.select.rules import RULES, Rule
-from hype.select.table import Batch
+from hype.table.reader import Batch
 
 
 @RULES.register

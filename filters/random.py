@@ -12,7 +12,7 @@ import numpy as np
 
 from hype.data.uids import splitmix64
 from hype.select.rules import RULES, Rule
-from hype.select.table import Batch
+from hype.table.reader import Batch
 
 
 @RULES.register
@@ -21,6 +21,7 @@ class RandomScore(Rule):
     kind: ClassVar[str] = "score"
     summary: ClassVar[str] = "uniform score from a hash of (uid, seed): a random subset"
     PARAMS: ClassVar = {"seed": (int, 0, "seed of the hash")}
+    OPTIONS: ClassVar = ("seed",)  # hype select --seed
 
     def columns(self) -> list[str]:
         return ["uid"]

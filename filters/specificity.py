@@ -13,4 +13,5 @@ class Specificity(HypeScore):
     name: ClassVar[str] = "specificity"
     summary: ClassVar[str] = "eps_i + eps_t (specificity only)"
     PARAMS: ClassVar = {"normalize": HypeScore.PARAMS["normalize"]}
+    OPTIONS: ClassVar = ("normalize",)  # hype select --normalize (its weights are fixed)
     FIXED_WEIGHTS: ClassVar = {"eps_i": 1.0, "eps_t": 1.0}

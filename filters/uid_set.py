@@ -12,7 +12,7 @@ import numpy as np
 from hype.data.uids import UidMultiset, load_uid_file
 from hype.select.errors import SelectError
 from hype.select.rules import RULES, Rule
-from hype.select.table import Batch
+from hype.table.reader import Batch
 
 
 @RULES.register
@@ -21,6 +21,7 @@ class Intersect(Rule):
     kind: ClassVar[str] = "mask"
     summary: ClassVar[str] = "keep rows whose uid is in a DataComp subset file (path=FILE.npy)"
     PARAMS: ClassVar = {"path": (str, "", "DataComp subset file (u8,u8: .npy or raw memmap)")}
+    OPTIONS: ClassVar = ("intersect",)  # hype select --intersect FILE (repeatable): one filter per file
 
     def __init__(self, **params):
         super().__init__(**params)

@@ -216,6 +216,13 @@ def _ints(value: object) -> bool:
     return isinstance(value, list) and all(type(v) is int and v >= 0 for v in value)
 
 
+def is_open_clip_source(path: str | PathLike) -> bool:
+    """True for a folder (open_clip's files) and for any model file that is not hype's own: what
+    `load_model_file` hands to `hype.models.open_clip_files` rather than reading as a hype checkpoint."""
+    p = Path(path)
+    return p.is_dir() or (p.is_file() and not is_hype_checkpoint(p))
+
+
 def load_model_file(
     path: str | PathLike,
     *,
@@ -230,7 +237,7 @@ def load_model_file(
     An open_clip architecture hype does not translate comes back as open_clip's own model behind the same
     interface (`hype.models.open_clip_native.OpenClipModel`: a CLIP scorer and eval model); a caller that
     needs hype's own towers (`hype train --init`) passes `hype_towers=True` and gets the refusal instead."""
-    from hype.models.open_clip_files import is_open_clip_source, read_open_clip
+    from hype.models.open_clip_files import read_open_clip
 
     p = Path(path)
     if is_open_clip_source(p):
@@ -244,7 +251,7 @@ def model_file_digest(path: str | PathLike, digest=None) -> str:
     """Content digest of what `load_model_file(path)` reads, each file hashed with `digest` (default:
     `hype.io.file_digest`); an open_clip source's covers its weights and the config beside them."""
     from hype.io import file_digest
-    from hype.models.open_clip_files import is_open_clip_source, source_digest
+    from hype.models.open_clip_files import source_digest
 
     digest = digest or file_digest
     return source_digest(path, digest) if is_open_clip_source(path) else digest(path)
@@ -253,7 +260,7 @@ def model_file_digest(path: str | PathLike, digest=None) -> str:
 def model_file_config(path: str | PathLike) -> dict:
     """The model config (as a dict) of what `load_model_file(path)` returns. A hype checkpoint's is read
     from its header; an open_clip source's needs its tensors (an OpenAI release says nothing else)."""
-    from hype.models.open_clip_files import is_open_clip_source, read_open_clip
+    from hype.models.open_clip_files import read_open_clip
 
     if is_open_clip_source(path):
         return read_open_clip(path, native=True).model.config.to_dict()

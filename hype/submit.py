@@ -91,7 +91,7 @@ def check_in_scores(
 ) -> dict:
     """Every uid of the subset must be a row of the scores table (i.e. a sample of this pool)."""
     from hype.data.uids import pairs_to_arrow
-    from hype.select.table import ScoresTable
+    from hype.table.reader import ScoresTable
 
     table = ScoresTable(run_dir)
     table.require(["uid"])

@@ -14,7 +14,7 @@ from test_select_helpers import make_world, truth_scores, write_scores
 
 import filters  # noqa: F401  (registers the bundled rules)
 from hype.cli import main
-from hype.scoring.schema import METRICS
+from hype.table.schema import METRICS
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,11 @@ from test_select_helpers import write_scores
 
 import filters  # noqa: F401  (the bundled rules register themselves; the installed entry points may lag)
 from hype.data.uids import save_subset
-from hype.scoring.schema import METRICS
 from hype.select import SelectError
 from hype.select.rules import RULES, Rule, make_rule, parse_spec, rule_names
-from hype.select.table import ScoresTable
 from hype.select.union import union
+from hype.table.reader import ScoresTable
+from hype.table.schema import METRICS
 from hype.text.language import is_english
 
 CAPTIONS = [
@@ -91,7 +91,7 @@ def test_one_hype_score_for_selection_and_the_quality_table(scored):
     """`hype_score` (paper Eq. 1) is what the `hype` rule ranks by and what the quality table measures;
     float32 columns give the sum of their exact float64 values."""
     from hype.scoring.quality import noise_auroc_table
-    from hype.select.combine import hype_score, weighted_sum
+    from hype.table.combine import hype_score, weighted_sum
 
     df, table = scored
     x32 = {m: df[m].to_numpy(np.float32) for m in METRICS}

@@ -18,9 +18,9 @@ import filters  # noqa: F401  (registers the bundled rules for select_subset wit
 from hype.cli import main
 from hype.data.uids import uid_to_pair
 from hype.report import write_report
-from hype.scoring.schema import METRICS
 from hype.select import SelectError
 from hype.select.run import SelectRequest, select_subset
+from hype.table.schema import METRICS
 
 SCRIPT = "<script>document.title='pwned';document.body.setAttribute('data-pwned','1')</script>"
 IMG = "<img src=x onerror=\"document.body.setAttribute('data-pwned','2')\">"

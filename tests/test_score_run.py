@@ -27,7 +27,7 @@ from test_score_support import (
 )
 
 from hype.scoring import embed_format
-from hype.scoring.schema import SCHEMA
+from hype.table.schema import SCHEMA
 
 
 def _scores(run):

@@ -17,10 +17,10 @@ from test_select_helpers import make_world, reference_top, save_memmap_subset, t
 import filters  # noqa: F401  (registers the bundled rules for select_subset without the CLI)
 from hype.cli import main
 from hype.data.uids import array_to_uids, load_subset
-from hype.scoring.schema import METRICS
 from hype.select import SelectError
 from hype.select import reducer as reducer_module
 from hype.select.run import SelectRequest, select_subset
+from hype.table.schema import METRICS
 
 ALL = dict.fromkeys(METRICS, 1.0)
 PRESET_WEIGHTS = {
@@ -81,6 +81,7 @@ def test_frac_0_2_keeps_exactly_20_percent_and_the_reference_top(world, tmp_path
     out = tmp_path / "subset.npy"
     text = run_cli("--scores", str(world["run"]), "--frac", "0.2", "--out", str(out))
     assert "selected 120 of 600" in text
+    assert "ranked by hype (eps_i + eps_t + neg_d_l + cos_theta + c_in; normalize none)" in text
     arr = load_subset(out)  # validates dtype u8,u8 and sorting
     uids = array_to_uids(arr)
     assert len(uids) == 120 == round(0.2 * 600)
@@ -334,7 +335,19 @@ def test_frac_of_eligible_and_too_few_eligible(world, tmp_path):
         ({"frac": 0.2, "filters": ["basic:min_sid=3"]}, "unknown parameter 'min_sid'"),
         ({"frac": 0.2, "filters": ["hype"]}, "not a filter"),
         ({"frac": 0.2, "rank": "basic"}, "not a ranking rule"),
-        ({"frac": 0.2, "seed": 3}, "--seed applies to the 'random'"),
+        (
+            {"frac": 0.2, "seed": 3},
+            r"--seed applies to ranking rules that take a seed \(random\), not 'hype'",
+        ),
+        (
+            {"frac": 0.2, "rank": "random", "weights": "eps_i=1"},
+            r"--weights applies to ranking rules that take weights \(hype\), not 'random'; drop --weights",
+        ),
+        (
+            {"frac": 0.2, "rank": "random:seed=2", "normalize": "zscore"},
+            r"take a normalization \(hype, clip_score, specificity\), not 'random'",
+        ),
+        ({"frac": 0.2, "rank": "nope", "seed": 3}, "unknown rule 'nope'"),
         ({"threshold": 1e9}, "empty selection"),
     ],
 )
@@ -418,3 +431,84 @@ def test_cli_reports_errors_without_a_traceback(world, tmp_path):
     )
     assert res.exit_code == 2 and "outside (0, 1]" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "x.npy").exists()
+
+
+def test_a_rule_from_another_package_takes_select_options(world, tmp_path):
+    """A ranking rule registered outside `filters` (here, in this test) that names `seed` in its OPTIONS gets
+    `--seed` and names itself in the printed summary: selection knows no rule by name."""
+    from hype.select.rules import RULES, Rule
+
+    class Nearest(Rule):
+        name = "nearest_eps_i"
+        kind = "score"
+        summary = "rows whose eps_i is nearest the seed first"
+        PARAMS = {"seed": (int, 0, "the eps_i wanted")}
+        OPTIONS = ("seed",)
+
+        def columns(self) -> list[str]:
+            return ["eps_i"]
+
+        def score(self, batch) -> np.ndarray:
+            return -np.abs(batch.numeric("eps_i") - self.params["seed"])
+
+        @classmethod
+        def headline(cls, record) -> str:
+            return f"{record['rule']} (eps_i nearest {record['seed']})"
+
+    RULES.register(Nearest)
+    try:
+        out = tmp_path / "n.npy"
+        text = run_cli(
+            "--scores", str(world["run"]), "--rank", "nearest_eps_i", "--seed", "1", "--top-k", "9",
+            "--out", str(out),
+        )  # fmt: skip
+        assert "ranked by nearest_eps_i (eps_i nearest 1)" in text
+        df = world["df"]
+        want = df.assign(d=(df["eps_i"].astype(np.float64) - 1).abs()).sort_values(["d", "uid"])["uid"]
+        assert array_to_uids(load_subset(out)) == sorted(want[:9])
+        summary = json.loads((tmp_path / "n.json").read_text())
+        assert summary["rank"] == {"rule": "nearest_eps_i", "seed": 1}
+        with pytest.raises(SelectError, match=r"take a seed \(random, nearest_eps_i\), not 'clip_score'"):
+            select_subset(
+                SelectRequest(
+                    scores=world["run"], out=out, frac=0.2, rank="clip_score", seed=1, progress=False
+                )
+            )
+    finally:
+        RULES._items.pop("nearest_eps_i")
+
+
+def test_a_rule_declares_only_options_it_can_take():
+    from hype.select.rules import Rule
+
+    with pytest.raises(TypeError, match=r"OPTIONS \['seed'\] must each be .* whose parameter is in PARAMS"):
+        type("NoSeed", (Rule,), {"name": "no_seed", "kind": "score", "OPTIONS": ("seed",)})
+    with pytest.raises(TypeError, match=r"OPTIONS \['temperature'\]"):
+        type("Hot", (Rule,), {"PARAMS": {"temperature": (float, 1.0, "")}, "OPTIONS": ("temperature",)})
+    seeded_mask = {"kind": "mask", "PARAMS": {"seed": (int, 0, "")}, "OPTIONS": ("seed",)}
+    with pytest.raises(
+        TypeError, match=r"OPTIONS \['seed'\] must each be a `hype select` option \(intersect\)"
+    ):
+        type("SeededMask", (Rule,), seeded_mask)
+
+
+def test_a_recorded_selection_is_redone_with_its_rule_options(world, tmp_path):
+    """`request_from_summary` (hype explain, hype report) passes back every option the ranking rule took,
+    an explicit `--normalize none` over a preset's normalization included."""
+    from hype.select.explain import request_from_summary
+
+    preset = tmp_path / "zscore.yaml"
+    preset.write_text("rank: hype\nnormalize: zscore\n")
+    asked = [
+        {"rank": "random", "seed": 7},
+        {"preset": str(preset), "normalize": "none"},
+        {"rank": "clip_score", "normalize": "rank"},
+        {"weights": "eps_i=2,cos_theta=1"},
+    ]
+    for i, options in enumerate(asked):
+        out = tmp_path / f"a{i}.npy"
+        first = select_subset(SelectRequest(world["run"], out, frac=0.1, progress=False, **options))
+        fields = request_from_summary(first)
+        again = select_subset(SelectRequest(**fields, out=tmp_path / f"b{i}.npy", progress=False))
+        assert again["rank"] == first["rank"], options
+        assert load_subset(tmp_path / f"b{i}.npy").tolist() == load_subset(out).tolist()

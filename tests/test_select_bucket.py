@@ -13,11 +13,11 @@ import pandas as pd
 import pytest
 from test_select_helpers import write_scores
 
-import hype.select.table as table_mod
+import hype.table.reader as table_mod
 from hype.io import read_bytes, storage
-from hype.scoring.schema import METRICS
 from hype.select.run import SelectRequest, select_subset
-from hype.select.table import ScoresTable
+from hype.table.reader import ScoresTable
+from hype.table.schema import METRICS
 
 
 def _df(n: int = 3000, seed: int = 0) -> pd.DataFrame:

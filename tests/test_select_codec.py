@@ -19,7 +19,7 @@ from hype.data.uids import (
     to_structured,
     uids_to_array,
 )
-from hype.select.keys import KeyHistogram, bins64, key32, key64, unkey32, unkey64
+from hype.table.keys import KeyHistogram, bins64, key32, key64, unkey32, unkey64
 
 
 def random_pairs(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -15,7 +15,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hype.scoring.schema import METRICS, SCHEMA, scores_dir
+from hype.table.schema import METRICS, SCHEMA, scores_dir
 
 
 def make_world(out: Path, size: int = 600, seed: int = 0) -> Path:
@@ -56,7 +56,7 @@ def truth_scores(world: Path, seed: int = 0) -> pd.DataFrame:
 
 
 def write_scores(df: pd.DataFrame, run_dir: Path, parts: int = 3, row_group_size: int = 97) -> Path:
-    """Write `df` as RUN_DIR/scores/part-*.parquet with the schema of `hype.scoring.schema`."""
+    """Write `df` as RUN_DIR/scores/part-*.parquet with the schema of `hype.table.schema`."""
     folder = scores_dir(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
     for i, chunk in enumerate(np.array_split(np.arange(len(df)), parts)):

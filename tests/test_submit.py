@@ -15,10 +15,10 @@ import filters  # noqa: F401  (registers the bundled rules for select_subset wit
 from hype.cli import main
 from hype.data.uids import save_subset
 from hype.eval.tasks import load_suite
-from hype.scoring.schema import METRICS
 from hype.select import SelectError
 from hype.select.run import SelectRequest, select_subset
 from hype.submit import make_submission, scale_config
+from hype.table.schema import METRICS
 
 # DataComp's task list as its own code has it (mlfoundations/datacomp tasklist.yml: key, "name", main_metric,
 # default acc1; aggregate_scores.py: the groups), written out here so that the tests check hype's copy

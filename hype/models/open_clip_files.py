@@ -71,12 +71,6 @@ class ImportedModel:
     ignored_top_level: list[str] = field(default_factory=list)
 
 
-def is_open_clip_source(path: str | Path) -> bool:
-    """True for a folder holding open_clip files and for any model file that is not hype's own."""
-    p = Path(path)
-    return p.is_dir() or (p.is_file() and not _is_hype_checkpoint(p))
-
-
 def source_digest(path: str | Path, digest: Callable[[Path], str] = file_digest) -> str:
     """Content digest of what `read_open_clip(path)` reads (weights plus the config beside them), each
     file hashed with `digest`."""
@@ -400,9 +394,3 @@ def _check_tensors(model: torch.nn.Module, mapped: dict, weights: Path, name: st
             + "; ".join(x for x in parts if x)
             + ". Check --arch (open_clip.list_models()) or that the file is an open_clip CLIP checkpoint"
         )
-
-
-def _is_hype_checkpoint(p: Path) -> bool:
-    from hype.checkpoint import is_hype_checkpoint
-
-    return is_hype_checkpoint(p)

@@ -17,8 +17,8 @@ import numpy as np
 
 from hype.data.errors import SelectError
 from hype.data.uids import UidError, UidMultiset, load_subset, splitmix64
-from hype.select.stats import RunningStats
-from hype.select.table import ScoresTable
+from hype.table.reader import ScoresTable
+from hype.table.stats import RunningStats
 
 BUCKETS = 5  # HYPE Fig. 3: percentile groups of 20%
 BUCKET_METRICS = ("eps_i", "eps_t")

@@ -32,7 +32,7 @@ from hype.data.samples import SkipStats, iter_tar_samples, sample_uid
 from hype.data.shards import expand_shards
 from hype.io import load_npy, read_json, read_parquet, storage
 from hype.scoring.rundir import SHARD_STAGES, RunDir, atomic_write_json, file_digest, fingerprint, make_tasks
-from hype.scoring.schema import scores_dir
+from hype.table.schema import scores_dir
 
 FORMAT = "hype-score-card/1"
 COLUMNS = ("eps_i", "eps_t", "neg_d_l", "cos_theta", "c_in")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hype.scoring.schema import METRICS
-from hype.select.combine import PAPER_WEIGHTS, Combiner, hype_score
+from hype.table.combine import PAPER_WEIGHTS, Combiner, hype_score
+from hype.table.schema import METRICS
 
 
 def average_ranks(x: np.ndarray) -> np.ndarray:

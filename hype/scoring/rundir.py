@@ -22,7 +22,7 @@
       metadata/index.npy (+ index.json)         uid -> (metadata file, row, cos θ) with --metadata
       decontam_eval/<id>.parquet, <id>_stats.json   CLIP features of the --decontaminate evaluation images
       decontam/matches.parquet (+ matches.json)     pool samples near an evaluation image (decontam.py)
-      scores/part-<index:08d>.parquet           THE scores table (hype.scoring.schema)
+      scores/part-<index:08d>.parquet           THE scores table (hype.table.schema)
       neardup_split/<id>.parquet, <id>_stats.json   --neardup, per shard: cluster, HYPE score, feature
       neardup/group-<g>.parquet (+ .edges.parquet, _stats.json)  per group of clusters: members, forest
       neardup/groups.parquet, edges.parquet (+ groups.json)  near-duplicate groups (stage_neardup)
@@ -80,7 +80,7 @@ import hype.io as hype_io
 from hype.io import is_temp_name, read_json, storage
 from hype.io.lock import FileLock, ObjectLock, lock_at
 from hype.io.storage import AnyPath
-from hype.scoring.schema import scores_dir
+from hype.table.schema import scores_dir
 
 SHARD_STAGES = ("embed", "reference", "specificity", "classes", "captions", "clusters", "merge")
 SHARD_STAGES += ("neardup_split", "neardup")  # near-duplicates (hype.scoring.stage_neardup)

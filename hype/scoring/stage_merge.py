@@ -2,7 +2,7 @@
 
 Joins the row-aligned per-shard outputs (embed: uid, key, text, size, −d_L, cos θ; specificity: ε_i,
 ε_t; clusters: c_IN, or 0 when c_IN is off), drops rows whose uid appeared earlier in the pool (dedup),
-and writes exactly `hype.scoring.schema.SCHEMA`, with the input tar path as given in `shard`. Parts are
+and writes exactly `hype.table.schema.SCHEMA`, with the input tar path as given in `shard`. Parts are
 numbered by shard order, so reading `part-*.parquet` sorted gives the pool order.
 """
 
@@ -18,8 +18,8 @@ import pyarrow.compute as pc
 from hype.io import read_parquet
 from hype.scoring.dedup import keep_mask
 from hype.scoring.rundir import RunDir, ShardTask, fingerprint
-from hype.scoring.schema import SCHEMA
 from hype.scoring.stagebase import ShardStage
+from hype.table.schema import SCHEMA
 
 
 class MergeStage(ShardStage):

@@ -65,8 +65,8 @@ from hype.scoring.rundir import (
     parquet_options,
     write_parquet,
 )
-from hype.scoring.schema import METRICS
 from hype.scoring.stagebase import ShardStage
+from hype.table.schema import METRICS
 
 SPLIT_FORMAT = "neardup-split-1"  # enters the split fingerprint: change it when the split's columns change
 GROUP_COLUMNS = ("uid", "group", "keeper", "sim_to_keeper", "cluster", "hype", "centroid_sim")
@@ -138,7 +138,7 @@ class SplitStage(ShardStage):
         self._centroids = normalize_rows(load_npy(path))
 
     def run(self, task: ShardTask) -> dict:
-        from hype.select.combine import hype_score
+        from hype.table.combine import hype_score
 
         started = time.perf_counter()
         fp = self.fingerprint(task)

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from hype.data.uids import UidMultiset, arrow_to_pairs, splitmix64
 from hype.select.concepts import NO_CLASS, UNKNOWN, RunClusters, cluster_classes
-from hype.select.table import Batch, ScoresTable
+from hype.table.reader import Batch, ScoresTable
 
 FLAG_RATIO = 0.25
 MIN_ROWS = 20

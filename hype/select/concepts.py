@@ -29,7 +29,7 @@ import pyarrow as pa
 from hype.data.uids import UidError, UidMultiset, arrow_to_pairs, to_structured
 from hype.io import load_npy, read_bytes, read_json, read_parquet, storage
 from hype.select.errors import SelectError
-from hype.select.table import Batch, ScoresTable
+from hype.table.reader import Batch, ScoresTable
 
 NO_CLASS = "(no class)"
 UNKNOWN = -1  # a row whose cluster is not found (a damaged run): counted as the group "unknown"

@@ -28,9 +28,9 @@ import numpy as np
 
 from hype.data.uids import UidMultiset, pair_to_uid, splitmix64
 from hype.select.reducer import Sink
-from hype.select.rules import Rule
-from hype.select.stats import RunningStats
-from hype.select.table import Batch, ScoresTable
+from hype.select.rules import RULES, Rule
+from hype.table.reader import Batch, ScoresTable
+from hype.table.stats import RunningStats
 
 NONE_ALONE = "none alone"
 MEDIAN_KEY = "p50"
@@ -512,15 +512,14 @@ def request_from_summary(summary: dict, scores: str | None = None) -> dict:
     else:
         out["keep_all"] = True
     rank = dict(summary.get("rank") or {})
-    name = rank.pop("rule", "hype")
     out["preset"] = summary.get("preset")
-    out["rank"] = name
-    if name == "hype":
-        out["weights"] = rank.get("weights")
-    if rank.get("normalize") not in (None, "none"):
-        out["normalize"] = rank["normalize"]
-    if name == "random":
-        out["seed"] = rank.get("seed")
+    out["rank"] = rank.get("rule")  # None: the preset's
+    # The recorded value of each select option the rule takes (`Rule.OPTIONS`), "none" included: left out,
+    # the preset's normalization would stand in for an explicit --normalize none.
+    cls = RULES.get(out["rank"]) if out["rank"] else None
+    for option in cls.OPTIONS if cls is not None else ():
+        if rank.get(option) is not None:
+            out[option] = rank[option]
     n_preset = len(load_preset(out["preset"]).filters) if out["preset"] else 0
     out["filters"] = [_spec(f) for f in (summary.get("filters") or [])[n_preset:]]
     return out

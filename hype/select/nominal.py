@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 from hype.io import open_input, storage
 from hype.io.storage import AnyPath
 from hype.select.errors import SelectError
-from hype.select.table import ScoresTable
+from hype.table.reader import ScoresTable
 
 
 def metadata_dir(table: ScoresTable, given: str | None) -> str | None:

@@ -23,7 +23,7 @@ from hype.io import atomic_path, atomic_sink, storage
 from hype.io import write_json as _write_json
 from hype.io.storage import AnyPath
 from hype.select.errors import SelectError
-from hype.select.stats import RunningStats
+from hype.table.stats import RunningStats
 
 
 def output_paths(out: str | os.PathLike) -> tuple[AnyPath, AnyPath, AnyPath]:

@@ -19,8 +19,8 @@ from typing import Any
 from hype.config import ConfigError, build, one_of, preset_dir, read_yaml
 from hype.config import config_dir as config_root  # noqa: F401 (public here: `$HYPE_CONFIG_DIR` or configs/)
 from hype.config import list_presets as _list_presets
-from hype.select.combine import NORMALIZATIONS, parse_weights
 from hype.select.errors import SelectError
+from hype.table.combine import NORMALIZATIONS, parse_weights
 
 DEFAULT_PRESET = "hype"
 

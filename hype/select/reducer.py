@@ -29,10 +29,10 @@ import numpy as np
 import pyarrow as pa
 
 from hype.select.errors import SelectError
-from hype.select.keys import bins64, key64, unkey64
 from hype.select.rules import Rule
-from hype.select.stats import RunningStats
-from hype.select.table import Batch, ScoresTable
+from hype.table.keys import bins64, key64, unkey64
+from hype.table.reader import Batch, ScoresTable
+from hype.table.stats import RunningStats
 
 HIST_BITS = 20
 _HIST_SHIFT = np.uint64(64 - HIST_BITS)

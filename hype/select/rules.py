@@ -7,7 +7,10 @@ of pool statistics gathered in an optional first pass), so results never depend 
 thread counts or file order.
 
 Parameters are declared in `PARAMS` as name -> (type, default, help) and come from a spec string
-(`basic:min_side=64,english=false`), a preset's YAML mapping, or keyword arguments.
+(`basic:min_side=64,english=false`), a preset's YAML mapping, or keyword arguments. A rule also names in
+`OPTIONS` the `hype select` options it takes, so that selection passes them on without knowing any rule:
+a ranking rule the ones of `SELECT_OPTIONS` (--weights, --normalize, --seed), as its parameters of the same
+name; a mask rule a repeatable one of `MASK_OPTIONS` (--intersect FILE), one filter per value.
 
 The rules themselves are plug-ins (the bundled ones in the top-level `filters` package): each subclasses
 `Rule` and registers itself in `RULES` when imported (`hype.plugins`), so selection never imports them.
@@ -23,7 +26,13 @@ import numpy as np
 from hype.config import ConfigError, coerce, is_text, parse_value
 from hype.plugins import Registry
 from hype.select.errors import SelectError
-from hype.select.table import Batch
+from hype.table.reader import Batch
+
+# The options of `hype select` that a ranking rule may take (`Rule.OPTIONS`) -> what an error says such a
+# rule takes ("--seed applies to ranking rules that take a seed (random)").
+SELECT_OPTIONS: dict[str, str] = {"weights": "weights", "normalize": "a normalization", "seed": "a seed"}
+# The repeatable options of `hype select` that add a filter per value -> the parameter given that value.
+MASK_OPTIONS: dict[str, str] = {"intersect": "path"}
 
 
 class Rule:
@@ -33,6 +42,18 @@ class Rule:
     kind: ClassVar[str] = ""  # "score" or "mask"
     summary: ClassVar[str] = ""  # one line for --help and the summary
     PARAMS: ClassVar[dict[str, tuple[type, Any, str]]] = {}
+    OPTIONS: ClassVar[tuple[str, ...]] = ()  # the SELECT_OPTIONS (score) or MASK_OPTIONS (mask) it takes
+
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        # Checked when the plug-in is defined: an option that is not a parameter would fail on first use.
+        known = MASK_OPTIONS if cls.kind == "mask" else {o: o for o in SELECT_OPTIONS}
+        bad = [o for o in cls.OPTIONS if o not in known or known[o] not in cls.PARAMS]
+        if bad:
+            raise TypeError(
+                f"rule class {cls.__name__}: OPTIONS {bad} must each be a `hype select` option "
+                f"({', '.join(known)}) whose parameter is in PARAMS ({', '.join(cls.PARAMS) or 'none'})"
+            )
 
     def __init__(self, **params: Any):
         self.params = coerce_params(self.name, self.PARAMS, params)
@@ -88,6 +109,12 @@ class Rule:
         """What the summary JSON records about this rule."""
         return {"rule": self.name, **{k: v for k, v in self.params.items()}}
 
+    @classmethod
+    def headline(cls, record: Mapping[str, Any]) -> str:
+        """How `hype select`'s printed summary names this ranking rule, from the record `describe` wrote
+        into subset.json (default: its name)."""
+        return str(record.get("rule", cls.name))
+
     def spec(self) -> str:
         changed = {k: v for k, v in self.params.items() if k in self.PARAMS and v != self.PARAMS[k][1]}
         return self.name + (":" + ",".join(f"{k}={v}" for k, v in changed.items()) if changed else "")
@@ -101,23 +128,45 @@ def rule_names(kind: str) -> tuple[str, ...]:
     return tuple(name for name, cls in RULES.items() if cls.kind == kind)
 
 
+def rules_taking(option: str) -> tuple[str, ...]:
+    """Names of the registered ranking rules that take the `hype select` option `option` (`Rule.OPTIONS`)."""
+    return tuple(name for name, cls in RULES.items() if cls.kind == "score" and option in cls.OPTIONS)
+
+
+def option_filter(option: str, value: Any) -> Rule:
+    """The filter that the repeatable `hype select` option `option` (of MASK_OPTIONS) adds for `value`: the
+    one registered mask rule whose OPTIONS name it, given `value` as its MASK_OPTIONS parameter."""
+    takers = [cls for _, cls in RULES.items() if cls.kind == "mask" and option in cls.OPTIONS]
+    if len(takers) != 1:
+        names = ", ".join(cls.name for cls in takers) or "none"
+        raise SelectError(f"--{option} needs one registered filter that takes it; found {names}")
+    return takers[0](**{MASK_OPTIONS[option]: value})
+
+
+def rule_class(spec: str, kind: str | None = None) -> type[Rule]:
+    """The registered rule class of a spec (`"name"` / `"name:key=value,..."`); checks its kind."""
+    name = parse_spec(spec)[0]
+    cls = RULES.get(name.replace("-", "_"))
+    if cls is None:
+        raise SelectError(f"unknown rule {name!r}; rules: {', '.join(RULES.names())}")
+    _check_kind(cls, kind)
+    return cls
+
+
 def make_rule(spec: str | Rule, kind: str | None = None, **params: Any) -> Rule:
     """A rule from `"name"` / `"name:key=value,..."` (plus keyword parameters); checks its kind."""
     if isinstance(spec, Rule):
-        rule = spec
-    else:
-        name, spec_params = parse_spec(spec)
-        cls = RULES.get(name.replace("-", "_"))
-        if cls is None:
-            raise SelectError(f"unknown rule {name!r}; rules: {', '.join(RULES.names())}")
-        rule = cls(**{**spec_params, **params})
-    if kind is not None and rule.kind != kind:
+        _check_kind(type(spec), kind)
+        return spec
+    cls = rule_class(spec, kind)
+    return cls(**{**parse_spec(spec)[1], **params})
+
+
+def _check_kind(cls: type[Rule], kind: str | None) -> None:
+    if kind is not None and cls.kind != kind:
         allowed = rule_names(kind)
         what = "ranking rule (--rank)" if kind == "score" else "filter (--filter)"
-        raise SelectError(
-            f"{rule.name!r} is a {rule.kind} rule, not a {what}; use one of {', '.join(allowed)}"
-        )
-    return rule
+        raise SelectError(f"{cls.name!r} is a {cls.kind} rule, not a {what}; use one of {', '.join(allowed)}")
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:

@@ -19,18 +19,18 @@ from hype import __version__
 from hype.data.uids import to_structured
 from hype.io import read_bytes
 from hype.io.storage import AnyPath
-from hype.scoring.schema import METRICS
 from hype.select import rules
 from hype.select.errors import SelectError
 from hype.select.explain import CutWatcher, review_cut
 from hype.select.nominal import nominal_rows
 from hype.select.outputs import SubsetWriter, output_paths, write_json, write_subset
-from hype.select.presets import DEFAULT_PRESET, load_preset
+from hype.select.presets import DEFAULT_PRESET, Preset, load_preset
 from hype.select.reducer import Target, describe_cut, parse_frac, reduce
 from hype.select.rules import Rule
-from hype.select.stats import RunningStats
-from hype.select.table import ScoresTable
 from hype.select.union import union
+from hype.table.reader import ScoresTable
+from hype.table.schema import METRICS
+from hype.table.stats import RunningStats
 
 ROUNDING = "k = floor(frac * rows + 1/2) (round half up), computed exactly from the decimal --frac"
 
@@ -62,32 +62,39 @@ def build_rules(req: SelectRequest) -> tuple[str, Rule, list[Rule]]:
     """(preset name, ranking rule, mask rules) for a request."""
     preset = load_preset(req.preset or DEFAULT_PRESET)
     rank_spec = req.rank or preset.rank
-    name, _ = rules.parse_spec(rank_spec)
-    name = name.replace("-", "_")
-    params: dict[str, Any] = {}
-    if name == "hype":
-        weights = req.weights if req.weights is not None else preset.weights
-        if weights is not None:
-            params["weights"] = weights
-    elif req.weights is not None:
-        raise SelectError(
-            f"--weights applies to the 'hype' ranking rule, not {name!r}; drop --weights or use --rank hype"
-        )
-    normalize = req.normalize or (preset.normalize if preset.normalize != "none" else None)
-    if normalize is not None:
-        if name not in ("hype", "clip_score", "specificity"):
-            raise SelectError(
-                f"--normalize applies to weighted sums (hype, clip_score, specificity), not {name!r}"
-            )
-        params["normalize"] = normalize
-    if req.seed is not None:
-        if name != "random":
-            raise SelectError(f"--seed applies to the 'random' ranking rule, not {name!r}")
-        params["seed"] = req.seed
+    params = _rank_options(rules.rule_class(rank_spec, kind="score"), req, preset)
     ranker = rules.make_rule(rank_spec, kind="score", **params)
     masks = [rules.make_rule(spec, kind="mask") for spec in [*preset.filters, *req.filters]]
-    masks += [rules.make_rule("intersect", path=str(p)) for p in req.intersect]
+    masks += [rules.option_filter("intersect", str(p)) for p in req.intersect]
     return preset.name, ranker, masks
+
+
+def _rank_options(rule: type[Rule], req: SelectRequest, preset: Preset) -> dict[str, Any]:
+    """The ranking rule's parameters from the options `--weights`, `--normalize`, `--seed` (else the
+    preset's weights and normalization), each passed to a rule whose `OPTIONS` name it. An option given
+    in the request that the rule does not take is an error; a preset's is left out (it was meant for the
+    preset's own rule, which `--rank` replaced)."""
+    requested = {option: getattr(req, option) for option in rules.SELECT_OPTIONS}
+    preset_values = {
+        "weights": preset.weights,
+        "normalize": preset.normalize if preset.normalize != "none" else None,
+    }
+    params: dict[str, Any] = {}
+    for option, value in requested.items():
+        if value is None:
+            value = preset_values.get(option)
+            if value is not None and option in rule.OPTIONS:
+                params[option] = value
+        elif option in rule.OPTIONS:
+            params[option] = value
+        else:
+            takers = rules.rules_taking(option)
+            fix = f"; drop --{option}" + (f" or use --rank {takers[0]}" if takers else "")
+            raise SelectError(
+                f"--{option} applies to ranking rules that take {rules.SELECT_OPTIONS[option]} "
+                f"({', '.join(takers) or 'none registered'}), not {rule.name!r}{fix}"
+            )
+    return params
 
 
 def make_target(req: SelectRequest, nominal: int | None = None) -> Target:
@@ -280,10 +287,8 @@ def format_summary(s: dict) -> str:
         "keep_all": "every eligible row",
     }[t["mode"]]
     rank = s["rank"]
-    rule = rank["rule"]
-    if rule == "hype":
-        w = " + ".join(f"{v:g}*{m}" if v != 1 else m for m, v in rank["weights"].items() if v)
-        rule = f"hype ({w}; normalize {rank['normalize']})"
+    cls = rules.RULES.get(rank["rule"])
+    rule = cls.headline(rank) if cls is not None else rank["rule"]
     lines = [
         f"selected {s['selected_rows']:,} of {s['pool_rows']:,} scored samples ({pct:.2f}%; {how}) "
         f"with preset {s['preset']}, ranked by {rule}"

@@ -18,9 +18,9 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from hype.scoring.schema import METRICS
-from hype.select.errors import SelectError
-from hype.select.keys import KeyHistogram
+from hype.data.errors import SelectError
+from hype.table.keys import KeyHistogram
+from hype.table.schema import METRICS
 
 NORMALIZATIONS = ("none", "zscore", "rank")
 RANK_BITS = 22

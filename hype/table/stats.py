@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from hype.select.keys import KeyHistogram
+from hype.table.keys import KeyHistogram
 
 QUANTILES = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 HIST_BITS = 18  # quantiles within a relative 2^-9 of the exact value (reported to 3 significant digits)

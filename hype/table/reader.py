@@ -1,4 +1,4 @@
-"""Reading the scores table (`RUN_DIR/scores/part-*.parquet`, see `hype.scoring.schema`) in bounded memory.
+"""Reading the scores table (`RUN_DIR/scores/part-*.parquet`, see `hype.table.schema`) in bounded memory.
 
 The table is read in units of one Parquet row group, a few at a time on a small thread pool (Parquet
 decoding releases the GIL), in a fixed order, so every pass over it sees the same rows in the same order
@@ -31,11 +31,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hype.data.errors import SelectError
 from hype.data.uids import UidError, arrow_to_pairs
 from hype.io import parquet_bytes, read_bytes, storage, write_bytes
 from hype.io.storage import AnyPath
-from hype.scoring.schema import METRICS, SCHEMA, scores_dir
-from hype.select.errors import SelectError
+from hype.table.schema import METRICS, SCHEMA, scores_dir
 
 NUMERIC_COLUMNS = (*METRICS, "width", "height")
 # Rows per pass of the dedup across several runs (24 bytes each while a pass sorts them), as `hype score`'s.
@@ -245,7 +245,7 @@ class ScoresTable:
                 reason = f" (needed by {why})" if why else ""
                 raise SelectError(
                     f"{path}: missing column(s) {', '.join(missing)}{reason}; the scores table must follow "
-                    f"hype.scoring.schema.SCHEMA ({', '.join(SCHEMA.names)}). Rescore, or drop the option "
+                    f"hype.table.schema.SCHEMA ({', '.join(SCHEMA.names)}). Rescore, or drop the option "
                     "that needs the column"
                 )
             for c in columns:
