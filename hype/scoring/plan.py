@@ -264,7 +264,8 @@ def run_probe(
 ) -> Probe:
     """Score the first `samples` samples with `cfg`'s models, device and executor in a temporary folder
     (deleted after); the timings and outputs the estimate extrapolates from."""
-    from hype.scoring.runner import ScoreError, ScoreFailed, make_executor, run_score
+    from hype.executor import make_executor
+    from hype.scoring.runner import ScoreError, ScoreFailed, run_score
 
     if size.total == 0:
         raise PlanError(f"{cfg.pool}: the pool has no samples to probe")
