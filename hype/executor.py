@@ -13,13 +13,15 @@ at most `retries` times (never a `StageSetupError`: it would fail on every worke
 to the caller's callback and progress bar, and collects the per-task stats and the failures into a
 `MapResult`. Subclasses only decide where `run` is called: `PoolExecutor` in this process or a pool of
 local processes (`hype reshard`, `hype synth`, and `pipelines.local`), `pipelines.ray_executor` on a Ray
-cluster. Executors selectable by name (`hype score --executor NAME`) register in `EXECUTORS`.
+cluster. Executors selectable by name (`hype score --executor NAME`, `hype reshard --executor NAME`)
+register in `EXECUTORS`; `make_executor` builds the one a config's `executor` section names.
 
 Storage options (credentials for s3:// and the like, `hype.io.storage`) travel to every worker as an
 argument of its set-up (`start_stage`), never through the environment or a Ray runtime_env, which are
 logged and shown in dashboards.
 
-This module sits below the stages: it imports nothing of `hype` but the plug-in registry and `hype.io`.
+This module sits below the stages: it imports nothing of `hype` but the plug-in registry, `hype.config`
+(the `executor` section's schema) and `hype.io`.
 """
 
 from __future__ import annotations
@@ -39,13 +41,46 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
+from hype.config import at_least, one_of, positive
 from hype.io import storage
 from hype.plugins import Registry
 
 log = logging.getLogger(__name__)
 
-# Executors that `hype score --executor NAME` finds by name; `pipelines/` registers the bundled ones.
+# Executors that `--executor NAME` finds by name; `pipelines/` registers the bundled ones.
 EXECUTORS: Registry[type] = Registry("executors")
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    """The `executor` section of a config (`hype score`'s; `hype reshard` builds one from its options)."""
+
+    kind: str = "local"  # local | ray (--executor)
+    ray_address: str | None = None  # join a cluster: host:port or auto; null starts a local Ray
+    workers: int = 0  # actors per stage on Ray (0: as many as the cluster's resources allow)
+    cpus_per_worker: float = 0.0  # 0: 1 per actor on CPU clusters; on GPU clusters the CPUs per GPU share
+    gpus_per_worker: float = 1.0  # only when device is cuda; fractions share a GPU
+    retries: int = 2  # extra attempts for a shard whose worker died or raised
+    # Ray: seconds one attempt at a shard may take; then its worker (hung, or on a lost node) is killed
+    # and the shard counts a failed attempt. 0: no limit.
+    task_timeout: float = 3600.0  # counted once the worker has set the stage up (models loaded)
+
+    def __post_init__(self) -> None:
+        one_of(self, "kind", tuple(sorted(EXECUTORS.names())))  # the registry's
+        at_least(self, 0, "workers", "retries", "cpus_per_worker", "task_timeout")
+        positive(self, "gpus_per_worker")
+
+
+def make_executor(cfg: Any) -> Executor:
+    """The executor plug-in named by `cfg.executor.kind`, built by its `from_config(cfg)`; `cfg` is a
+    config with an `executor` section (`ExecutorConfig`) and a `device` (a `ScoreConfig`, ...)."""
+    cls = EXECUTORS.get(cfg.executor.kind)
+    if cls is None:
+        raise ValueError(
+            f"no executor named {cfg.executor.kind!r} is installed (found: {', '.join(EXECUTORS.names())}); "
+            "install hype with its bundled pipelines package"
+        )
+    return cls.from_config(cfg)
 
 
 class StageSetupError(RuntimeError):

@@ -147,8 +147,8 @@ def test_stub_stages_need_only_run_and_progress_counts_new_results(tmp_path, cap
 
 def test_score_executors_are_plug_ins_found_by_name():
     import pipelines  # noqa: F401 - tests are the top layer; hype.cli imports it the same way
+    from hype.executor import make_executor
     from hype.scoring.config import load_score_config
-    from hype.scoring.runner import make_executor
     from pipelines.local import LocalExecutor
     from pipelines.ray_executor import RayExecutor
 
@@ -176,9 +176,11 @@ def test_layers_point_down():
     for path in (ROOT / "pipelines").glob("*.py"):
         hype_imports = {m for m in _imports(path) if m.startswith("hype")}
         assert hype_imports <= {"hype.executor"}, (path, hype_imports)
-    # The executor core knows the plug-in registry and the storage options it hands to workers, no stage.
+    # The executor core knows the plug-in registry, the config schema of its settings and the storage
+    # options it hands to workers, no stage.
     assert {m for m in _imports(ROOT / "hype" / "executor.py") if m.startswith("hype")} == {
         "hype.plugins",
+        "hype.config",
         "hype.io",
     }
     code = "import sys, hype.scoring.runner, hype.reshard, hype.synth; print('pipelines' in sys.modules)"

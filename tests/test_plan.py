@@ -9,7 +9,7 @@ import tempfile
 
 import pytest
 from click.testing import CliRunner
-from test_score_support import POOL_SIZE, SHARD_SIZE, models, run_cli, score_args, world
+from test_score_support import NEARDUP_OVERRIDES, POOL_SIZE, SHARD_SIZE, models, run_cli, score_args, world
 
 from hype.scoring.plan import PlanError, pool_size
 
@@ -29,7 +29,8 @@ def test_plan_has_every_stage_in_seconds_bytes_and_requests_and_extrapolates_lin
     meru, clip = models(tmp_path_factory)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the probe's folder lands here
     out = tmp_path / "never"
-    args = [*score_args(w, meru, clip, out), "--probe-samples", str(PROBE), "--json"]
+    extra = ["--decontaminate", str(w / "eval"), *NEARDUP_OVERRIDES]  # every stage of STAGES runs
+    args = [*score_args(w, meru, clip, out, *extra), "--probe-samples", str(PROBE), "--json"]
     result = CliRunner().invoke(plan, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     p = json.loads(result.stdout)
@@ -48,6 +49,10 @@ def test_plan_has_every_stage_in_seconds_bytes_and_requests_and_extrapolates_lin
         "classes",
     } <= set(stages)
     assert {"captions", "clusters train", "clusters assign", "merge", "card"} <= set(stages)
+    assert {"decontam eval", "decontam search", "neardup split", "neardup groups"} <= set(stages)
+    # every second of the probe is in one row (the decontam and neardup stages were left out before)
+    measured = sum(r["probe_s"] for r in p["stages"] if r["stage"] not in ("start-up", "local start"))
+    assert measured == pytest.approx(p["probe"]["seconds"], abs=0.05)
     for r in p["stages"]:
         assert 0 <= r["fixed_s"] <= r["estimate_s"] + 1e-6, r
         assert r["bytes"] >= 0 and all(isinstance(v, (int, float)) and v >= 0 for v in r["requests"].values())

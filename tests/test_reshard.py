@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import subprocess
+import sys
 import tarfile
 from collections import Counter
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 import webdataset as wds
 from braceexpand import braceexpand
 from click.testing import CliRunner
+from ray_support import needs_ray, ray_env
 from test_select_helpers import make_world, save_memmap_subset
 
 from hype.cli import main
@@ -239,11 +242,47 @@ def test_cli_and_errors(pool, tmp_path):
         (["--subset", str(tmp_path / "missing.npy")], "subset file not found"),
         (["--pool", str(tmp_path / "nowhere")], "no such file or folder"),
         (["--shard-size", "0"], "--shard-size must be >= 1"),
+        (["--ray-address", "127.0.0.1:1"], "--ray-address is for --executor ray"),
     ]:
         base = {"--pool": str(pool["shards"]), "--subset": str(pool["subset"]), "--out": str(tmp_path / "e")}
         base.update(dict(zip(args[::2], args[1::2], strict=True)))
         res = CliRunner().invoke(main, ["reshard", *[x for kv in base.items() for x in kv], "--no-progress"])
         assert res.exit_code == 2 and message in res.output, res.output
+
+
+@needs_ray
+def test_the_ray_executor_writes_the_local_runs_bytes(pool, tmp_path, ray_cluster):
+    """Both passes on a two-node Ray cluster, from another folder than the workers' (a relative --out):
+    the same tars and markers as the in-process run."""
+    local = reshard(
+        pool["shards"], pool["subset"], tmp_path / "local", shard_size=50, workers=1, progress=False
+    )
+    args = ["reshard", "--pool", str(pool["shards"]), "--subset", str(pool["subset"]), "--out", "ray"]
+    args += [
+        "--shard-size",
+        "50",
+        "--executor",
+        "ray",
+        "--ray-address",
+        ray_cluster,
+        "--no-progress",
+        "--json",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", "from hype.cli import main; main()", *args],
+        cwd=tmp_path, env=ray_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    meta = json.loads(done.stdout)
+    assert meta["executor"] == "ray" and local["executor"] == "local"
+    assert meta["shards_written"] == local["output_shards"] == 4
+    names = sorted(p.name for p in (tmp_path / "local").glob("0*"))
+    assert names == sorted(p.name for p in (tmp_path / "ray").glob("0*"))
+    assert all((tmp_path / "ray" / n).read_bytes() == (tmp_path / "local" / n).read_bytes() for n in names)
+    same = ("seconds", "executor")
+    assert {k: v for k, v in meta.items() if k not in same} == {
+        k: v for k, v in local.items() if k not in same
+    }
 
 
 def _tiny_pool(folder: Path, uids_per_tar: list[list]) -> Path:

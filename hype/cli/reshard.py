@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import click
+
+from hype.cli import executor_choice
+from hype.executor import ExecutorConfig
 
 
 @click.command("reshard")
@@ -19,7 +23,25 @@ import click
 )
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder for the output shards.")
 @click.option("--shard-size", default=10000, show_default=True, type=int, help="Samples per output shard.")
-@click.option("--workers", default=4, show_default=True, type=int, help="Processes (1: in this process).")
+@click.option(
+    "--workers",
+    type=int,
+    help="Processes (1: in this process) [default: 4]; with --executor ray: Ray actors [default: as many "
+    "as the cluster fits].",
+)
+@click.option(
+    "--executor",
+    type=executor_choice(),
+    default="local",
+    show_default=True,
+    help="Where both passes run: local (--workers processes here) or ray (actors on a Ray cluster that sees "
+    "--pool and --out at the same paths).",
+)
+@click.option(
+    "--ray-address",
+    metavar="ADDR",
+    help="Join a Ray cluster (host:port or auto); default starts a local Ray.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace the shards of another reshard in --out.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bars on stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print meta.json instead of a text summary.")
@@ -28,7 +50,9 @@ def reshard(
     subset: str,
     out: str,
     shard_size: int,
-    workers: int,
+    workers: int | None,
+    executor: str,
+    ray_address: str | None,
     overwrite: bool,
     progress: bool,
     as_json: bool,
@@ -37,16 +61,27 @@ def reshard(
 
     Each sample is written once per occurrence of its uid in the subset, keyed <uid>-<j>; every output
     shard gets a _stats.json after it has been read back and checked; meta.json (counts, uids missing from
-    the pool, skipped samples) is written last. An interrupted run resumes where it stopped.
+    the pool, skipped samples) is written last. An interrupted run resumes where it stopped. With
+    --executor ray, both passes (index the pool's tars, write the output shards) run on Ray actors and
+    write the same bytes as a local run.
     """
     from hype.cli import lock_output
     from hype.reshard import reshard as run
     from hype.select.errors import SelectError
 
     lock_output(out, "reshard")
+    ctx = click.get_current_context()
+    runner = ctx.with_resource(_executor(executor, ray_address, workers))
     try:
         meta = run(
-            pool, subset, out, shard_size=shard_size, workers=workers, overwrite=overwrite, progress=progress
+            pool,
+            subset,
+            out,
+            shard_size=shard_size,
+            workers=4 if workers is None else workers,
+            overwrite=overwrite,
+            progress=progress,
+            executor=runner,
         )
     except SelectError as e:
         raise click.UsageError(str(e)) from None
@@ -67,3 +102,34 @@ def reshard(
         f"  {out}/meta.json",
     ]
     click.echo("\n".join(lines))
+
+
+@dataclass(frozen=True)
+class _ExecutorSettings:
+    """What an executor plug-in's `from_config` reads: the `executor` section and the device."""
+
+    executor: ExecutorConfig
+    device: str = "cpu"  # resharding copies bytes: no GPU
+
+
+def _executor(kind: str, ray_address: str | None, workers: int | None):
+    """The executor of both passes, as a context manager: None (reshard's own pool of --workers local
+    processes) for `local`, else the plug-in built from the same `executor` settings `hype score` reads."""
+    from contextlib import nullcontext
+
+    from hype.config import ConfigError
+    from hype.executor import make_executor
+
+    if kind == "local":
+        if ray_address is not None:
+            raise click.UsageError("--ray-address is for --executor ray")
+        return nullcontext()
+    if workers is not None and workers < 1:
+        raise click.UsageError(f"--workers must be >= 1, got {workers}")
+    try:
+        settings = ExecutorConfig(kind=kind, ray_address=ray_address, workers=workers or 0)
+        return make_executor(_ExecutorSettings(settings))
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from None
+    except (RuntimeError, ConnectionError, ValueError) as e:
+        raise click.ClickException(f"--executor {kind}: {e}") from None

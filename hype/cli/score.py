@@ -149,7 +149,8 @@ def score(
           --class-features in1k_l14.npy --out runs/small --executor ray --ray-address auto --device cuda
 
     Stages (each resumable; a rerun skips finished shards): embed -> dedup -> reference -> specificity ->
-    clusters -> merge [-> neardup, with --neardup]. Output: RUN_DIR/scores/part-*.parquet (uid, eps_i,
+    [classes] -> captions -> clusters -> [decontam, with --decontaminate] -> merge [-> neardup, with
+    --neardup]. Output: RUN_DIR/scores/part-*.parquet (uid, eps_i,
     eps_t, neg_d_l, cos_theta, c_in, shard, key, text, width, height), RUN_DIR/summary.json, per-shard stats
     under RUN_DIR/<stage>/ (with --neardup: RUN_DIR/neardup/groups.parquet, for --filter dedup).
 

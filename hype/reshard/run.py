@@ -31,6 +31,7 @@ import os
 import time
 from collections.abc import Iterator
 from os import PathLike
+from pathlib import Path
 
 import numpy as np
 
@@ -39,7 +40,7 @@ from hype.data.errors import SelectError
 from hype.data.samples import SkipStats, iter_tar_samples
 from hype.data.shards import ShardError, expand_shards
 from hype.data.uids import UidMultiset, load_uid_file, normalize_uid
-from hype.executor import MapResult, PoolExecutor, Progress, Stage
+from hype.executor import Executor, MapResult, PoolExecutor, Progress, Resources, Stage
 from hype.io import file_digest, is_temp_name, load_npy, open_input, read_json, save_npy, storage, write_json
 from hype.io.storage import AnyPath
 from hype.io.tar import write_tar
@@ -89,7 +90,15 @@ def _index_job(tar: str, index_path: str, subset: UidMultiset) -> dict:
     return index
 
 
-class _IndexStage(Stage):
+class _ReshardStage(Stage):
+    """A pass of `reshard` on any executor: picklable settings (absolute paths, so that a worker on
+    another node finds them), CPU work only."""
+
+    def resources(self) -> Resources:
+        return Resources(gpus=0.0)  # no GPU even where the executor's setting would give one
+
+
+class _IndexStage(_ReshardStage):
     """Pass 1: one input tar per task `(tar, index file)`; a saved index of the same tar is reused."""
 
     name = "index"
@@ -110,7 +119,7 @@ class _IndexStage(Stage):
         return _index_job(*task, self.subset)
 
 
-class _WriteStage(Stage):
+class _WriteStage(_ReshardStage):
     """Pass 2: one output shard per task `(k, pieces)`; done when its `_stats.json` is there."""
 
     name = "write"
@@ -213,8 +222,12 @@ def reshard(
     workers: int = 4,
     overwrite: bool = False,
     progress: bool = True,
+    executor: Executor | None = None,
 ) -> dict:
-    """Reshard `pool` (folder / pattern / tar, see `hype.data.shards`) to the samples of `subset`."""
+    """Reshard `pool` (folder / pattern / tar, see `hype.data.shards`) to the samples of `subset`.
+
+    Both passes run on `executor` when given (e.g. `pipelines.ray_executor`, built by the caller, who
+    closes it), else on a pool of `workers` local processes; the output is the same bytes either way."""
     start = time.perf_counter()
     if shard_size < 1:
         raise SelectError(f"--shard-size must be >= 1, got {shard_size}")
@@ -227,6 +240,8 @@ def reshard(
     subset_path = storage.location(subset)
     arr = load_uid_file(subset_path, "--subset")  # .npy or DataComp's raw memmap layout
     out = storage.location(out)
+    if not storage.is_url(out):  # absolute: a worker may run in another folder, or on another node
+        out = Path(os.path.abspath(out))
     subset_sha = file_digest(subset_path)
     inputs = [_absolute(p) for p in shards.paths]
     job = {"subset_sha256": subset_sha, "inputs": inputs, "shard_size": shard_size}
@@ -257,7 +272,8 @@ def reshard(
     first_js: list[dict[int, int]] = []
     numbered = np.zeros(len(ms), dtype=np.int64)
     samples_seen = matched = 0
-    indexes = _run(_IndexStage(str(state)), list(zip(inputs, index_files, strict=True)), workers, progress)
+    index_tasks = list(zip(inputs, index_files, strict=True))
+    indexes = _run(_IndexStage(str(state)), index_tasks, executor or _local(workers), progress)
     for index in indexes.results:
         idx = np.asarray(index["found"], dtype=np.int64)
         duplicates += int(found[idx].sum()) + (len(idx) - len(np.unique(idx)))
@@ -289,7 +305,7 @@ def reshard(
                 pieces.append((index_files[i], int(s), int(e), first_js[i]))
             i += 1
         plans.append(pieces)
-    writes = _run(_WriteStage(str(out)), list(enumerate(plans)), workers, progress)
+    writes = _run(_WriteStage(str(out)), list(enumerate(plans)), executor or _local(workers), progress)
 
     # -- verify the whole output against the plan
     written = 0
@@ -322,6 +338,7 @@ def reshard(
         "missing_rows": int(len(arr) - ms.counts[found].sum()),
         "duplicate_pool_uids": duplicates,
         "skipped": skipped.to_dict(),
+        "executor": "local" if executor is None else executor.name,
         "shards_written": writes.ran,
         "shards_resumed": writes.reused,
         "verified": True,
@@ -366,9 +383,14 @@ def _clear(out: AnyPath) -> None:
             storage.remove(out / name)
 
 
-def _run(stage: Stage, tasks: list, workers: int, progress: bool) -> MapResult:
-    """Run a pass on `workers` processes (1: in this process); the first failure stops it and is raised."""
+def _local(workers: int) -> PoolExecutor:
+    """`workers` processes (1: this process); the first failure stops a pass."""
+    return PoolExecutor(workers, retries=0, fail_fast=True)
+
+
+def _run(stage: Stage, tasks: list, executor: Executor, progress: bool) -> MapResult:
+    """Run a pass on `executor`; a task that failed (after the executor's retries) is raised."""
     bar = Progress(stage.name, enabled=progress, unit=" shards", lazy=True)  # after the fork
-    result = PoolExecutor(workers, retries=0, fail_fast=True).map(stage, tasks, progress=bar)
+    result = executor.map(stage, tasks, progress=bar)
     result.raise_first_failure()
     return result

@@ -35,7 +35,7 @@ from hype.config import (
     preset_dir,
     to_dict,
 )
-from hype.executor import EXECUTORS
+from hype.executor import ExecutorConfig
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
@@ -148,24 +148,6 @@ class DecontamConfig:
     def __post_init__(self) -> None:
         if not -1.0 <= self.threshold <= 1.0:
             raise ConfigError("threshold", f"a cosine similarity in [-1, 1]; got {self.threshold}")
-
-
-@dataclass(frozen=True)
-class ExecutorConfig:
-    kind: str = "local"  # local | ray (--executor)
-    ray_address: str | None = None  # join a cluster: host:port or auto; null starts a local Ray
-    workers: int = 0  # actors per stage on Ray (0: as many as the cluster's resources allow)
-    cpus_per_worker: float = 0.0  # 0: 1 per actor on CPU clusters; on GPU clusters the CPUs per GPU share
-    gpus_per_worker: float = 1.0  # only when device is cuda; fractions share a GPU
-    retries: int = 2  # extra attempts for a shard whose worker died or raised
-    # Ray: seconds one attempt at a shard may take; then its worker (hung, or on a lost node) is killed
-    # and the shard counts a failed attempt. 0: no limit.
-    task_timeout: float = 3600.0  # counted once the worker has set the stage up (models loaded)
-
-    def __post_init__(self) -> None:
-        one_of(self, "kind", tuple(sorted(EXECUTORS.names())))  # the registry's
-        at_least(self, 0, "workers", "retries", "cpus_per_worker", "task_timeout")
-        positive(self, "gpus_per_worker")
 
 
 @dataclass(frozen=True)

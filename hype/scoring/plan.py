@@ -12,6 +12,11 @@ the class set of the real run) and every stage is extrapolated with its own scal
     clusters: k-means training                                    K x training points (x niter)
     clusters: assignment                                          samples x K
     classes (class images), metadata index, card, Ray start-up    fixed: measured as they are
+    decontam: evaluation images fixed; the search linear in samples (every pool image against them)
+    neardup: split and groups of clusters                         linear in samples (groups of fixed rows)
+
+The rows follow the stages the run takes, in its order: `hype.scoring.runner.STAGES` and the conditions
+there (`STAGE_ROWS` holds the rows of each stage).
 
 A per-shard stage's probe time splits into its shards' own seconds (their markers) and the rest (workers
 set up, models loaded, scheduled): the rest is a fixed cost. The rate that scales is the steady one: each
@@ -28,6 +33,7 @@ file: `open_remote`'s read-ahead block); a streamed tar is one HEAD plus one GET
 finished local file: `atomic_write`; s3fs turns files over 100 MiB into multipart uploads, counted as
 1 + parts + 1); a listing is one LIST per 1,000 names (`list_sizes`). HEAD is billed as a GET on S3 and
 counted with them. A fresh run is counted: a resumed one reads markers that exist instead of recomputing.
+The near-duplicate stage's requests are not counted.
 """
 
 from __future__ import annotations
@@ -264,7 +270,8 @@ def run_probe(
 ) -> Probe:
     """Score the first `samples` samples with `cfg`'s models, device and executor in a temporary folder
     (deleted after); the timings and outputs the estimate extrapolates from."""
-    from hype.scoring.runner import ScoreError, ScoreFailed, make_executor, run_score
+    from hype.executor import make_executor
+    from hype.scoring.runner import ScoreError, ScoreFailed, run_score
 
     if size.total == 0:
         raise PlanError(f"{cfg.pool}: the pool has no samples to probe")
@@ -382,6 +389,8 @@ def driver_requests(step: str, shards: int, in_bytes: float) -> dict:
         return {"get": s * _parquet_get(in_bytes) * 5, "put": 4, "list": 0}
     if step == "clusters train":  # CLIP features + caption flags of each shard; centroids, targets, marker
         return {"get": s * _parquet_get(in_bytes) * 2, "put": 3, "list": 0}
+    if step == "decontam":  # CLIP features of each shard searched; the matches and their marker
+        return {"get": s * _parquet_get(in_bytes), "put": 2, "list": 0}
     if step == "card":  # scores parts listed, up to 8 sampled, the markers' digests
         return {"get": 1 + 8 * _parquet_get(in_bytes), "put": 1, "list": _lists(s)}
     # run level: the lock (conditional create + heartbeat-free), config, plan, summary twice
@@ -431,118 +440,195 @@ def _shard_seconds(probe: Probe, name: str) -> tuple[float, int, int, int]:
     return rate, sum(_samples(s) for s in st), out, len(st)
 
 
-def estimate(cfg: ScoreConfig, size: PoolSize, probe: Probe) -> dict:
-    """Extrapolate the probe to the pool (module docstring); the plan as a JSON-able dict."""
-    N, S, n = size.total, len(size.shards), max(1, probe.samples)
-    W = probe.workers
-    par = max(1, min(W, S))
-    lin = N / n
-    top_p = int(probe.markers["top_n"].get("n_top") or 0)
-    m_p = int(((probe.markers["reference"].get("meta") or {}).get("m")) or 0)
-    rc, cc = cfg.reference, cfg.clusters
-    top_r = min(rc.n_top, N)
-    m_r = min(rc.m, top_r)
-    selected = rc.file is None and top_p > 0
-    cl = probe.markers["clusters"]
-    k_p = int(cl.get("k") or 1)
-    eligible = float(cl.get("train_eligible") or n) / max(1, int(cl.get("pool") or n))
-    k_r, pts_r = kmeans_size(cfg, N, eligible)
-    k_r = k_p if cc.centroids else k_r
-    pts_p = int(cl.get("train_points") or 1)
-    tar_bytes = sum(size.tar_bytes) / max(1, S)
-    embed_bytes = _shard_seconds(probe, "embed")[2] / max(1, n) * N / max(1, S)
-    rows: list[Row] = []
+class _Estimate:
+    """The rows of a plan: the probe's timings, bytes and requests scaled to the pool, stage by stage."""
 
-    def add_map(
-        name: str, label: str, scales: str, factor: float, *, fixed_only: bool = False, driver_s: float = 0.0
+    def __init__(self, cfg: ScoreConfig, size: PoolSize, probe: Probe):
+        self.cfg, self.probe = cfg, probe
+        self.N, self.S, n = size.total, len(size.shards), max(1, probe.samples)
+        self.W = probe.workers
+        self.par = max(1, min(self.W, self.S))
+        self.lin = self.N / n
+        self.top_p = int(probe.markers["top_n"].get("n_top") or 0)
+        self.m_p = int(((probe.markers["reference"].get("meta") or {}).get("m")) or 0)
+        rc, cc = cfg.reference, cfg.clusters
+        self.top_r = min(rc.n_top, self.N)
+        self.m_r = min(rc.m, self.top_r)
+        self.m_scale = 1.0  # M of the run / M of the probe, once the reference sets are known
+        self.cl = probe.markers["clusters"]
+        self.k_p = int(self.cl.get("k") or 1)
+        eligible = float(self.cl.get("train_eligible") or n) / max(1, int(self.cl.get("pool") or n))
+        self.k_r, self.pts_r = kmeans_size(cfg, self.N, eligible)
+        self.k_r = self.k_p if cc.centroids else self.k_r
+        self.pts_p = int(self.cl.get("train_points") or 1)
+        self.tar_bytes = sum(size.tar_bytes) / max(1, self.S)
+        self.embed_bytes = _shard_seconds(probe, "embed")[2] / max(1, n) * self.N / max(1, self.S)
+        self.rows: list[Row] = []
+
+    # --- rows of the three kinds ------------------------------------------------------------------
+
+    def map(
+        self,
+        name: str,
+        label: str,
+        scales: str,
+        factor: float,
+        *,
+        fixed_only: bool = False,
+        driver_s: float = 0.0,
+        requests_as: str | None = "",
     ) -> None:
+        """A per-shard stage: its probe shards' steady rate x the pool, plus its fixed cost. `requests_as`:
+        the stage whose request pattern it has ("" its own; None: not counted)."""
+        probe, N = self.probe, self.N
         rate, samples_p, out, shards_p = _shard_seconds(probe, name)
         if shards_p == 0:
             return
         wall = max(0.0, _stage_seconds(probe, name) - driver_s)
-        fixed = max(0.0, wall - rate * samples_p / max(1, min(W, shards_p)))
-        est = wall if fixed_only else fixed + rate * N * factor / par
-        out_r = out if fixed_only else out * lin
-        per_shard_in = tar_bytes if name == "embed" else embed_bytes
-        shards_r = shards_p if fixed_only else S
-        req = stage_requests(name, shards_r, out_r / max(1, shards_r), per_shard_in, W)
-        rows.append(Row(label, scales, round(wall, 3), round(fixed, 3), round(est, 3), int(out_r), req))
+        fixed = max(0.0, wall - rate * samples_p / max(1, min(self.W, shards_p)))
+        est = wall if fixed_only else fixed + rate * N * factor / self.par
+        out_r = out if fixed_only else out * self.lin
+        per_shard_in = self.tar_bytes if name == "embed" else self.embed_bytes
+        shards_r = shards_p if fixed_only else self.S
+        req = {}
+        if requests_as is not None:
+            req = stage_requests(
+                requests_as or name, shards_r, out_r / max(1, shards_r), per_shard_in, self.W
+            )
+        self.rows.append(Row(label, scales, round(wall, 3), round(fixed, 3), round(est, 3), int(out_r), req))
 
-    def add_fixed(label: str, seconds: float, nbytes: int = 0, req: dict | None = None) -> None:
-        rows.append(
-            Row(label, "fixed", round(seconds, 3), round(seconds, 3), round(seconds, 3), nbytes, req or {})
+    def fixed(self, label: str, seconds: float, nbytes: int = 0, req: dict | None = None) -> None:
+        r = round(seconds, 3)
+        self.rows.append(Row(label, "fixed", r, r, r, nbytes, req or {}))
+
+    def driver(
+        self, label: str, seconds: float, factor: float, scales: str, nbytes: float, req: dict
+    ) -> None:
+        self.rows.append(
+            Row(label, scales, round(seconds, 3), 0.0, round(seconds * factor, 3), int(nbytes), req)
         )
 
-    def add_driver(label: str, seconds: float, factor: float, scales: str, nbytes: int, req: dict) -> None:
-        rows.append(Row(label, scales, round(seconds, 3), 0.0, round(seconds * factor, 3), int(nbytes), req))
+    # --- one method per stage of `hype.scoring.runner.STAGES` (`STAGE_ROWS`) -------------------------
 
-    add_fixed("start-up", probe.startup_s)
-    if probe.executor_start_s:
-        add_fixed(f"{cfg.executor.kind} start", probe.executor_start_s)
-    if "metadata" in probe.summary.get("stages", {}):
-        add_fixed("metadata index", _stage_seconds(probe, "metadata"), probe.folder_bytes.get("metadata", 0))
-    add_map("embed", "embed", "samples", 1.0)
-    add_driver(
-        "dedup",
-        _stage_seconds(probe, "dedup"),
-        lin,
-        "samples",
-        probe.folder_bytes.get("dedup", 0),
-        driver_requests("dedup", S, embed_bytes),
-    )
-    if selected:
+    def embed(self) -> None:
+        if "metadata" in self.probe.summary.get("stages", {}):
+            self.fixed(
+                "metadata index",
+                _stage_seconds(self.probe, "metadata"),
+                self.probe.folder_bytes.get("metadata", 0),
+            )
+        self.map("embed", "embed", "samples", 1.0)
+
+    def dedup(self) -> None:
+        probe = self.probe
+        req = driver_requests("dedup", self.S, self.embed_bytes)
+        self.driver(
+            "dedup",
+            _stage_seconds(probe, "dedup"),
+            self.lin,
+            "samples",
+            probe.folder_bytes.get("dedup", 0),
+            req,
+        )
+
+    def reference(self) -> None:
+        probe, ref_bytes = self.probe, self.probe.folder_bytes.get("reference.safetensors", 0)
+        if not (self.cfg.reference.file is None and self.top_p > 0):
+            self.fixed("reference copy", _stage_seconds(probe, "reference"), ref_bytes)
+            return
         drv = float(probe.markers["top_n"].get("seconds", 0)) + float(
             probe.markers["reference"].get("seconds", 0)
         )
-        add_map("reference", "reference cands", "samples x N", top_r / max(1, top_p), driver_s=drv)
-        ref_bytes = probe.folder_bytes.get("reference.safetensors", 0) * m_r / max(1, m_p)
-        add_driver(
-            "reference select",
-            drv,
-            lin,
-            "samples",
-            ref_bytes,
-            driver_requests("reference select", S, embed_bytes),
+        self.map("reference", "reference cands", "samples x N", self.top_r / max(1, self.top_p), driver_s=drv)
+        req = driver_requests("reference select", self.S, self.embed_bytes)
+        self.driver(
+            "reference select", drv, self.lin, "samples", ref_bytes * self.m_r / max(1, self.m_p), req
         )
-        m_scale = m_r / max(1, m_p)
-    else:
-        add_fixed(
-            "reference copy",
-            _stage_seconds(probe, "reference"),
-            probe.folder_bytes.get("reference.safetensors", 0),
-        )
-        m_scale = 1.0
-    add_map("specificity", "specificity", "samples x M", m_scale)
-    add_map("classes", "classes", "fixed", 1.0, fixed_only=True)
-    add_map("captions", "captions", "samples", 1.0)
-    if cl:
-        train_s = float(cl.get("seconds", 0.0))
-        km = probe.kmeans
+        self.m_scale = self.m_r / max(1, self.m_p)
+
+    def specificity(self) -> None:
+        self.map("specificity", "specificity", "samples x M", self.m_scale)
+
+    def classes(self) -> None:
+        self.map("classes", "classes", "fixed", 1.0, fixed_only=True)
+
+    def captions(self) -> None:
+        self.map("captions", "captions", "samples", 1.0)
+
+    def clusters(self) -> None:
+        if not self.cl:
+            return
+        train_s = float(self.cl.get("seconds", 0.0))
+        km = self.probe.kmeans
         if km:  # timed at (up to) the run's size; the rest scales with K x points
-            k_scale = km["seconds"] * (k_r * pts_r) / max(1, km["k"] * km["points"]) / max(train_s, 1e-9)
+            k_scale = (
+                km["seconds"] * (self.k_r * self.pts_r) / max(1, km["k"] * km["points"]) / max(train_s, 1e-9)
+            )
         else:
-            k_scale = 1.0 if cc.centroids else (k_r * pts_r) / max(1, k_p * pts_p)
-        add_driver(
-            "clusters train",
-            train_s,
-            k_scale,
-            "K x points",
-            0,
-            driver_requests("clusters train", S, embed_bytes),
-        )
-        add_map("clusters", "clusters assign", "samples x K", k_r / max(1, k_p), driver_s=train_s)
-    add_map("merge", "merge", "samples", 1.0)
-    add_fixed(
-        "card",
-        _stage_seconds(probe, "card"),
-        probe.folder_bytes.get("card.json", 0),
-        driver_requests("card", S, embed_bytes),
-    )
+            k_scale = (
+                1.0
+                if self.cfg.clusters.centroids
+                else (self.k_r * self.pts_r) / max(1, self.k_p * self.pts_p)
+            )
+        req = driver_requests("clusters train", self.S, self.embed_bytes)
+        self.driver("clusters train", train_s, k_scale, "K x points", 0, req)
+        self.map("clusters", "clusters assign", "samples x K", self.k_r / max(1, self.k_p), driver_s=train_s)
+
+    def decontam(self) -> None:
+        # the evaluation set does not grow with the pool; the search does (every pool image against it)
+        self.map("decontam_eval", "decontam eval", "fixed", 1.0, fixed_only=True, requests_as="classes")
+        seconds, nbytes = _stage_seconds(self.probe, "decontam"), self.probe.folder_bytes.get("decontam", 0)
+        req = driver_requests("decontam", self.S, self.embed_bytes)
+        self.driver("decontam search", seconds, self.lin, "samples", nbytes * self.lin, req)
+
+    def merge(self) -> None:
+        self.map("merge", "merge", "samples", 1.0)
+
+    def neardup(self) -> None:
+        # groups of clusters hold `rows_per_group` rows each: their number grows with the pool
+        self.map("neardup_split", "neardup split", "samples", 1.0, requests_as=None)
+        self.map("neardup", "neardup groups", "samples", 1.0, requests_as=None)
+
+
+# The rows of each stage of `hype score`, in the order of `hype.scoring.runner.STAGES` (a test holds them
+# to it: a new stage needs its rows here).
+STAGE_ROWS: dict[str, Callable[[_Estimate], None]] = {
+    "embed": _Estimate.embed,
+    "dedup": _Estimate.dedup,
+    "reference": _Estimate.reference,
+    "specificity": _Estimate.specificity,
+    "classes": _Estimate.classes,
+    "captions": _Estimate.captions,
+    "clusters": _Estimate.clusters,
+    "decontam": _Estimate.decontam,
+    "merge": _Estimate.merge,
+    "neardup": _Estimate.neardup,
+}
+
+
+def estimate(cfg: ScoreConfig, size: PoolSize, probe: Probe) -> dict:
+    """Extrapolate the probe to the pool (module docstring), stage by stage in the order the run takes
+    (`hype.scoring.runner.STAGES`); the plan as a JSON-able dict."""
+    from hype.scoring.runner import STAGES
+
+    est = _Estimate(cfg, size, probe)
+    est.fixed("start-up", probe.startup_s)
+    if probe.executor_start_s:
+        est.fixed(f"{cfg.executor.kind} start", probe.executor_start_s)
+    for spec in STAGES:
+        if spec.when(cfg):
+            STAGE_ROWS[spec.name](est)
+    req = driver_requests("card", est.S, est.embed_bytes)
+    est.fixed("card", _stage_seconds(probe, "card"), probe.folder_bytes.get("card.json", 0), req)
     other = float(probe.summary.get("seconds", 0.0)) - sum(
         _stage_seconds(probe, k) for k in probe.summary.get("stages", {})
     )
-    add_fixed("driver other", max(0.0, other), 0, driver_requests("run", S, 0))
+    est.fixed("driver other", max(0.0, other), 0, driver_requests("run", est.S, 0))
+    return _plan_dict(cfg, size, probe, est)
 
+
+def _plan_dict(cfg: ScoreConfig, size: PoolSize, probe: Probe, est: _Estimate) -> dict:
+    rows, W, par = est.rows, est.W, est.par
     total_s = sum(r.estimate_s for r in rows)
     fixed_s = sum(r.fixed_s for r in rows)
     requests = {k: int(sum(r.requests.get(k, 0) for r in rows)) for k in ("get", "put", "list", "pool_get")}
@@ -560,11 +646,11 @@ def estimate(cfg: ScoreConfig, size: PoolSize, probe: Probe) -> dict:
         "device": str(device),
         "executor": {"kind": cfg.executor.kind, "workers": W},
         "scaling": {
-            "N_top": top_r,
-            "M": m_r,
-            "K": k_r,
-            "kmeans_points": pts_r,
-            "probe": {"N_top": top_p, "M": m_p, "K": k_p, "kmeans_points": pts_p},
+            "N_top": est.top_r,
+            "M": est.m_r,
+            "K": est.k_r,
+            "kmeans_points": est.pts_r,
+            "probe": {"N_top": est.top_p, "M": est.m_p, "K": est.k_p, "kmeans_points": est.pts_p},
         },
         "probe": {
             "samples": probe.samples,

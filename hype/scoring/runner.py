@@ -1,13 +1,21 @@
-"""`hype score` orchestration: the stages in order over an executor, resumable at shard granularity.
+"""`hype score` orchestration: the stages declared in `STAGES`, run in order over an executor, resumable at
+shard granularity.
 
-    embed        per shard   decode + MERU + CLIP                  -> embed/<id>.parquet
-    dedup        driver      duplicate uids (keep the first)       -> dedup/duplicates.parquet
-    reference    driver + per shard + driver (HYPE §3.3)        -> reference.safetensors
-    specificity  per shard   ε_i, ε_t                              -> specificity/<id>.parquet
-    captions     per shard   DataComp's caption filter (c_IN)      -> captions/<id>.parquet
-    clusters     [per class shard] + driver k-means + per shard  -> clusters/<id>.parquet (c_IN)
-    merge        per shard   THE scores table                      -> scores/part-<index>.parquet
-    neardup      per shard + per cluster group + driver (--neardup) -> neardup/groups.parquet
+    embed        per shard   decode + MERU + CLIP (driver: --metadata's index)  -> embed/<id>.parquet
+    dedup        driver      duplicate uids (keep the first)                  -> dedup/duplicates.parquet
+    reference    driver + per shard + driver (HYPE §3.3), or --reference     -> reference.safetensors
+    specificity  per shard   ε_i, ε_t                                         -> specificity/<id>.parquet
+    classes      per class shard (--class-images) or --class-features read    -> classes/<id>.parquet
+    captions     per shard   DataComp's caption filter (c_IN)                 -> captions/<id>.parquet
+    clusters     driver k-means (or --centroids) + per shard                  -> clusters/<id>.parquet (c_IN)
+    decontam     per eval shard + driver (--decontaminate)                    -> decontam/matches.parquet
+    merge        per shard   THE scores table                                 -> scores/part-<index>.parquet
+    neardup      per shard + per cluster group + driver (--neardup)           -> neardup/groups.parquet
+
+Each entry of `STAGES` (a `StageSpec`) names the stage, the typed settings it takes from the config, the
+condition under which it runs, the stages whose outputs it reads (declared earlier) and where its work runs
+(mapped over the shards on the executor, a driver step, or both); `_score` runs the list, so a new stage is
+a new entry. The run ends with `card.json` and the summary.
 
 Per-shard work goes through an executor found by name in `hype.executor.EXECUTORS` (`local` in-process,
 `ray`: the plug-ins of `pipelines/`); the driver-side steps stream the per-shard outputs with bounded
@@ -20,17 +28,25 @@ the reference and clusters steps keep the run's frozen outputs, and only the new
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hype.executor import EXECUTORS, MapResult, Progress, StageSetupError
+from hype.executor import MapResult, Progress, StageSetupError, make_executor
 from hype.io import StorageError, cached_copy, read_json, storage
 from hype.io.lock import LockError
 from hype.scoring import summary as summary_mod
-from hype.scoring.config import ScoreConfig
+from hype.scoring.config import (
+    ClustersConfig,
+    DecontamConfig,
+    NeardupConfig,
+    ReferenceConfig,
+    ScoreConfig,
+    SpecificityConfig,
+)
 from hype.scoring.dedup import find_duplicates, load_duplicates
 from hype.scoring.embed import ClassEmbedStage, EmbedStage, ModelRef
 from hype.scoring.grow import Frozen, GrowError, grow_plan
@@ -60,17 +76,6 @@ class ScoreFailed(RuntimeError):
         self.summary = summary
 
 
-def make_executor(cfg: ScoreConfig):
-    """The executor plug-in named by `cfg.executor.kind`, built from the config."""
-    cls = EXECUTORS.get(cfg.executor.kind)
-    if cls is None:
-        raise ValueError(
-            f"no executor named {cfg.executor.kind!r} is installed (found: {', '.join(EXECUTORS.names())}); "
-            "install hype with its bundled pipelines package"
-        )
-    return cls.from_config(cfg)
-
-
 def _abs(path: str | None) -> str | None:
     return None if path is None else storage.absolute(path)
 
@@ -88,6 +93,7 @@ class _Run:
         self.failures: list[dict] = []
         self.started = time.perf_counter()
         self.plan: dict = {"pool": cfg.pool, "shards": 0}
+        self.tasks: list[ShardTask] = []  # the pool's shards (`_start`)
         self.metadata: dict | None = None  # what --metadata supplies (`_metadata`)
         self.frozen: Frozen | None = None  # a run that grows keeps these (`hype.scoring.grow`)
         self._models: dict[str, ModelRef | None] = {}
@@ -113,15 +119,7 @@ class _Run:
 
     def embed_kwargs(self) -> dict:
         """Settings of the embed stages (pool and class images)."""
-        cfg = self.cfg
-        return {
-            "batch_size": cfg.batch_size,
-            "decode_workers": cfg.embed.decode_workers,
-            "decode": cfg.embed.decode,
-            "prefetch_batches": cfg.embed.prefetch_batches,
-            "jpeg_draft": cfg.embed.jpeg_draft,
-            "precision": cfg.precision,
-        }
+        return EmbedSettings.of(self.cfg).kwargs()
 
     def map(self, stage, tasks: list[ShardTask]) -> list[dict]:
         """Run a per-shard stage where needed; return every shard's stats (reused or new) in task order."""
@@ -297,8 +295,6 @@ def _mark_failed(state: _Run, error: str) -> None:
 
 
 def _with_absolute_paths(cfg: ScoreConfig) -> ScoreConfig:
-    import dataclasses
-
     return dataclasses.replace(
         cfg,
         meru=_abs(cfg.meru),
@@ -317,49 +313,34 @@ def _with_absolute_paths(cfg: ScoreConfig) -> ScoreConfig:
 
 
 def _score(state: _Run) -> dict:
-    cfg = state.cfg
-    tasks = _start(state)
+    """Plan the shards, then run `STAGES` in order; the card and the summary close the run."""
+    _start(state)
     _check_centroids(state)
-    pool, embed_stats = _embed(state, tasks)
-    ref_info = _reference(state, pool)
-    _specificity(state, pool, ref_info["digest"])
-    clusters_info = _clusters(state, pool)
-    decontam_info = _decontaminate(state, pool)
-    merge_stats = _merge(state, pool, c_in=clusters_info is not None)
-    neardup_info = _neardup(state, pool, clusters_info)
+    outputs: dict[str, Any] = {}
+    for spec in STAGES:
+        outputs[spec.name] = _run_stage(state, spec, outputs)
+    pool = outputs["dedup"]
     state.timed("card", lambda: _card(state, pool))
     return state.summary(
         state.plan,
         status="complete",
-        embed_stats=embed_stats,
-        merge_stats=merge_stats,
+        embed_stats=pool.stats,
+        merge_stats=outputs["merge"],
         duplicates=pool.dups,
-        reference=ref_info,
-        clusters=clusters_info,
-        specificity={"hinge": cfg.specificity.hinge, "K": pool.K, "curv": pool.curv},
-        decontam=decontam_info,
-        neardup=neardup_info,
+        reference=outputs["reference"],
+        clusters=outputs["clusters"],
+        specificity=outputs["specificity"],
+        decontam=outputs["decontam"],
+        neardup=outputs["neardup"],
     )
 
 
-def _decontaminate(state: _Run, pool: _Embedded) -> dict | None:
-    """--decontaminate: pool samples near an evaluation image (`hype.scoring.stage_decontam`)."""
-    from hype.scoring.stage_decontam import decontaminate
-
-    return decontaminate(state, pool)
-
-
-def _neardup(state: _Run, pool: _Embedded, clusters_info: dict | None) -> dict | None:
-    """Near-duplicate groups and keepers (`neardup.enabled`; after merge: the `hype` keeper reads the
-    scores); see `hype.scoring.stage_neardup`."""
-    if not state.cfg.neardup.enabled:
+def _run_stage(state: _Run, spec: StageSpec, outputs: dict[str, Any]) -> Any:
+    """One declared stage: its output, or None when the config does not ask for it. It sees the outputs
+    of the stages it reads, and nothing else."""
+    if not spec.when(state.cfg):
         return None
-    from hype.scoring.stage_neardup import NeardupError, find_near_duplicates
-
-    try:
-        return find_near_duplicates(state, pool, clusters_info)
-    except NeardupError as e:
-        raise ScoreError(str(e)) from None
+    return spec.run(state, spec.settings(state.cfg), {name: outputs[name] for name in spec.reads})
 
 
 def _card(state: _Run, pool: _Embedded) -> dict:
@@ -377,9 +358,9 @@ def _card(state: _Run, pool: _Embedded) -> dict:
     return {"rows_sampled": len(card["sample"]["rows"])}
 
 
-def _start(state: _Run) -> list[ShardTask]:
-    """The pool's shards: planned (a complete run grows: `hype.scoring.grow`), written to plan.json, and the
-    run marked running."""
+def _start(state: _Run) -> None:
+    """The pool's shards (`state.tasks`): planned (a complete run grows: `hype.scoring.grow`), written to
+    plan.json, and the run marked running."""
     cfg, run = state.cfg, state.run
     tasks, empty = _plan(cfg, state.warn)
     previous = read_json(run.plan) or {}
@@ -408,7 +389,7 @@ def _start(state: _Run) -> list[ShardTask]:
         },
     )
     state.summary(state.plan, status="running")
-    return tasks
+    state.tasks = tasks
 
 
 def _check_frozen(state: _Run) -> None:
@@ -483,11 +464,11 @@ def _metadata(state: _Run) -> dict | None:
     }
 
 
-def _embed(state: _Run, tasks: list[ShardTask]) -> tuple[_Embedded, list[dict]]:
-    """Embed every shard, then find the duplicate uids; (the embedded pool, the embed stats)."""
-    cfg, run, plan = state.cfg, state.run, state.plan
+def _embed(state: _Run, settings: EmbedSettings, inputs: dict) -> _Embedded:
+    """Every shard's embeddings and pair scores (with --metadata, its uid index first)."""
+    cfg, run, plan, tasks = state.cfg, state.run, state.plan, state.tasks
     meru, clip = state.model("meru"), state.model("clip")
-    kw, embed_kw = state.stage_kwargs(), state.embed_kwargs()
+    kw, embed_kw = state.stage_kwargs(), settings.kwargs()
     metadata = _metadata(state)
     embed = EmbedStage(run, meru=meru, clip=clip, metadata=metadata, **embed_kw, **kw)
     embed_stats = state.map(embed, tasks)
@@ -502,15 +483,10 @@ def _embed(state: _Run, tasks: list[ShardTask]) -> tuple[_Embedded, list[dict]]:
             summary,
         )
     K = cfg.specificity.K if cfg.specificity.K is not None else next(s["K"] for s in embed_stats if "K" in s)
-    pool_fp = fingerprint([(t.shard_id, embed.upstream_digest("embed", t)) for t in tasks])
-    dups = state.timed(
-        "dedup", lambda: find_duplicates(run, tasks, fingerprint({"pool": pool_fp}), pool_rows)
-    )
-    pool = _Embedded(
+    return _Embedded(
         tasks=tasks,
-        drops=load_duplicates(run),
-        dups=dups,
-        fingerprint=pool_fp,
+        stats=embed_stats,
+        fingerprint=fingerprint([(t.shard_id, embed.upstream_digest("embed", t)) for t in tasks]),
         rows=pool_rows,
         dims=next(s["dims"] for s in embed_stats if "dims" in s),
         curv=next(s["curv"] for s in embed_stats if "curv" in s),
@@ -520,48 +496,76 @@ def _embed(state: _Run, tasks: list[ShardTask]) -> tuple[_Embedded, list[dict]]:
         embed_kw=embed_kw,
         kw=kw,
     )
-    return pool, embed_stats
 
 
-def _specificity(state: _Run, pool: _Embedded, reference_digest: str) -> None:
+def _dedup(state: _Run, settings: None, inputs: dict) -> _Embedded:
+    """The duplicate uids of the embedded pool (the first copy is kept): the pool as later stages see it."""
+    pool, run = inputs["embed"], state.run
+    dups = state.timed(
+        "dedup", lambda: find_duplicates(run, pool.tasks, fingerprint({"pool": pool.fingerprint}), pool.rows)
+    )
+    return dataclasses.replace(pool, drops=load_duplicates(run), dups=dups)
+
+
+def _specificity(state: _Run, sc: SpecificityConfig, inputs: dict) -> dict:
+    """ε_i and ε_t of every shard against the reference sets."""
     from hype.scoring.stage_specificity import SpecificityStage
 
-    sc = state.cfg.specificity
+    pool = inputs["embed"]
     spec = SpecificityStage(
         state.run,
         curv=pool.curv,
         K=pool.K,
         hinge=sc.hinge,
-        reference_digest=reference_digest,
+        reference_digest=inputs["reference"]["digest"],
         budget_elems=sc.budget_elems,
         **pool.kw,
     )
     state.map(spec, pool.tasks)
     state.check_failures("specificity", state.plan)
+    return {"hinge": sc.hinge, "K": pool.K, "curv": pool.curv}
 
 
-def _merge(state: _Run, pool: _Embedded, c_in: bool) -> list[dict]:
+def _merge(state: _Run, settings: None, inputs: dict) -> list[dict]:
     """THE scores table, one part per shard (parts of shards no longer in the pool are removed)."""
     from hype.scoring.stage_merge import MergeStage
 
-    run = state.run
+    run, pool = state.run, inputs["dedup"]
     expected = {run.shard_output("merge", t).name for t in pool.tasks}
     for name in storage.list_sizes(run.scores):
         if name.startswith("part-") and name.endswith(".parquet") and name not in expected:
             storage.remove(run.scores / name)
+    c_in = inputs["clusters"] is not None
     merge = MergeStage(run, c_in=c_in, drops=pool.drops, **pool.kw)
     merge_stats = state.map(merge, pool.tasks)
     state.check_failures("merge", state.plan)
     return merge_stats
 
 
+def _decontaminate(state: _Run, settings: DecontamConfig, inputs: dict) -> dict | None:
+    """--decontaminate: pool samples near an evaluation image (`hype.scoring.stage_decontam`)."""
+    from hype.scoring.stage_decontam import decontaminate
+
+    return decontaminate(state, inputs["embed"])
+
+
+def _neardup(state: _Run, settings: NeardupConfig, inputs: dict) -> dict:
+    """Near-duplicate groups and keepers, after merge: the `hype` keeper reads the scores (see
+    `hype.scoring.stage_neardup`)."""
+    from hype.scoring.stage_neardup import NeardupError, find_near_duplicates
+
+    try:
+        return find_near_duplicates(state, inputs["dedup"], inputs["clusters"])
+    except NeardupError as e:
+        raise ScoreError(str(e)) from None
+
+
 @dataclass(frozen=True)
 class _Embedded:
-    """The embedded pool, as the steps after embed see it."""
+    """The embedded pool, as the stages after embed see it (`drops`, `dups`: set by dedup)."""
 
     tasks: list[ShardTask]
-    drops: Any  # rows to leave out (`load_duplicates`)
-    dups: dict  # the dedup step's info: digest, duplicates
+    stats: list[dict]  # every shard's embed marker
     fingerprint: str  # of every shard's embed output
     rows: int  # embedded rows, duplicates included
     dims: dict  # feature widths: meru, clip
@@ -571,17 +575,20 @@ class _Embedded:
     meru: ModelRef
     embed_kw: dict  # settings of the embed stages
     kw: dict  # settings of every stage
+    drops: Any = None  # rows to leave out (`load_duplicates`)
+    dups: dict | None = None  # the dedup step's info: digest, duplicates
 
     @property
     def unique(self) -> int:
         return self.rows - self.dups["duplicates"]
 
 
-def _reference(state: _Run, pool: _Embedded) -> dict:
+def _reference(state: _Run, rc: ReferenceConfig, inputs: dict) -> dict:
+    """S_i and S_t: the frozen ones of a run that grows, --reference's, or selected from the pool."""
     from hype.scoring.reference import ReferenceError
     from hype.scoring.stage_reference import copy_reference_file
 
-    rc, run = state.cfg.reference, state.run
+    run, pool = state.run, inputs["dedup"]
     if state.frozen is not None:  # checked against --reference by `_check_frozen`
         return state.frozen.reference
     if rc.file is None:
@@ -636,32 +643,58 @@ def _select_reference(state: _Run, pool: _Embedded) -> dict:
     return state.timed("reference", lambda: select_top_m(run, tasks, pool.drops, m, meta, fp, state.warn))
 
 
-def _clusters(state: _Run, pool: _Embedded) -> dict | None:
-    """c_IN: class features, the caption filter, k-means of the pool's CLIP image features, then each
-    sample's cluster."""
-    cc = state.cfg.clusters
-    given = cc.class_features is not None or cc.class_images is not None
+def _has_classes(cc: ClustersConfig) -> bool:
+    return cc.class_features is not None or cc.class_images is not None
+
+
+def _c_in(state: _Run) -> bool:
+    """Whether the run has c_IN: the frozen clusters of a run that grows, else a class set given."""
+    if state.frozen is not None:
+        return state.frozen.clusters is not None
+    return _has_classes(state.cfg.clusters)
+
+
+def _classes(state: _Run, cc: ClustersConfig, inputs: dict) -> tuple[Any, str] | None:
+    """(class feature matrix, its digest) of the class set given (a run that grows checked its own
+    against the frozen targets before the pool changed: `_check_frozen_targets`)."""
+    if state.frozen is not None:
+        return None
+    pool = inputs["embed"]
+    return _class_features(state, pool.clip, pool.dims["clip"], pool.embed_kw, pool.kw)
+
+
+def _captions(state: _Run, cc: ClustersConfig, inputs: dict) -> str | None:
+    """DataComp's caption filter of every shard (when the run has c_IN); the digest of its outputs."""
+    from hype.scoring.stage_clusters import CaptionStage
+
+    if not _c_in(state):
+        return None
+    pool = inputs["embed"]
+    stats = state.map(CaptionStage(state.run, **pool.kw), pool.tasks)
+    state.check_failures("captions", state.plan)
+    return fingerprint([s["output"]["digest"] for s in stats])
+
+
+def _clusters(state: _Run, cc: ClustersConfig, inputs: dict) -> dict | None:
+    """c_IN: the k-means model (frozen, --centroids, or trained on the pool's CLIP image features), then
+    each sample's cluster."""
+    from hype.scoring.stage_clusters import AssignStage
+
+    pool = inputs["dedup"]
     if state.frozen is not None:  # a class set given was checked against it by `_check_frozen`
         model = state.frozen.clusters
-        if model is None:
-            return None
-        if cc.caption_filter:
-            _captions(state, pool)
-    elif not given:
+    elif not _has_classes(cc):
         state.warn(
             "no --class-features or --class-images: c_IN is 0 for every sample (the ImageNet-cluster term "
             "is off)"
         )
-        return None
+        model = None
+    elif cc.centroids is not None:
+        model = _given_centroids(state, pool, *inputs["classes"])
     else:
-        feats, class_digest = _class_features(state, pool.clip, pool.dims["clip"], pool.embed_kw, pool.kw)
-        captions = _captions(state, pool) if cc.caption_filter else None
-        if cc.centroids is not None:
-            model = _given_centroids(state, pool, feats, class_digest)
-        else:
-            model = _train_clusters(state, pool, feats, class_digest, captions)
-    from hype.scoring.stage_clusters import AssignStage
-
+        model = _train_clusters(state, pool, *inputs["classes"], inputs["captions"])
+    if model is None:
+        return None
     assign = AssignStage(state.run, model_digest=model["digest"], caption_filter=cc.caption_filter, **pool.kw)
     assign_stats = state.map(assign, pool.tasks)
     state.check_failures("clusters", state.plan)
@@ -670,15 +703,6 @@ def _clusters(state: _Run, pool: _Embedded) -> dict | None:
         "caption_ok": sum(int(s["counts"]["caption_ok"]) for s in assign_stats),
         "class_source": cc.class_features or cc.class_images,
     }
-
-
-def _captions(state: _Run, pool: _Embedded) -> str:
-    """DataComp's caption filter of every shard; the digest of its outputs."""
-    from hype.scoring.stage_clusters import CaptionStage
-
-    stats = state.map(CaptionStage(state.run, **pool.kw), pool.tasks)
-    state.check_failures("captions", state.plan)
-    return fingerprint([s["output"]["digest"] for s in stats])
 
 
 def _class_features(
@@ -792,3 +816,102 @@ def _train_clusters(state: _Run, pool: _Embedded, feats, class_digest: str, capt
         )
     except ClustersError as e:
         raise ScoreError(str(e)) from None
+
+
+# --- the stages, as data ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EmbedSettings:
+    """The settings of the embed stages (pool, class and evaluation images) that the config gives."""
+
+    batch_size: int
+    decode_workers: int
+    decode: str
+    prefetch_batches: int
+    jpeg_draft: bool
+    precision: str
+
+    @classmethod
+    def of(cls, cfg: ScoreConfig) -> EmbedSettings:
+        e = cfg.embed
+        return cls(
+            cfg.batch_size, e.decode_workers, e.decode, e.prefetch_batches, e.jpeg_draft, cfg.precision
+        )
+
+    def kwargs(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _always(cfg: ScoreConfig) -> bool:
+    return True
+
+
+def _no_settings(cfg: ScoreConfig) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage of `hype score`: the runner runs `STAGES` in order, so a new stage is a new entry.
+
+    `run(state, settings, outputs)` gets the stage's typed settings (`settings(cfg)`) and the outputs of
+    the stages it `reads` (each earlier in the list; None for one the config left out), and returns its
+    own output. `per_shard`: it maps a stage over the shards on the executor; `driver`: it has a step in
+    this process (streaming every shard's outputs with bounded memory, or reading a given file)."""
+
+    name: str  # its folder in RUN_DIR and its entry in summary.json's `stages`
+    run: Callable[[_Run, Any, dict[str, Any]], Any]
+    settings: Callable[[ScoreConfig], Any] = _no_settings
+    reads: tuple[str, ...] = ()
+    per_shard: bool = True
+    driver: bool = False
+    when: Callable[[ScoreConfig], bool] = _always  # the config asks for it (an option given, a switch on)
+
+
+STAGES: tuple[StageSpec, ...] = (
+    StageSpec("embed", _embed, EmbedSettings.of, driver=True),  # driver: --metadata's uid index
+    StageSpec("dedup", _dedup, reads=("embed",), per_shard=False, driver=True),
+    # top-N (driver), the candidates' mean L_e (per shard), top-M (driver); or --reference copied
+    StageSpec("reference", _reference, lambda c: c.reference, reads=("embed", "dedup"), driver=True),
+    StageSpec("specificity", _specificity, lambda c: c.specificity, reads=("embed", "reference")),
+    StageSpec(
+        "classes",  # CLIP features of --class-images, or --class-features read
+        _classes,
+        lambda c: c.clusters,
+        reads=("embed",),
+        driver=True,
+        when=lambda c: _has_classes(c.clusters),
+    ),
+    StageSpec(
+        "captions",
+        _captions,
+        lambda c: c.clusters,
+        reads=("embed",),
+        when=lambda c: c.clusters.caption_filter,
+    ),
+    StageSpec(
+        "clusters",  # k-means (driver) or --centroids, then each sample's cluster and c_IN (per shard)
+        _clusters,
+        lambda c: c.clusters,
+        reads=("embed", "dedup", "classes", "captions"),
+        driver=True,
+    ),
+    StageSpec(
+        "decontam",  # the evaluation images embedded (per shard), then matched (driver)
+        _decontaminate,
+        lambda c: c.decontam,
+        reads=("embed",),
+        driver=True,
+        when=lambda c: c.decontam.eval_dir is not None,
+    ),
+    StageSpec("merge", _merge, reads=("embed", "dedup", "specificity", "clusters")),
+    StageSpec(
+        "neardup",  # after merge: the `hype` keeper reads the HYPE score
+        _neardup,
+        lambda c: c.neardup,
+        reads=("dedup", "clusters", "merge"),
+        driver=True,
+        when=lambda c: c.neardup.enabled,
+    ),
+)
