@@ -30,6 +30,11 @@ def print_plan(cfg, *, as_json: bool, probe_samples: int | None = None, count_ta
 
 
 def _plan(config, overrides, as_json, probe_samples, count_tars, **options) -> None:
+    from hype.scoring.decode import share_cores_with_decoders
+
+    # before score_config: it imports torch, and OpenMP reads its wait policy when torch loads it; a
+    # probe with spinning threads ran ~2x slower per sample than the run it planned
+    share_cores_with_decoders()
     cfg = score_config(config, overrides, **options)
     print_plan(cfg, as_json=as_json, probe_samples=probe_samples, count_tars=count_tars)
 
