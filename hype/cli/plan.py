@@ -68,7 +68,11 @@ plan = click.Command(
     --probe-samples samples with the same models, device and executor in a temporary folder (deleted
     after; --out is only read to count its requests) and each stage is extrapolated with its scaling:
     samples (embed, captions, merge), samples x N / x M (reference candidates / specificity), K x points
-    (k-means), samples x K (cluster assignment); model loads and Ray's start are fixed costs.
+    (k-means), samples x K (cluster assignment); model loads and Ray's start are fixed costs. A per-shard
+    stage's shard times are fitted as a + b x samples over probe shards of two sizes by medians (one
+    shard caught in a slow moment barely moves it); the L_e kernel of the reference and specificity
+    stages is timed at the probe's and the run's N and M (a + b x M). The estimate holds for the load
+    the probe saw: on a shared machine, --json records the load average at the probe's start and end.
 
     \b
     Example:
