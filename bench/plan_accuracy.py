@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -27,25 +28,9 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-HYPE = [sys.executable, "-c", "from hype.cli import main; main()"]
+from hype.scoring.plan import RUN_STAGE
 
-# plan rows -> the summary.json stage whose seconds they estimate (the rest: process start, executor start,
-# driver steps outside the stages, compared with the wall time minus the stages)
-STAGE_OF = {
-    "embed": "embed",
-    "dedup": "dedup",
-    "reference cands": "reference",
-    "reference select": "reference",
-    "reference copy": "reference",
-    "specificity": "specificity",
-    "classes": "classes",
-    "captions": "captions",
-    "clusters train": "clusters",
-    "clusters assign": "clusters",
-    "merge": "merge",
-    "card": "card",
-    "metadata index": "metadata",
-}
+HYPE = [sys.executable, "-c", "from hype.cli import main; main()"]
 
 
 def run_plan(args: list[str], probe_samples: int | None) -> tuple[dict, float]:
@@ -74,7 +59,7 @@ def run_score(args: list[str], out: Path) -> tuple[dict, float]:
 def compare(plan: dict, summary: dict, wall: float) -> dict:
     est: dict[str, float] = {}
     for r in plan["stages"]:
-        key = STAGE_OF.get(r["stage"], "other")
+        key = r.get("run_stage") or RUN_STAGE.get(r["stage"], "other")
         est[key] = est.get(key, 0.0) + r["estimate_s"]
     measured = {k: float(v.get("seconds", 0.0)) for k, v in summary["stages"].items()}
     measured["other"] = wall - sum(measured.values())
@@ -114,12 +99,16 @@ def main() -> None:
     print(f"plan ({plan_s:.1f} s): {plan['total']['seconds']:.1f} s estimated", flush=True)
     if a.plan_only:
         return
+    loads = {"plan_end": os.getloadavg()}
     if a.measured_wall:
         summary, wall = json.loads((a.out / "summary.json").read_text()), a.measured_wall
     else:
         summary, wall = run_score(args, a.out)
+        loads["run_end"] = os.getloadavg()
         (a.out.parent / f"{a.name}.measured.json").write_text(json.dumps({"wall_s": wall}))
     result = compare(plan, summary, wall) | {"plan_s": round(plan_s, 1), "name": a.name}
+    result["load_average_1_5_15"] = {k: [round(x, 1) for x in v] for k, v in loads.items()}
+    result["probe_load"] = plan["probe"].get("load")
     print(json.dumps(result, indent=2))
     date = datetime.now(UTC).strftime("%Y-%m-%d")
     print(
@@ -127,9 +116,16 @@ def main() -> None:
         f"{plan['executor']['kind']} x{plan['executor']['workers']}: estimate {result['estimate_s']:.0f} s, "
         f"measured {result['measured_s']:.0f} s, ratio {result['ratio']:.2f} "
         f"({'within' if result['within_25pct'] else 'outside'} ±25%; largest stage error: "
-        f"{result['largest_error']}); probe {plan['probe']['samples']} samples, plan took {plan_s:.0f} s "
+        f"{result['largest_error']}); probe {plan['probe']['samples']} samples, plan took {plan_s:.0f} s; "
+        f"load average (1 min) {_loads(result)} "
         f"({platform.node()}, {date})"
     )
+
+
+def _loads(result: dict) -> str:
+    probe = result.get("probe_load") or {}
+    seen = [probe.get("start"), probe.get("end"), *(v[0] for v in result["load_average_1_5_15"].values())]
+    return "–".join(f"{x:.1f}" for x in seen if x is not None)
 
 
 if __name__ == "__main__":

@@ -105,11 +105,24 @@ def test_explain_and_subset_json_agree_with_the_brute_force_reference(world, tmp
             assert row["decisive"] == r["decisive"]
             contributions = [row["terms"][m]["contribution"] for m in METRICS]
             assert sum(contributions) == pytest.approx(row["score"], abs=1e-12)
+            below = {}  # the terms whose median would raise the score: their brute-force midranks
             for m in METRICS:  # the mid-rank, within the histogram's bins (relative 2^-9 wide)
                 x, v = world["df"][m].to_numpy(np.float64), r[m]
                 midrank = ((x < v).mean() + (x == v).mean() / 2) * 100
                 near = (np.abs(x - v) <= abs(v) * 2.0**-8).mean() * 100
                 assert row["terms"][m]["percentile"] == pytest.approx(midrank, abs=near + 0.01)
+                assert row["terms"][m]["contribution_percentile"] == row["terms"][m]["percentile"]
+                if np.float32(medians[m]) > np.float32(v):
+                    below[m] = (midrank, near)
+            # the main deficit: the lowest midrank among them (checked where the histogram cannot swap two)
+            if not below:
+                assert row["deficit"] is None
+                continue
+            ranked = sorted(below, key=lambda m: below[m][0])
+            tol = max(below[m][1] for m in ranked[:2]) + 0.02
+            if len(ranked) == 1 or below[ranked[1]][0] - below[ranked[0]][0] > 2 * tol:
+                assert row["deficit"]["term"] == ranked[0], (row, below)
+                assert row["deficit"]["percentile"] == pytest.approx(below[ranked[0]][0], abs=tol)
 
 
 def test_explain_by_uid_with_a_filter_and_zscore_names_the_filter_and_finds_every_uid(world, tmp_path):
@@ -199,3 +212,38 @@ def test_on_the_synthetic_world_the_named_term_is_the_noise_kind(world, tmp_path
     named = dropped["decisive"] != "none alone"
     assert named.sum() >= 30 and (dropped["decisive"][named] == want[named]).all()
     assert (dropped["main"] == want).mean() > 0.95
+    # misaligned samples are far below the pool on both -d_L and cos θ (by construction of these scores):
+    # the lowest percentile is either
+    deficit = dropped["deficit"].map(lambda d: d["term"])
+    both = (dropped["noise"] == "misaligned") & (deficit == "cos_theta")
+    assert ((deficit == want) | both).mean() > 0.95
+
+
+def test_the_main_deficit_names_the_lowest_percentile_not_the_widest_term(world, tmp_path):
+    """c_IN is 0 or 10 and its median 0 here: a c_IN of 0 is at the median and never a deficit. With c_IN
+    weighted x -1 (10 is now the low side) and eps_t x 100 (a wide term): the main term follows the
+    weights, the deficit the percentiles; a negative weight turns the contribution's percentile over."""
+    df = world["df"]
+    assert np.median(df["c_in"]) == 0
+    weights = "eps_i=1,eps_t=100,neg_d_l=1,cos_theta=1,c_in=-1"
+    args = ["--scores", str(world["run"]), "--frac", "0.2", "--weights", weights, "--json"]
+    got = json.loads(cli("explain", *args, "--sample", "200"))
+    rows = [r for r in got["rows"] if r["deficit"]]
+    assert len(rows) >= 150
+    for r in rows:
+        t, d = r["terms"], r["deficit"]
+        assert t["c_in"]["contribution_percentile"] == pytest.approx(100 - t["c_in"]["percentile"])
+        lower = [m for m in METRICS if t[m]["median_contribution"] > t[m]["contribution"]]
+        assert d["term"] in lower and d["percentile"] == min(t[m]["contribution_percentile"] for m in lower)
+    # a c_IN of 10 (contribution -10, below the median's 0) is in the top of the pool's values, the bottom
+    # of its contributions
+    c10 = [r for r in rows if r["terms"]["c_in"]["value"] == 10]
+    assert c10 and all(r["terms"]["c_in"]["contribution_percentile"] < 50 for r in c10)
+    # where c_IN does not hold the row down and eps_t is below its median, the main term is eps_t (x 100:
+    # a slight shortfall outweighs any other term's), the deficit eps_t only where it is the rarest value
+    c0 = [r for r in rows if r["terms"]["c_in"]["value"] == 0 and r["terms"]["eps_t"]["percentile"] < 50]
+    main = np.mean([r["main"] == "eps_t" for r in c0])
+    deficit = np.mean([r["deficit"]["term"] == "eps_t" for r in c0])
+    assert len(c0) >= 30 and main > 0.9 and deficit < main - 0.2
+    text = cli("explain", *args[:-1], "--sample", "3")
+    assert "main deficit: " in text and "at pool percentile" in text

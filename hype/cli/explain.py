@@ -58,8 +58,15 @@ def explain(
 ) -> None:
     """Explain a selection's decision for some samples: each term's value, its pool percentile, its
     weighted contribution under the rule (after normalization), the total score, its rank against the
-    cut-off, kept or not, and the decisive term: the one whose change to its pool median alone would flip
-    the decision ("none alone" when no single term would).
+    cut-off, kept or not, and three answers to "why":
+
+    \b
+    - decisive: the term whose change to its pool median alone would flip the decision ("none alone"
+      when no single term would: the usual answer for a dropped sample at a tight cut such as 20%);
+    - main term: the term whose pool median would move the score the most (in score units, so the rule's
+      weights and scales decide: under raw Eq. 1 a c_IN of 0 against a median of 10 wins it);
+    - main deficit: of the terms below their pool median, the one in the lowest pool percentile (of its
+      contribution): the signal most unusual for this sample, terms of any scale on one footing.
 
     It redoes the selection in select's streaming passes (nothing is written) plus one pass for the rows
     asked about and one for their ranks, so it works on any table `hype select` can read.

@@ -30,6 +30,11 @@ def print_plan(cfg, *, as_json: bool, probe_samples: int | None = None, count_ta
 
 
 def _plan(config, overrides, as_json, probe_samples, count_tars, **options) -> None:
+    from hype.scoring.decode import share_cores_with_decoders
+
+    # before score_config: it imports torch, and OpenMP reads its wait policy when torch loads it; a
+    # probe with spinning threads ran ~2x slower per sample than the run it planned
+    share_cores_with_decoders()
     cfg = score_config(config, overrides, **options)
     print_plan(cfg, as_json=as_json, probe_samples=probe_samples, count_tars=count_tars)
 
@@ -63,7 +68,11 @@ plan = click.Command(
     --probe-samples samples with the same models, device and executor in a temporary folder (deleted
     after; --out is only read to count its requests) and each stage is extrapolated with its scaling:
     samples (embed, captions, merge), samples x N / x M (reference candidates / specificity), K x points
-    (k-means), samples x K (cluster assignment); model loads and Ray's start are fixed costs.
+    (k-means), samples x K (cluster assignment); model loads and Ray's start are fixed costs. A per-shard
+    stage's shard times are fitted as a + b x samples over probe shards of two sizes by medians (one
+    shard caught in a slow moment barely moves it); the L_e kernel of the reference and specificity
+    stages is timed at the probe's and the run's N and M (a + b x M). The estimate holds for the load
+    the probe saw: on a shared machine, --json records the load average at the probe's start and end.
 
     \b
     Example:

@@ -19,11 +19,17 @@ The rows follow the stages the run takes, in its order: `hype.scoring.runner.STA
 there (`STAGE_ROWS` holds the rows of each stage).
 
 A per-shard stage's probe time splits into its shards' own seconds (their markers) and the rest (workers
-set up, models loaded, scheduled): the rest is a fixed cost. The rate that scales is the steady one: each
-worker runs two probe shards at least and its first one (lazy imports, decoder pools, first allocations)
-is left out of the rate, its extra time counted as fixed; the scaled time is spread over the executor's
-concurrent workers. k-means is timed apart at (up to 20,000 points of) the run's K and points.
-Nothing is written into the run folder; the probe's folder is deleted.
+set up, models loaded, scheduled): the rest is a fixed cost. The shards' seconds are fitted as a + b x n
+(a per shard, b per sample; `fit_linear`): the probe's shards have two sizes (alternately 1 and 2 parts)
+and the fit is a median one (Theil-Sen), so a shard caught in a slow moment of a shared machine moves it
+little. Each worker's first shard (lazy imports, decoder pools, first allocations) is left out of the fit,
+its extra time counted as fixed; the scaled time is spread over the executor's concurrent workers.
+The cost of the L_e kernel that reference candidates (x N) and specificity (x M) run is not all
+proportional to N or M (tiles, per-call set-up): it is timed apart on the device at the probe's and the
+run's sizes (up to ENERGY_CALIBRATION_REFS), fitted as a + b x M, and only the difference between the two
+sizes is added to the probe's per-sample cost. k-means is timed apart at (up to 20,000 points of) the
+run's K and points. The load average at the probe's start and end is recorded: the estimate holds for
+that load. Nothing is written into the run folder; the probe's folder is deleted.
 
 Bucket requests follow the run contract (`hype.scoring.runner`, `rundir`, `stage_*`), counted per object
 operation as s3fs performs them (`hype.io.storage`): a random-access read (a Parquet file's columns, a
@@ -53,6 +59,8 @@ from hype.io import read_json, storage
 from hype.scoring.config import ScoreConfig
 
 PROBE_SAMPLES = 1024
+ENERGY_CALIBRATION_REFS = 20_000  # the largest reference set the L_e kernel is timed on
+ENERGY_ROWS = 256  # pool rows per timed L_e call
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 PARQUET_BLOCK = 4 << 20  # open_remote's read-ahead block
 STREAM_CHUNK = 8 << 20  # RemoteStream's chunk
@@ -162,6 +170,41 @@ def pool_size(pool: str, metadata: str | None = None, *, count_tars: bool = Fals
     return PoolSize(paths, counts, sizes, source, nominal, files)
 
 
+# --- fitting a + b x n -------------------------------------------------------------------------------
+
+
+def fit_linear(x: list[float], t: list[float]) -> tuple[float, float]:
+    """(a, b) of t = a + b x, by medians (Theil-Sen: the median slope over pairs of distinct x, then the
+    median intercept), so one timing taken in a slow moment barely moves it. Both are clamped at 0 (a cost
+    does not shrink with size); with a single distinct x, b = median(t / x) and a = 0."""
+    if not x:
+        return 0.0, 0.0
+    pairs = [
+        (t[j] - t[i]) / (x[j] - x[i]) for i in range(len(x)) for j in range(i + 1, len(x)) if x[j] != x[i]
+    ]
+    if not pairs:
+        return 0.0, max(0.0, _median([ti / xi for xi, ti in zip(x, t, strict=True) if xi]))
+    b = max(0.0, _median(pairs))
+    return max(0.0, _median([ti - b * xi for xi, ti in zip(x, t, strict=True)])), b
+
+
+def _median(v: list[float]) -> float:
+    v = sorted(v)
+    if not v:
+        return 0.0
+    m = len(v) // 2
+    return v[m] if len(v) % 2 else (v[m - 1] + v[m]) / 2
+
+
+def probe_shard_sizes(samples: int, shards: int) -> list[int]:
+    """Samples per probe shard: alternately 1 and 2 parts of `samples`, so the per-shard fit sees two
+    sizes."""
+    weights = [1 + i % 2 for i in range(shards)]
+    sizes = [max(1, samples * w // sum(weights)) for w in weights]
+    sizes[-1] += max(0, samples - sum(sizes))
+    return sizes
+
+
 # --- the probe ------------------------------------------------------------------------------------
 
 
@@ -179,17 +222,20 @@ class Probe:
     device: str = "cpu"  # where the workers ran the models
     settings: dict = field(default_factory=dict)
     kmeans: dict | None = None  # k-means timed at (up to) the run's size: points, k, seconds
+    energy: dict[int, float] = field(default_factory=dict)  # reference size -> seconds per pool row of L_e
+    load: dict = field(default_factory=dict)  # 1-minute load average at the probe's start and end
 
 
 def _probe_pool(size: PoolSize, samples: int, shards: int, folder: Path) -> int:
-    """Copies of the first samples of the pool's first shards (each `samples / shards`) into `folder`."""
+    """Copies of the first samples of the pool's first shards (`probe_shard_sizes`) into `folder`."""
     from hype.data.samples import SkipStats
     from hype.io.tar import read_samples, write_tar
 
     folder.mkdir(parents=True)
-    per = max(1, math.ceil(samples / shards))
     total = 0
-    for i, path in enumerate(size.shards[:shards]):
+    for i, (path, per) in enumerate(
+        zip(size.shards[:shards], probe_shard_sizes(samples, shards), strict=False)
+    ):
         members: list[tuple[str, bytes]] = []
         n = 0
         for key, files in read_samples(path, SkipStats()):
@@ -258,6 +304,65 @@ def _time_kmeans(cfg: ScoreConfig, samples: int, marker: dict, centroids_file: P
     return {"points": points, "k": k, "seconds": time.perf_counter() - t0}
 
 
+def _load() -> float | None:
+    import os
+
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+
+
+def run_sizes(cfg: ScoreConfig, samples: int) -> tuple[int, int]:
+    """(N top pairs, M reference size) of the run, as the reference stage cuts them to the pool."""
+    top = min(cfg.reference.n_top, samples)
+    return top, min(cfg.reference.m, top)
+
+
+def _time_energy(
+    cfg: ScoreConfig, samples: int, markers: dict, stats: dict, run: Path, device: str
+) -> dict[int, float]:
+    """Seconds per pool row of the L_e kernel (both directions, as reference candidates and specificity
+    run it) at the probe's and the run's N and M (at most ENERGY_CALIBRATION_REFS), on the probe's own
+    MERU embeddings on `device`; the sizes interleaved and each the median of three calls, so a change of
+    load hits every size alike. Empty when the run's sizes are the probe's."""
+    import numpy as np
+    import torch
+
+    from hype.scoring import embed_format
+    from hype.scoring.specificity import image_specificity, text_specificity
+
+    top_p = int(markers["top_n"].get("n_top") or 0)
+    m_p = int((markers["reference"].get("meta") or {}).get("m") or 0)
+    top_r, m_r = run_sizes(cfg, samples)
+    sizes = sorted({min(x, ENERGY_CALIBRATION_REFS) for x in (top_p, m_p, top_r, m_r) if x})
+    done = [s for s in stats.get("embed", []) if s and (s.get("output") or {}).get("file")]
+    if len(sizes) < 2 or not done:
+        return {}
+    x = embed_format.read_embeddings(run / "embed" / done[0]["output"]["file"], "meru_img")
+    curv = float(done[0].get("curv") or 1.0)
+    dev = device if not device.startswith("cuda") or torch.cuda.is_available() else "cpu"
+    pts = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(dev)
+    rows = pts[np.arange(ENERGY_ROWS) % len(pts)]
+    refs = {m: pts[np.arange(m) % len(pts)] for m in sizes}
+    times: dict[int, list[float]] = {m: [] for m in sizes}
+    for _ in range(3):
+        for m in sizes:
+            t0 = time.perf_counter()
+            image_specificity(rows, refs[m], curv)
+            text_specificity(rows, refs[m], curv)
+            if dev.startswith("cuda"):
+                torch.cuda.synchronize()
+            times[m].append(time.perf_counter() - t0)
+    return {m: _median(t) / ENERGY_ROWS for m, t in times.items()}
+
+
+def energy_per_row(energy: dict[int, float], refs: int) -> float:
+    """Seconds per pool row of the L_e kernel against `refs` references: a + b x refs fitted to the timed
+    sizes (0 when nothing was timed)."""
+    if not energy:
+        return 0.0
+    a, b = fit_linear(list(map(float, energy)), list(energy.values()))
+    return a + b * refs
+
+
 def _device(executor, device: str) -> str:
     from hype.scoring.stagebase import resolve_device
 
@@ -282,9 +387,12 @@ def run_probe(
     try:
         workers = _workers(executor)
         device = _device(executor, cfg.device)
-        # two shards per worker at least: each worker's first one is its warm-up (`_shard_seconds`)
+        # three shards per worker and four in all at least: each worker's first one is its warm-up, the
+        # rest (of two sizes) fit a + b x n (`_shard_fit`); the larger size (2 of 1.5 parts) fits a shard
         per_shard = max(1, max(size.samples[:1] or [1]))
-        shards = max(1, min(len(size.shards), max(2 * workers, math.ceil(samples / per_shard))))
+        want = max(4, 3 * workers, math.ceil(samples * 4 / (3 * per_shard)))
+        shards = max(1, min(len(size.shards), want))
+        load_start = _load()
         n = _probe_pool(size, min(samples, size.total), shards, tmp / "pool")
         rows = max(1, n)
         cc = cfg.clusters
@@ -315,6 +423,7 @@ def run_probe(
             "clusters": read_json(run / "clusters" / "model.json") or {},
         }
         kmeans = _time_kmeans(cfg, size.total, markers["clusters"], run / "clusters" / "centroids.npy")
+        energy = _time_energy(cfg, size.total, markers, stats, run, device)
         folder_bytes = {
             p.name: sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
             if p.is_dir()
@@ -334,6 +443,8 @@ def run_probe(
             settings={"num_clusters": k},
             device=device,
             kmeans=kmeans,
+            energy=energy,
+            load={"start": load_start, "end": _load()},
         )
     finally:
         executor.close()
@@ -409,6 +520,35 @@ class Row:
     estimate_s: float  # for the whole pool, fixed included
     bytes: int = 0
     requests: dict = field(default_factory=dict)
+    per_shard_s: float = 0.0  # a per-shard stage's fit for the run: seconds per shard (one worker)
+    per_sample_s: float = 0.0  # and per sample (the run's N, M or K)
+    run_stage: str = ""  # the stage of the run's summary.json it estimates ("other": outside the stages)
+
+    def __post_init__(self):
+        self.run_stage = self.run_stage or RUN_STAGE.get(self.stage, "other")
+
+
+# plan rows -> the summary.json stage whose seconds they estimate; the rest (process start, executor start,
+# driver steps outside the stages) is the run's wall time minus its stages
+RUN_STAGE = {
+    "embed": "embed",
+    "dedup": "dedup",
+    "reference cands": "reference",
+    "reference select": "reference",
+    "reference copy": "reference",
+    "specificity": "specificity",
+    "classes": "classes",
+    "captions": "captions",
+    "clusters train": "clusters",
+    "clusters assign": "clusters",
+    "decontam eval": "decontam_eval",
+    "decontam search": "decontam",
+    "merge": "merge",
+    "neardup split": "neardup_split",
+    "neardup groups": "neardup",
+    "card": "card",
+    "metadata index": "metadata",
+}
 
 
 def _stage_seconds(probe: Probe, name: str) -> float:
@@ -419,12 +559,26 @@ def _samples(stats: dict) -> int:
     return int((stats.get("counts") or {}).get("samples", 0) or (stats.get("output") or {}).get("rows", 0))
 
 
-def _shard_seconds(probe: Probe, name: str) -> tuple[float, int, int, int]:
-    """(steady seconds per sample, Σ samples, Σ output bytes, shards) of one per-shard stage in the probe.
+@dataclass
+class ShardFit:
+    """A per-shard stage in the probe: its shards' seconds as `per_shard` + `per_sample` x samples."""
 
-    Steady: each worker's first shard pays for lazy imports, thread and decoder pools, the first
-    allocations; that shard (the slowest per sample of each worker) is left out of the rate and its extra
-    time counts as fixed. A worker that ran one shard only gives no steady rate; if none did, all count."""
+    per_shard: float
+    per_sample: float
+    samples: int  # Σ over the probe's shards
+    out_bytes: int
+    shards: int
+
+    def seconds(self, shards: float, samples: float) -> float:
+        return shards * self.per_shard + samples * self.per_sample
+
+
+def _shard_fit(probe: Probe, name: str) -> ShardFit:
+    """`fit_linear` of one per-shard stage's shard seconds against their samples.
+
+    Each worker's first shard pays for lazy imports, thread and decoder pools, the first allocations; that
+    shard (the slowest per sample of each worker) is left out of the fit and its extra time counts as
+    fixed. A worker that ran one shard only gives no steady shard; if none did, all count."""
     st = [s for s in probe.stats.get(name, []) if s]
     by_worker: dict = {}
     for s in st:
@@ -435,9 +589,9 @@ def _shard_seconds(probe: Probe, name: str) -> tuple[float, int, int, int]:
             warm = max(shards, key=lambda s: float(s.get("seconds", 0.0)) / max(1, _samples(s)))
             steady += [s for s in shards if s is not warm]
     steady = steady or st
-    rate = sum(float(s.get("seconds", 0.0)) for s in steady) / max(1, sum(_samples(s) for s in steady))
+    a, b = fit_linear([float(_samples(s)) for s in steady], [float(s.get("seconds", 0.0)) for s in steady])
     out = sum(int((s.get("output") or {}).get("bytes", 0)) for s in st)
-    return rate, sum(_samples(s) for s in st), out, len(st)
+    return ShardFit(a, b, sum(_samples(s) for s in st), out, len(st))
 
 
 class _Estimate:
@@ -451,18 +605,16 @@ class _Estimate:
         self.lin = self.N / n
         self.top_p = int(probe.markers["top_n"].get("n_top") or 0)
         self.m_p = int(((probe.markers["reference"].get("meta") or {}).get("m")) or 0)
-        rc, cc = cfg.reference, cfg.clusters
-        self.top_r = min(rc.n_top, self.N)
-        self.m_r = min(rc.m, self.top_r)
-        self.m_scale = 1.0  # M of the run / M of the probe, once the reference sets are known
+        self.top_r, self.m_r = run_sizes(cfg, self.N)
+        self.m_more = 0.0  # extra L_e seconds per row at the run's M, once the reference sets are known
         self.cl = probe.markers["clusters"]
         self.k_p = int(self.cl.get("k") or 1)
         eligible = float(self.cl.get("train_eligible") or n) / max(1, int(self.cl.get("pool") or n))
         self.k_r, self.pts_r = kmeans_size(cfg, self.N, eligible)
-        self.k_r = self.k_p if cc.centroids else self.k_r
+        self.k_r = self.k_p if cfg.clusters.centroids else self.k_r
         self.pts_p = int(self.cl.get("train_points") or 1)
         self.tar_bytes = sum(size.tar_bytes) / max(1, self.S)
-        self.embed_bytes = _shard_seconds(probe, "embed")[2] / max(1, n) * self.N / max(1, self.S)
+        self.embed_bytes = _shard_fit(probe, "embed").out_bytes / max(1, n) * self.N / max(1, self.S)
         self.rows: list[Row] = []
 
     # --- rows of the three kinds ------------------------------------------------------------------
@@ -472,30 +624,34 @@ class _Estimate:
         name: str,
         label: str,
         scales: str,
-        factor: float,
+        factor: float = 1.0,
         *,
         fixed_only: bool = False,
         driver_s: float = 0.0,
+        extra_per_sample: float = 0.0,
         requests_as: str | None = "",
     ) -> None:
-        """A per-shard stage: its probe shards' steady rate x the pool, plus its fixed cost. `requests_as`:
-        the stage whose request pattern it has ("" its own; None: not counted)."""
-        probe, N = self.probe, self.N
-        rate, samples_p, out, shards_p = _shard_seconds(probe, name)
-        if shards_p == 0:
+        """A per-shard stage: its probe shards' fit (`_shard_fit`) extrapolated to the pool, plus its fixed
+        cost. `requests_as`: the stage whose request pattern it has ("" its own; None: not counted)."""
+        probe, W = self.probe, self.W
+        fit = _shard_fit(probe, name)
+        if fit.shards == 0:
             return
         wall = max(0.0, _stage_seconds(probe, name) - driver_s)
-        fixed = max(0.0, wall - rate * samples_p / max(1, min(self.W, shards_p)))
-        est = wall if fixed_only else fixed + rate * N * factor / self.par
-        out_r = out if fixed_only else out * self.lin
+        fixed = max(0.0, wall - fit.seconds(fit.shards, fit.samples) / max(1, min(W, fit.shards)))
+        per_sample = max(0.0, fit.per_sample * factor + extra_per_sample)
+        run_fit = dataclasses.replace(fit, per_sample=per_sample)
+        est = wall if fixed_only else fixed + run_fit.seconds(self.S, self.N) / self.par
+        out_r = fit.out_bytes if fixed_only else fit.out_bytes * self.lin
         per_shard_in = self.tar_bytes if name == "embed" else self.embed_bytes
-        shards_r = shards_p if fixed_only else self.S
+        shards_r = fit.shards if fixed_only else self.S
         req = {}
         if requests_as is not None:
-            req = stage_requests(
-                requests_as or name, shards_r, out_r / max(1, shards_r), per_shard_in, self.W
-            )
-        self.rows.append(Row(label, scales, round(wall, 3), round(fixed, 3), round(est, 3), int(out_r), req))
+            req = stage_requests(requests_as or name, shards_r, out_r / max(1, shards_r), per_shard_in, W)
+        row = Row(label, scales, round(wall, 3), round(fixed, 3), round(est, 3), int(out_r), req)
+        if not fixed_only:
+            row.per_shard_s, row.per_sample_s = run_fit.per_shard, run_fit.per_sample
+        self.rows.append(row)
 
     def fixed(self, label: str, seconds: float, nbytes: int = 0, req: dict | None = None) -> None:
         r = round(seconds, 3)
@@ -517,7 +673,7 @@ class _Estimate:
                 _stage_seconds(self.probe, "metadata"),
                 self.probe.folder_bytes.get("metadata", 0),
             )
-        self.map("embed", "embed", "samples", 1.0)
+        self.map("embed", "embed", "samples")
 
     def dedup(self) -> None:
         probe = self.probe
@@ -539,21 +695,23 @@ class _Estimate:
         drv = float(probe.markers["top_n"].get("seconds", 0)) + float(
             probe.markers["reference"].get("seconds", 0)
         )
-        self.map("reference", "reference cands", "samples x N", self.top_r / max(1, self.top_p), driver_s=drv)
+        # the L_e kernel timed at the probe's and the run's N: only the difference is added per row
+        more = energy_per_row(probe.energy, self.top_r) - energy_per_row(probe.energy, self.top_p)
+        self.map("reference", "reference cands", "samples x N", driver_s=drv, extra_per_sample=more)
         req = driver_requests("reference select", self.S, self.embed_bytes)
         self.driver(
             "reference select", drv, self.lin, "samples", ref_bytes * self.m_r / max(1, self.m_p), req
         )
-        self.m_scale = self.m_r / max(1, self.m_p)
+        self.m_more = energy_per_row(probe.energy, self.m_r) - energy_per_row(probe.energy, self.m_p)
 
     def specificity(self) -> None:
-        self.map("specificity", "specificity", "samples x M", self.m_scale)
+        self.map("specificity", "specificity", "samples x M", extra_per_sample=self.m_more)
 
     def classes(self) -> None:
-        self.map("classes", "classes", "fixed", 1.0, fixed_only=True)
+        self.map("classes", "classes", "fixed", fixed_only=True)
 
     def captions(self) -> None:
-        self.map("captions", "captions", "samples", 1.0)
+        self.map("captions", "captions", "samples")
 
     def clusters(self) -> None:
         if not self.cl:
@@ -576,18 +734,18 @@ class _Estimate:
 
     def decontam(self) -> None:
         # the evaluation set does not grow with the pool; the search does (every pool image against it)
-        self.map("decontam_eval", "decontam eval", "fixed", 1.0, fixed_only=True, requests_as="classes")
+        self.map("decontam_eval", "decontam eval", "fixed", fixed_only=True, requests_as="classes")
         seconds, nbytes = _stage_seconds(self.probe, "decontam"), self.probe.folder_bytes.get("decontam", 0)
         req = driver_requests("decontam", self.S, self.embed_bytes)
         self.driver("decontam search", seconds, self.lin, "samples", nbytes * self.lin, req)
 
     def merge(self) -> None:
-        self.map("merge", "merge", "samples", 1.0)
+        self.map("merge", "merge", "samples")
 
     def neardup(self) -> None:
         # groups of clusters hold `rows_per_group` rows each: their number grows with the pool
-        self.map("neardup_split", "neardup split", "samples", 1.0, requests_as=None)
-        self.map("neardup", "neardup groups", "samples", 1.0, requests_as=None)
+        self.map("neardup_split", "neardup split", "samples", requests_as=None)
+        self.map("neardup", "neardup groups", "samples", requests_as=None)
 
 
 # The rows of each stage of `hype score`, in the order of `hype.scoring.runner.STAGES` (a test holds them
@@ -656,6 +814,9 @@ def _plan_dict(cfg: ScoreConfig, size: PoolSize, probe: Probe, est: _Estimate) -
             "samples": probe.samples,
             "shards": probe.shards,
             "seconds": round(float(probe.summary.get("seconds", 0)), 3),
+            "stages": list(probe.summary.get("stages", {})),
+            "load": probe.load,
+            "energy_s_per_row": {str(k): v for k, v in probe.energy.items()},
         },
         "stages": [dataclasses.asdict(r) for r in rows],
         "total": {

@@ -11,7 +11,15 @@ ascending; threshold selections: `score >= T`):
   do); for a kept row, the one whose median sinks it below the best dropped row (the largest fall);
   `none alone` when no single term does;
 - the *main term* is the term that moves the row furthest toward the other side at its median, flip or
-  not (for a dropped row, the term holding it down the most).
+  not (for a dropped row, the term holding it down the most, in score units: the rule's weights and
+  scales decide, so a term with a wide raw range, such as c_IN's 0 or 10 under raw Eq. 1, wins it often);
+- the *main deficit* is the term on which the row sits furthest below the pool: of the terms whose pool
+  median would raise its score, the one with the lowest pool percentile of its contribution (the value's
+  percentile; 100 minus it for a term with a negative weight). Percentiles put terms of different scales
+  on one footing, so it names the signal that is most unusual for this sample whatever the rule's units;
+  it does not weigh the terms beyond their sign (a term with weight 0 is never named). At a tight cut
+  (keeping 20%) one term moved to its median rarely lifts a dropped row into the kept part, so the
+  decisive term is mostly `none alone`: the main deficit and the main term then say what to look at.
 
 Rows removed by a filter are decided by that filter (`filter:<spec>`). The pool median of a term is the
 `p50` that `subset.json` reports for it (3 significant digits), percentiles come from the same streaming
@@ -330,12 +338,13 @@ def explain_rows(
     out = []
     # The pool's midranks per term, once: each costs a pass over its histogram's ~64k key bins.
     midranks = {m: pool_stats[m].hist.midranks() for m in (decider.terms if decider and rows else [])}
+    directions = {m: _direction(decider, m, pool_stats[m]) for m in midranks}
     for r in rows:
         hi = np.array([r["_pair"][0]], dtype=np.uint64)
         lo = np.array([r["_pair"][1]], dtype=np.uint64)
         row = {k: v for k, v in r.items() if k not in ("_pair", "values")}
         terms: dict = {}
-        decisive = main = None
+        decisive = main = deficit = None
         if decider is not None:
             values = [np.array([r["values"][m]], np.float32) for m in decider.terms]
             parts = [decider.rule.contribution(m, v) for m, v in zip(decider.terms, values, strict=True)]
@@ -347,6 +356,7 @@ def explain_rows(
                 terms[m] = {
                     "value": r["values"][m],
                     "percentile": round(pct, 2),
+                    "contribution_percentile": round(_contribution_percentile(pct, directions[m]), 2),
                     "contribution": float(contrib[t, 0]),
                     "median": decider.medians[m],
                     "median_contribution": decider.at_median[m],
@@ -360,11 +370,41 @@ def explain_rows(
                     d, mm = decider.decide_dropped(swapped, score, hi, lo, cut)
                 decisive = decider.name(int(d[0]))
                 main = decider.terms[int(mm[0])] if mm[0] >= 0 else None
+                deficit = main_deficit(terms)
         if not r["eligible"]:
             decisive = "filter:" + (r["removed_by"][0] if r["removed_by"] else "?")
-        row.update({"terms": terms, "decisive": decisive, "main": main})
+        row.update({"terms": terms, "decisive": decisive, "main": main, "deficit": deficit})
         out.append(row)
     return out
+
+
+def _direction(decider: Decider, m: str, stats: RunningStats) -> int:
+    """+1 when term `m`'s contribution grows with its value over the pool's range, -1 when it falls, 0
+    when it is constant (weight 0)."""
+    lo, hi = float(stats.min), float(stats.max)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return 0
+    c = decider.rule.contribution(m, np.array([lo, hi], dtype=np.float32))
+    return int(np.sign(c[1] - c[0]))
+
+
+def _contribution_percentile(value_percentile: float, direction: int) -> float:
+    return value_percentile if direction > 0 else 100 - value_percentile if direction < 0 else 50.0
+
+
+def main_deficit(terms: dict[str, dict]) -> dict | None:
+    """Of the terms whose pool median would raise the row's score, the one whose contribution has the
+    lowest pool percentile (ties: the larger lift), as {"term", "percentile"}; None when no term is below
+    its median."""
+    low = [
+        (t["contribution_percentile"], -(t["median_contribution"] - t["contribution"]), m)
+        for m, t in terms.items()
+        if t["median_contribution"] > t["contribution"]
+    ]
+    if not low:
+        return None
+    pct, _, m = min(low)
+    return {"term": m, "percentile": pct}
 
 
 def format_rows(rows: list[dict], cut: dict, k: int | None, eligible: int) -> str:
@@ -388,7 +428,11 @@ def format_rows(rows: list[dict], cut: dict, k: int | None, eligible: int) -> st
                 )
         if r["removed_by"]:
             lines.append(f"  removed by: {', '.join(r['removed_by'])}")
-        lines.append(f"  decisive: {r['decisive']}" + (f"  (main term: {r['main']})" if r["main"] else ""))
+        why = [f"main term: {r['main']}"] if r["main"] else []
+        if r.get("deficit"):
+            d = r["deficit"]
+            why.append(f"main deficit: {d['term']} at pool percentile {d['percentile']:.1f}")
+        lines.append(f"  decisive: {r['decisive']}" + (f"  ({'; '.join(why)})" if why else ""))
     return "\n".join(lines)
 
 
