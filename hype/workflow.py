@@ -532,7 +532,7 @@ class Workflow:
     ) -> list[Outcome]:
         """Run the steps that are not done (all from `start` on), up to `until`; returns one outcome per
         step. A failed step raises `StepError` after the summary is printed."""
-        from hype.io.lock import output_lock
+        from hype.io.runs import output_lock
 
         plan = self.plan(start, until)
         self.out.mkdir(parents=True, exist_ok=True)
