@@ -140,8 +140,8 @@ class Marker:
 
     def write(self, fp: str, state: str = DONE, **stats: Any) -> dict:
         """Write the marker atomically (call it after the stage's last byte of data); returns it."""
-        record = {**stats, "state": state, "fingerprint": fp}
-        write_json(self.path, record, default=str, ensure_ascii=False)
+        record = {**stats, "state": state, "fingerprint": fp}  # in this order: the step's fields first
+        write_json(self.path, record, sort_keys=False, default=str, ensure_ascii=False)
         return record
 
     def begin(self, fp: str, **fields: Any) -> dict:
