@@ -1,5 +1,5 @@
-"""THE run contract: how every step (download, score, select, reshard, train, eval, submit, synth, the
-workflow) writes an output that a rerun can trust, skip, or redo.
+"""THE run contract: how the steps (download, score, reshard, train, eval, submit, synth, and `hype run`'s
+workflow) write an output that a rerun can trust, skip, or redo.
 
 A step's unit of work is a *stage*: an output (a file or a folder) plus its completion marker.
 
@@ -25,9 +25,12 @@ A step's unit of work is a *stage*: an output (a file or a folder) plus its comp
   `state` ("done"; "running" while a step that cannot be split is under way), `fingerprint`, and the
   stage's stats. An output counts as done only when its marker says done with the fingerprint the rerun
   computes now (`Marker.done`, `is_done`): a rerun with unchanged inputs and settings skips it, a rerun
-  with any changed input or setting redoes exactly what depends on the change, and a step killed at any
-  moment is redone (no marker, or `running`), never trusted half-written. A marker with no `state`
-  (scoring's per-shard `_stats.json`) means done: it is only ever written last.
+  with a changed input or setting redoes what depends on the change, and a step killed at any moment is
+  redone (no marker, or `running`), never trusted half-written. Where redoing would replace a finished
+  output that cannot be split (a synthetic world, a submission, a training recipe, another model's eval
+  results, a reshard of another subset), the rerun is refused instead, until --overwrite or another
+  --out. A marker with no `state` (scoring's per-shard `_stats.json`) means done: it is only ever
+  written last.
 - Formats owned by other tools keep their names and fields: img2dataset's `_stats.json`, DataComp's
   `{k:08d}_stats.json` and `meta.json`, webdataset tars. Where hype marks them, it adds its fields
   (`fingerprint`) and never removes theirs.
@@ -35,10 +38,19 @@ A step's unit of work is a *stage*: an output (a file or a folder) plus its comp
   for its whole run, so two commands never write one output at once; a second one is refused, holder
   named. A step takes it from here.
 
-Where each step keeps its markers: `hype score` RUN_DIR/<stage>/<shard>_stats.json (`hype.scoring.rundir`);
-`hype reshard` OUT/{k:08d}_stats.json and OUT/meta.json; `hype download` OUT/_hype/summary.json; `hype
-synth` OUT/world.json; `hype train` OUT/done.json beside the checkpoints; `hype eval` its results file;
-`hype submit` its manifest; `hype run` OUT/.hype/steps/<step>.json.
+Where each step keeps its markers (and what its fingerprint covers):
+- `hype score`: RUN_DIR/<stage>/<shard>_stats.json and <output>.json (`hype.scoring.rundir`): per shard and
+  stage, the input's identity, upstream digests, settings;
+- `hype reshard`: OUT/{k:08d}_stats.json per output tar (DataComp's fields kept: the subset's uids, the
+  identity of the input tars it copies from, its place) and OUT/meta.json (the whole job);
+- `hype download`: OUT/_hype/summary.json (the metadata files' identity, the settings that change a shard;
+  img2dataset's own `_stats.json` per shard are its markers, as it writes them);
+- `hype synth`: OUT/world.json (the settings and the generator version);
+- `hype train`: OUT/summary.json, done once the final model is published (the recipe); checkpoints keep
+  their own commit marker (the state file, written after the weights) for resuming;
+- `hype eval`: <results>.model.json (the model's identity; tasks already in the results file are skipped);
+- `hype submit`: OUT/<scale>_scale/submission.json (subset, results, scores table, settings);
+- `hype run`: OUT/.hype/steps/<step>.json (the step's command line and its inputs' fingerprints).
 """
 
 from __future__ import annotations
