@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hype.io import runs
+from hype.io import location, runs
 from hype.io.runs import Marker, absolute, fingerprint, identity_kind, input_identity, is_done, write_marker
 from hype.scoring import rundir
 
@@ -68,6 +68,7 @@ def test_absolute_is_the_one_path_rule(tmp_path, monkeypatch):
     (tmp_path / "link").symlink_to(tmp_path / "real")
     assert absolute("link/x.tar") == str(tmp_path.resolve() / "real" / "x.tar")
     assert absolute("s3://bucket/a/../b.tar") == "s3://bucket/a/../b.tar"  # a URL as given
+    assert absolute(location("s3://bucket/a/b.tar")) == "s3://bucket/a/b.tar"  # also a bucket's path object
     assert rundir.ShardTask(0, "link/x.tar", "x").source == absolute("link/x.tar")
 
 

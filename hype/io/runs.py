@@ -103,12 +103,12 @@ def file_digest(path: str | PathLike) -> str:
     return _file_digest(path, RUN_DIGEST)
 
 
-def absolute(path: str | PathLike) -> str:
+def absolute(path: str | PathLike | AnyPath) -> str:
     """The absolute-path/URL rule: a URL as given, a local path absolute (`~` expanded, symlinks resolved)."""
-    return storage.absolute(path)
+    return str(path) if storage.is_url(path) else storage.absolute(path)  # str: also of a bucket's UPath
 
 
-def input_identity(path: str | PathLike) -> dict:
+def input_identity(path: str | PathLike | AnyPath) -> dict:
     """What identifies an input file's content cheaply (see the module docstring): absolute path or URL,
     size, and the modification time (local, kind "size+mtime") or the store's ETag/version (a bucket, kind
     "etag": it changes whenever the object is rewritten)."""
