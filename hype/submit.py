@@ -344,7 +344,7 @@ def make_submission(
 
 def _scores_identity(run_dir: str | PathLike) -> list[dict]:
     """The identity of every file of the scores table (the pool the subset is checked against)."""
-    from hype.select.table import ScoresTable
+    from hype.table.reader import ScoresTable
 
     return [runs.input_identity(f) for f in ScoresTable(run_dir).files]
 
