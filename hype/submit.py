@@ -19,6 +19,11 @@ holding `main_metric`; no task twice; no NaN or Infinity; every key is one of Da
 and aggregate_scores.py look results up by; each of the 38 scored tasks is present with main_metric equal
 to the task's main metric (ImageNet 1k's acc1 is what the submission reports); the two unscored ones have
 a null main_metric (aggregate_scores.py asserts exactly 38 scored lines).
+
+submission.json is written last and is the folder's completion marker (the run contract, `hype.io.runs`):
+it records the fingerprint of the subset's sha256, the results' digest, the scores' identity and the
+settings. A rerun with the same inputs and settings returns it at once (`skipped`, nothing read or
+written, not even the scores check); with anything changed, the folder is replaced only with --overwrite.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from hype.data.errors import SelectError
 from hype.data.uids import UidMultiset, load_uid_file
 from hype.eval.report import aggregate
 from hype.eval.tasks import Suite, TaskSpec, load_suite
-from hype.io import AnyPath, atomic_path, file_digest, open_input, read_bytes, read_json, storage, write_json
+from hype.io import AnyPath, atomic_path, file_digest, open_input, read_bytes, read_json, runs, storage
 
 SCALES = ("debug", "small", "medium", "large", "xlarge")
 # DataComp records the architecture by open_clip's name (scale_configs.py: ViT-B-32 for debug, small and
@@ -281,17 +286,30 @@ def make_submission(
     storage.check_reachable(out)  # a missing bucket or refused credentials: before the checks, not after
     subset = storage.location(subset)
     arr, facts = check_subset(subset, cfg["pool_size"])
-    pool_check = check_in_scores(arr, scores, workers, progress) if scores is not None else None
     results = check_results(eval_results)
-    suite = load_suite("datacomp")
     folder = storage.join(out, f"{scale}_scale")
+    subset_sha = file_digest(subset)  # sha256: what submission.json shows (sha256sum)
+    selection = read_json(subset.with_suffix(".json"))
+    inputs = {
+        "scale": scale,
+        "method_name": method_name,
+        "subset": subset_sha,
+        "selection": selection,
+        "results": runs.file_digest(eval_results),
+        "scores": None if scores is None else _scores_identity(scores),
+    }
+    marker = runs.Marker(folder / "submission.json")
+    fp = runs.fingerprint(inputs)
+    if not overwrite and (finished := marker.done(fp)) is not None:
+        return {**finished, "folder": str(folder), "skipped": True}  # made before from the same inputs
+    pool_check = check_in_scores(arr, scores, workers, progress) if scores is not None else None
+    suite = load_suite("datacomp")
     if _holds_files(folder):
         if not overwrite:
             raise SelectError(
                 f"--out {out}: {folder} already holds a submission; pass --overwrite or another --out"
             )
         storage.remove_tree(folder)
-    selection = read_json(subset.with_suffix(".json"))
     aggregates = {row["name"]: row["value"] for row in aggregate(suite, {r["key"]: r for r in results})}
     meta = {
         "method_name": method_name or _default_name(selection),
@@ -303,7 +321,7 @@ def make_submission(
         "learning_rate": cfg["learning_rate"],
         "train_num_samples": cfg["pool_size"],
         "dataset_size": facts["rows"],
-        "subset": {"file": f"samples/{subset.name}", "sha256": file_digest(subset), **facts},
+        "subset": {"file": f"samples/{subset.name}", "sha256": subset_sha, **facts},
         "pool_check": pool_check,
         "results": {
             "tasks": len(results),
@@ -319,9 +337,16 @@ def make_submission(
     storage.makedirs(folder / "samples")
     _copy(subset, folder / "samples" / subset.name)
     _copy(eval_results, folder / "results.jsonl")
-    write_json(folder / "submission.json", meta, sort_keys=False)
+    meta = marker.write(fp, **meta)  # last: the folder is complete
     meta["folder"] = str(folder)
     return meta
+
+
+def _scores_identity(run_dir: str | PathLike) -> list[dict]:
+    """The identity of every file of the scores table (the pool the subset is checked against)."""
+    from hype.table.reader import ScoresTable
+
+    return [runs.input_identity(f) for f in ScoresTable(run_dir).files]
 
 
 def _default_name(selection: dict | None) -> str:

@@ -39,6 +39,7 @@ from hype.data.uids import (
     to_structured,
 )
 from hype.io.files import read_json, write_json, write_text
+from hype.io.runs import Marker, fingerprint
 
 
 class StepError(RuntimeError):
@@ -150,8 +151,9 @@ def _cell(value: float, std: float | None, width: int) -> str:
 # A workflow file declares a chain of steps; each step is a `hype` command (or one of the few steps done
 # in `hype run` itself: union, intersect, table) whose output lives in OUT/<step>, so a step names its
 # inputs by the step that produces them (`score`, `world.clean`). A step is done when its marker
-# OUT/.hype/steps/<step>.json records the step's fingerprint (the sha256 of its command line, paths
-# relative to OUT, and of its inputs' fingerprints) and its output exists: a rerun skips it, and reruns
+# OUT/.hype/steps/<step>.json (the run contract's Marker, `hype.io.runs`) says done with the step's
+# fingerprint (the contract's digest of its command line, paths relative to OUT, and of its inputs'
+# fingerprints) and its output exists: a rerun skips it, and reruns
 # from scratch a step whose fingerprint changed (and so every step that reads it). A step cut short
 # (the marker says "running" with the same fingerprint) is rerun on its own output: the commands resume
 # inside (score's finished shards, train's checkpoints, download's shards).
@@ -378,6 +380,7 @@ class Step:
     runtime: list[str]
     needs: list[str]
     fingerprint: str
+    legacy_fingerprint: str = ""  # what a hype before the run contract recorded (sha256): still done
 
     @property
     def name(self) -> str:
@@ -426,10 +429,11 @@ class Workflow:
         argv += [f"{k}={_text(v)}" for k, v in interpolate(s.settings, scope, f"{where}.settings").items()]
         runtime = _options(interpolate(s.runtime, scope, f"{where}.runtime"))
         needs = sorted({r.partition(".")[0] for r in _refs(list(s.inputs.values()))})
-        digest = hashlib.sha256(
-            json.dumps({"argv": argv, "inputs": [self.steps[n].fingerprint for n in needs]}).encode()
+        digest = fingerprint({"argv": argv, "inputs": [self.steps[n].fingerprint for n in needs]})
+        legacy = hashlib.sha256(
+            json.dumps({"argv": argv, "inputs": [self.steps[n].legacy_fingerprint for n in needs]}).encode()
         ).hexdigest()
-        return Step(s, number, argv, runtime, needs, digest)
+        return Step(s, number, argv, runtime, needs, digest, legacy)
 
     def _input_paths(self, value: Any) -> Any:
         if isinstance(value, list):
@@ -465,17 +469,18 @@ class Workflow:
         return self.out / ".hype" / "steps" / f"{name}.json"
 
     def marker(self, name: str) -> dict | None:
-        return read_json(self.marker_path(name))
+        return Marker(self.marker_path(name)).read()
 
     def state(self, step: Step) -> str:
         """done: finished with this fingerprint and its output is there; changed: made (or begun) with
         other settings or inputs; pending: never run, cut short, or its output was removed."""
-        marker = self.marker(step.name)
-        if marker is None:
+        marker = Marker(self.marker_path(step.name))
+        record = marker.read()
+        if record is None:
             return "pending"
-        if marker.get("fingerprint") != step.fingerprint:
+        if record.get("fingerprint") not in (step.fingerprint, step.legacy_fingerprint):
             return "changed"
-        done = marker.get("state") == "done" and self.path(step.name).exists()
+        done = marker.done(record["fingerprint"]) is not None and self.path(step.name).exists()
         return "done" if done else "pending"
 
     def _outputs(self, step: Step) -> list[Path]:
@@ -532,7 +537,7 @@ class Workflow:
     ) -> list[Outcome]:
         """Run the steps that are not done (all from `start` on), up to `until`; returns one outcome per
         step. A failed step raises `StepError` after the summary is printed."""
-        from hype.io.lock import output_lock
+        from hype.io.runs import output_lock
 
         plan = self.plan(start, until)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -561,8 +566,8 @@ class Workflow:
         return outcomes
 
     def _run_step(self, step, state, head, runner, url, executor, progress, echo) -> float:
-        marker = self.marker(step.name)
-        fresh = state == "changed" or (marker is not None and marker.get("state") == "done")
+        record = self.marker(step.name)
+        fresh = state == "changed" or (record is not None and record.get("state") == "done")
         if fresh or (self.spec.serve is not None and step.name in self.spec.serve.steps):
             self._clear(step)  # other settings, --from, or a server whose port changed: start over
         command = self.command(step)
@@ -576,10 +581,8 @@ class Workflow:
         echo(f"{head}: {state}, running\n{shown}")
         if not step.kind.root_files:
             (self.out / step.name).mkdir(parents=True, exist_ok=True)
-        write_json(
-            self.marker_path(step.name),
-            {"step": step.name, "state": "running", "fingerprint": step.fingerprint, "pid": os.getpid()},
-        )
+        marker = Marker(self.marker_path(step.name))
+        marker.begin(step.fingerprint, step=step.name, pid=os.getpid())
         t0 = time.perf_counter()
         if step.kind.command:
             runner.hype(step.name, *command, number=step.number)
@@ -591,14 +594,7 @@ class Workflow:
             except (OSError, ValueError) as e:
                 raise StepError(f"step {step.name!r} failed: {e}") from e
         seconds = time.perf_counter() - t0
-        record = {
-            "step": step.name,
-            "state": "done",
-            "fingerprint": step.fingerprint,
-            "command": shown,
-            "seconds": round(seconds, 1),
-        }
-        write_json(self.marker_path(step.name), record)
+        marker.write(step.fingerprint, step=step.name, command=shown, seconds=round(seconds, 1))
         echo(f"{head}: done in {fmt_seconds(seconds)}")
         return seconds
 

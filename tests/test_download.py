@@ -195,11 +195,22 @@ def test_resume_redoes_only_missing_shards(first_run, server):
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in kept} == kept
     assert _members(out / "00000001.tar") == before
 
-    # everything done: no request at all
+    # everything done: the download's marker has the same fingerprint, so the rerun reads nothing back
+    # and writes nothing, and fetches nothing
     handler.requests.clear()
-    res = CliRunner().invoke(main, args, catch_exceptions=False)
+    summary = out / "_hype" / "summary.json"
+    written = summary.stat().st_mtime_ns
+    res = CliRunner().invoke(main, [*args, "--processes", "2"], catch_exceptions=False)  # not a setting
     assert res.exit_code == 0 and json.loads(res.output)["shards"]["downloaded_now"] == 0
+    assert json.loads(res.output)["skipped"] is True and summary.stat().st_mtime_ns == written
     assert handler.requests == []
+    # Changed metadata (its identity: rewritten): not skipped; the finished shards are kept (their ids are
+    # positions in the metadata, which `_hype/layout.json` checks), the summary is read back again
+    meta = Path(args[args.index("--metadata") + 1]) / "b.parquet"
+    os.utime(meta, ns=(meta.stat().st_atime_ns, meta.stat().st_mtime_ns + 10**9))
+    res = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert res.exit_code == 0 and "skipped" not in json.loads(res.output)
+    assert summary.stat().st_mtime_ns != written and handler.requests == []
 
 
 @pytest.mark.slow

@@ -146,6 +146,23 @@ def test_rerun_skips_finished_tasks_and_repairs_a_crash(world, tmp_path, clip_mo
         run_eval(clip_model, tasks, world, out, FAST, identity={"m": 2})
 
 
+def test_results_identity_is_the_run_contract_s_fingerprint(tmp_path):
+    from hype.eval.results import check_identity, identity_path
+    from hype.io.runs import fingerprint, is_done
+
+    out = tmp_path / "eval_results.jsonl"
+    check_identity(out, {"checkpoint_sha256": "ab", "config": "c"})
+    assert is_done(identity_path(out), fingerprint({"config": "c", "checkpoint_sha256": "ab"}))
+    check_identity(out, {"config": "c", "checkpoint_sha256": "ab"})  # the same model: no error
+    with pytest.raises(ValueError, match=r"another model .*\"ab\""):
+        check_identity(out, {"checkpoint_sha256": "cd", "config": "c"})
+    # A record written before the contract (the identity itself) still names its model.
+    identity_path(out).write_text(json.dumps({"m": 1}))
+    check_identity(out, {"m": 1})
+    with pytest.raises(ValueError, match="another model"):
+        check_identity(out, {"m": 2})
+
+
 def test_missing_datasets_are_reported_and_strict_fails(world, tmp_path, clip_model):
     out = tmp_path / "r.jsonl"
     summary = run_eval(clip_model, select_tasks("synth/color,imagenet1k,vtab/cifar100"), world, out, FAST)
@@ -482,7 +499,7 @@ def test_data_and_results_on_object_storage_give_the_local_results(world, tmp_pa
         "data_dir"
     ] == f"{root}/world/eval"
     assert read_bytes(out) == expected and len(expected.splitlines()) == 3
-    assert json.loads(read_bytes(out + ".model.json")) == {"m": 1}
+    assert json.loads(read_bytes(out + ".model.json"))["model"] == {"m": 1}
     first = expected.index(b"\n") + 1
     write_bytes(out, expected[: first + 20])  # killed while the second task was written
     summary = run_eval(clip_model, tasks, f"{root}/world", out, FAST, identity={"m": 1})

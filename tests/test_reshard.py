@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -154,10 +155,10 @@ def test_resume_after_an_interruption_is_byte_identical(pool, tmp_path, monkeypa
     assert full["output_shards"] == 4
     real = run._write_job
 
-    def dies_at_shard_2(out, k, pieces):
+    def dies_at_shard_2(out, k, *job):
         if k == 2:
             raise KeyboardInterrupt
-        return real(out, k, pieces)
+        return real(out, k, *job)
 
     out = tmp_path / "out"
     monkeypatch.setattr(run, "_write_job", dies_at_shard_2)
@@ -172,6 +173,33 @@ def test_resume_after_an_interruption_is_byte_identical(pool, tmp_path, monkeypa
     assert all((out / n).read_bytes() == (reference / n).read_bytes() for n in names)
     again = reshard(pool["shards"], pool["subset"], out, shard_size=50, workers=1, progress=False)
     assert again["resumed"] == "already complete"
+
+
+def test_a_rerun_redoes_exactly_the_shards_a_changed_input_feeds(pool, tmp_path):
+    out = tmp_path / "out"
+    first = reshard(pool["shards"], pool["subset"], out, shard_size=50, workers=1, progress=False)
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.glob("0*")}
+    again = reshard(pool["shards"], pool["subset"], out, shard_size=50, workers=1, progress=False)
+    assert again["resumed"] == "already complete" and again["fingerprint"] == first["fingerprint"]
+    assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.glob("0*")} == before
+    # The last input tar rewritten (same bytes, new mtime: its identity changed): the shards it feeds are
+    # written again, the others are kept, and the output is the same.
+    last = sorted(Path(pool["shards"]).glob("*.tar"))[-1]
+    copy = tmp_path / "pool"
+    shutil.copytree(pool["shards"], copy)
+    first = reshard(copy, pool["subset"], out, shard_size=50, workers=1, progress=False, overwrite=True)
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.glob("0*")}
+    stat = (copy / last.name).stat()
+    os.utime(copy / last.name, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    redone = reshard(copy, pool["subset"], out, shard_size=50, workers=1, progress=False)
+    assert redone["fingerprint"] != first["fingerprint"] and "resumed" not in redone
+    assert redone["shards_written"] >= 1 and redone["shards_resumed"] >= 1
+    after = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.glob("0*")}
+    assert {n: b for n, (_, b) in after.items() if n.endswith(".tar")} == {
+        n: b for n, (_, b) in before.items() if n.endswith(".tar")
+    }
+    changed = sorted(n for n in after if after[n][0] != before[n][0] and n.endswith(".tar"))
+    assert len(changed) == redone["shards_written"] and changed[-1] == f"{first['output_shards'] - 1:08d}.tar"
 
 
 def test_refuses_to_mix_jobs(pool, tmp_path):

@@ -162,7 +162,13 @@ def test_submission_folder(prepared, tmp_path):
     assert groups["Average"] == pytest.approx(meta["results"]["average"])
     assert meta["selection"]["preset"] == "no-c-in" and meta["selection"]["target"]["k"] == 80
     assert "all in the pool's scores" in res.output
-    # A second submission into the same folder needs --overwrite.
+    # The same submission again: submission.json's fingerprint matches, nothing is checked or written.
+    files = {f: f.stat().st_mtime_ns for f in folder.rglob("*")}
+    sub = tmp_path / "sub"
+    again = make_submission("small", p["subset"], p["results"], sub, scores=p["run"], progress=False)
+    assert again["skipped"] is True and again["created"] == meta["created"]
+    assert {f: f.stat().st_mtime_ns for f in folder.rglob("*")} == files
+    # A second submission with another setting into the same folder needs --overwrite.
     with pytest.raises(SelectError, match="--overwrite"):
         make_submission("small", p["subset"], p["results"], tmp_path / "sub", progress=False)
     meta = make_submission(

@@ -410,9 +410,16 @@ def test_cli_generates_world_and_eval_does_not_depend_on_pool_size(world, tmp_pa
     b = {k: v for k, v in _hashes(out).items() if k.startswith("eval/")}
     assert a and a == b
 
-    # A rerun into the same folder needs --overwrite, and then replaces the world.
-    again = CliRunner().invoke(main, args)
-    assert again.exit_code != 0 and "--overwrite" in again.output
+    # A rerun with the same settings finds the world's marker and skips: nothing is written again.
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    again = CliRunner().invoke(main, [*args, "--workers", "1", "--json"])  # workers: not a setting
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.output)["skipped"] is True
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
+    assert "already in" in CliRunner().invoke(main, args).output
+    # Other settings: the world is replaced only with --overwrite.
+    other = CliRunner().invoke(main, args[:4] + ["30"] + args[5:])
+    assert other.exit_code != 0 and "--overwrite" in other.output
     replaced = CliRunner().invoke(main, args[:4] + ["30"] + args[5:] + ["--overwrite", "--json"])
     assert replaced.exit_code == 0, replaced.output
     assert json.loads(replaced.output)["counts"]["pool"] == 30

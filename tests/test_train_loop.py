@@ -113,9 +113,15 @@ def test_interrupted_run_resumes_with_the_same_schedule(world, tmp_path):
     assert [r["samples_seen"] for r in b] == [8 * s for s in range(1, 7)]
     # Same seed, same init, same stream until the interruption: identical losses.
     assert [r["loss"] for r in a[:3]] == pytest.approx([r["loss"] for r in b[:3]], rel=1e-5)
-    # Rerunning a finished run does nothing.
-    again = train(config(world, tmp_path / "b", preset="tiny-euclidean-squared"), progress=False)
-    assert again["status"] == "already_complete" and len(read_metrics(tmp_path / "b" / "metrics.jsonl")) == 6
+    # Rerunning a finished run does nothing: its summary.json marks it done with the recipe's fingerprint,
+    # so nothing is built, read or written (a setting outside the recipe, data.workers, may differ).
+    files = {p: p.stat().st_mtime_ns for p in (tmp_path / "b").rglob("*")}
+    again = train(
+        config(world, tmp_path / "b", "data.workers=1", preset="tiny-euclidean-squared"), progress=False
+    )
+    assert again["status"] == "already_complete" and again["step"] == 6 and again["state"] == "done"
+    assert len(read_metrics(tmp_path / "b" / "metrics.jsonl")) == 6
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "b").rglob("*")} == files
 
 
 def test_resume_refuses_a_different_recipe(world, tmp_path):

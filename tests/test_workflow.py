@@ -92,6 +92,27 @@ def test_rerun_skips_done_steps_and_a_changed_setting_reruns_that_step_and_its_r
     assert _ints(wf.out / "more" / "subset.npy") == [3, 4, 9]
 
 
+def test_step_markers_are_the_run_contract_s_and_older_markers_still_count(tmp_path):
+    from hype.io.runs import fingerprint, is_done
+
+    wf = load_workflow(_sets(tmp_path))
+    _quiet(wf)
+    for name, step in wf.steps.items():
+        inputs = [wf.steps[n].fingerprint for n in step.needs]
+        assert step.fingerprint == fingerprint({"argv": step.argv, "inputs": inputs})
+        assert is_done(wf.marker_path(name), step.fingerprint)["step"] == name
+    # Markers written before the contract held the sha256 of the same description: still done.
+    legacy: dict[str, str] = {}
+    for name, step in wf.steps.items():
+        described = {"argv": step.argv, "inputs": [legacy[n] for n in step.needs]}
+        legacy[name] = hashlib.sha256(json.dumps(described).encode()).hexdigest()
+        marker = json.loads(wf.marker_path(name).read_text())
+        wf.marker_path(name).write_text(json.dumps({**marker, "fingerprint": legacy[name]}))
+    mtimes = {p: p.stat().st_mtime_ns for p in wf.out.glob("*/subset.npy")}
+    assert _quiet(load_workflow(_sets(tmp_path)))[0] == {"both": "done", "either": "done", "more": "done"}
+    assert {p: p.stat().st_mtime_ns for p in wf.out.glob("*/subset.npy")} == mtimes
+
+
 def test_a_removed_output_or_a_step_cut_short_is_pending_and_reruns(tmp_path):
     wf = load_workflow(_sets(tmp_path))
     _quiet(wf)

@@ -98,9 +98,9 @@ def executor_choice() -> click.Choice:
 
 
 def lock_output(out: str, command: str, *, option: str = "--out") -> None:
-    """Take the lock of a command's output (`hype.io.lock`, the one `hype score` takes on its run
-    directory) until the command returns; an output another command holds is refused, holder named."""
-    from hype.io.lock import LockError, output_lock
+    """Take the lock of a command's output (the run contract's, `hype.io.runs`; `hype score` takes it on its
+    run directory) until the command returns; an output another command holds is refused, holder named."""
+    from hype.io.runs import LockError, output_lock
 
     try:
         click.get_current_context().with_resource(output_lock(out, command, option=option))

@@ -71,7 +71,7 @@ def demo(
     runs the same steps.
     """
     from hype.demo import DemoConfig, run_demo, summary_text
-    from hype.io.lock import LockError
+    from hype.io.runs import LockError
     from hype.workflow import StepError
 
     cfg = DemoConfig(

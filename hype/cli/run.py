@@ -49,7 +49,7 @@ def run(
       hype run my.yaml --until score                   # stop after the step named score
     """
     from hype.config import ConfigError
-    from hype.io.lock import LockError
+    from hype.io.runs import LockError
     from hype.workflow import StepError, WorkflowError, load_workflow
 
     try:

@@ -73,8 +73,10 @@ def synth(
       eval/reference/                                     labelled ImageNet-like set
       truth.parquet, subsets/oracle_clean.npy, world.json
     """
+    from hype.cli import lock_output
     from hype.synth import SynthError, make_world
 
+    lock_output(out, "synth")
     if workers is not None and workers < 1:
         raise click.BadParameter(
             f"must be >= 1, got {workers}; use 1 to render in this process", param_hint="--workers"
@@ -115,7 +117,10 @@ def format_summary(s: dict) -> str:
         ("truth", "per pool sample", f"{out}/truth.parquet (summary: {out}/world.json)"),
     ]
     width = max(len(r[1]) for r in rows if r[2])
-    lines = [f"synthetic world (seed {s['seed']}) written to {out} in {s['elapsed_s']:.1f} s"]
+    if s.get("skipped"):
+        lines = [f"synthetic world (seed {s['seed']}) already in {out} with these settings: skipped"]
+    else:
+        lines = [f"synthetic world (seed {s['seed']}) written to {out} in {s['elapsed_s']:.1f} s"]
     lines += [f"  {k:<10} {v:<{width}}   {where}".rstrip() for k, v, where in rows]
     lines.append(
         f"  {'serve':<10} python -m http.server {_port(a['base_url'])} --directory {out}/pool"

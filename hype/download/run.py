@@ -15,7 +15,11 @@ img2dataset does the downloading; hype adds what a pool needs around it:
 - a rerun must use the metadata and output settings of the first run (`OUT/_hype/layout.json`): shard
   ids are positions in the metadata, so anything else would mix two downloads in one folder;
 - the outcome is read back from the shards' `_stats.json` into one summary, `OUT/_hype/summary.json`.
-  It lives in a sub-folder because img2dataset treats every `OUT/*.json` as a shard's stats file.
+  It lives in a sub-folder because img2dataset treats every `OUT/*.json` as a shard's stats file. It is
+  the download's completion marker (the run contract, `hype.io.runs`): state `done` once every shard is,
+  with the fingerprint of the metadata files' identities and the settings that change a shard; a rerun
+  that finds it with the same fingerprint, and every shard's `_stats.json` still there, returns it at once
+  (`skipped`), reading no shard's stats.
 
 OUT may be a URL (s3://...): img2dataset writes there itself through fsspec. hype's storage options
 become fsspec's defaults in this process for the download's duration, and travel to every worker inside
@@ -42,6 +46,7 @@ from hype.download.config import DownloadConfig, load_download_config
 from hype.download.metadata import DownloadError, MetadataPlan, plan_metadata
 from hype.download.network import REFUSED, SCHEME_REFUSED, NetworkPolicy, install_guard
 from hype.io import AnyPath, read_bytes, storage, write_bytes, write_json
+from hype.io.runs import Marker, fingerprint, input_identity
 
 # img2dataset arguments hype depends on: scoring reads webdataset shards with `uid` in each json.
 FIXED: dict[str, Any] = {
@@ -123,9 +128,14 @@ def run_download(cfg: DownloadConfig) -> dict:
             f"{plan.refused_examples[0]}; {'; '.join(hints)}"
         )
     hype_dir = out / HYPE_DIR
-    storage.makedirs(hype_dir)
+    marker = Marker(hype_dir / "summary.json")
+    fp = _fingerprint(cfg, plan)
     digits = i2d.oom_shard_count
-    before = done_shards(out, plan, digits)
+    before = done_shards(out, plan, digits)  # one listing
+    finished = marker.done(fp)
+    if finished is not None and len(before) == len(plan.shards):  # and no shard was removed since
+        return _skipped(finished)
+    storage.makedirs(hype_dir)
     _check_layout(hype_dir, cfg, plan, resuming=bool(before))
     write_json(hype_dir / "config.json", cfg.to_dict(), sort_keys=False)
     todo = [(s, n) for s, n in plan.shards if s not in before]
@@ -141,8 +151,24 @@ def run_download(cfg: DownloadConfig) -> dict:
             _run_img2dataset(str(cfg.metadata), out, kwargs, cfg, policy)
     seconds = time.perf_counter() - start
     summary = build_summary(cfg, plan, out, before, seconds)
-    write_json(hype_dir / "summary.json", summary, sort_keys=False)
-    return summary
+    return marker.write(fp, "done" if summary["status"] == "complete" else "incomplete", **summary)
+
+
+def _fingerprint(cfg: DownloadConfig, plan: MetadataPlan) -> str:
+    """What the shards depend on: the metadata files (identity: size and mtime, or ETag) and the settings
+    that change a shard or which urls are fetched; not those that only change how fast (`RUN_SETTINGS`)."""
+    settings = {k: v for k, v in cfg.img2dataset.kwargs().items() if k not in RUN_SETTINGS}
+    network = {"allow_private_network": cfg.allow_private_network, "networks": cfg.networks()}
+    files = [input_identity(f) for f in plan.files]
+    return fingerprint({"metadata": files, "settings": settings, "fixed": FIXED, "network": network})
+
+
+def _skipped(summary: dict) -> dict:
+    """The summary of a finished download, as the result of a rerun that had nothing to do."""
+    shards = {**summary["shards"], "already_done": summary["shards"]["done"], "downloaded_now": 0}
+    now = {"count": 0, "successes": 0}
+    rerun = {"shards": shards, "this_run": now, "seconds": 0.0, "images_per_s": None, "skipped": True}
+    return {**summary, **rerun}
 
 
 def _check_layout(hype_dir: AnyPath, cfg: DownloadConfig, plan: MetadataPlan, resuming: bool) -> None:

@@ -7,8 +7,9 @@ project does not know (e.g. from DataComp's own evaluate.py) are kept and ignore
 which cannot append, each finished task rewrites the whole (small) file in one upload, with the same
 guarantee: the object holds every finished task or every one but the last.
 
-Next to it, `<file>.model.json` records which model produced the results, so that a rerun with another
-model cannot silently mix two models' numbers in one file.
+Next to it, `<file>.model.json` records which model produced the results (`{"model": identity}` with its
+fingerprint, the run contract's `hype.io.runs`), so that a rerun with another model cannot silently mix two
+models' numbers in one file; a rerun with the same model skips the tasks the file holds.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import math
 from os import PathLike
 from typing import Any
 
-from hype.io import AnyPath, read_bytes, storage, sync, write_bytes, write_json
+from hype.io import AnyPath, read_bytes, storage, sync, write_bytes
+from hype.io.runs import Marker, fingerprint
 
 
 class ResultsFileError(ValueError):
@@ -127,15 +129,17 @@ def check_identity(path: str | PathLike, identity: dict) -> None:
 
     Results without a record (e.g. written by DataComp's evaluate.py) are adopted by this model."""
     side = identity_path(path)
+    marker = Marker(side)
+    fp = fingerprint(identity)
     if storage.exists(side):
-        try:
-            stored = json.loads(read_bytes(side))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            stored = None
-        if stored != identity:
+        stored = marker.read()
+        if stored is not None and "fingerprint" not in stored:  # written before the run contract: the
+            stored = {"model": stored, "fingerprint": fingerprint(stored)}  # identity itself
+        if (stored or {}).get("fingerprint") != fp:
+            model = (stored or {}).get("model")
             raise ResultsFileError(
-                f"{path} holds results of another model ({side}: {json.dumps(stored)}; this run: "
+                f"{path} holds results of another model ({side}: {json.dumps(model)}; this run: "
                 f"{json.dumps(identity)}). Write to a new --out, or delete both files to start over"
             )
         return
-    write_json(side, identity)
+    marker.write(fp, model=identity)

@@ -6,16 +6,19 @@ occurrence of the uid in the subset, keyed `<uid>-<j>` (the canonical uid, `hype
 j = 0, 1, ... numbered across the whole pool, so a uid found twice gives distinct keys), with the sample's
 members copied byte for byte in suffix order (`.jpg`, `.json`, `.txt`; the `.json` is not modified, as in
 DataComp without `--inject-blur-metadata`), at most `--shard-size` samples per tar; `OUT/{k:08d}_stats.json`
-(`{"successes": n, "count": n}`) written after its tar (the completion marker); `OUT/meta.json` last.
+(`{"successes": n, "count": n}`, plus the run contract's `fingerprint` and `state`, `hype.io.runs`) written
+after its tar (the completion marker); `OUT/meta.json` last, with the fingerprint of the whole job.
 
 Unlike DataComp's resharder, the output is deterministic (input shards in order, samples in tar order,
 copies together), every output shard is full but the last, and a run can resume:
 
 1. index: each input tar is indexed (headers and `.json` members only, see `index.py`); results are kept
    in `OUT/.reshard/index/` keyed on the tar's path, size and mtime, so a rerun skips indexed tars;
-2. write: output shard k holds copies [k*N, (k+1)*N) of the concatenated selection; shards whose
-   `_stats.json` exists are skipped; each new tar is read back and its keys and uids compared with the
-   plan, and checked against webdataset's rule (no key twice in a row), before its `_stats.json` is written;
+2. write: output shard k holds copies [k*N, (k+1)*N) of the concatenated selection; a shard whose
+   `_stats.json` records its fingerprint (the subset's uids, the identity of the input tars it copies
+   from, its place in the selection) is skipped, so a changed input tar redoes the shards it feeds; each
+   new tar is read back and its keys and uids compared with the plan, and checked against webdataset's
+   rule (no key twice in a row), before its `_stats.json` is written;
 3. verify: the per-shard counts add up to the planned total, and `meta.json` records the subset, the
    counts, the uids of the subset missing from the pool and the skipped samples, plus the two keys
    DataComp's `train.py` reads (`output_shard_count`, `output_shard_format`).
@@ -27,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Iterator
 from os import PathLike
@@ -41,7 +43,18 @@ from hype.data.samples import SkipStats, iter_tar_samples
 from hype.data.shards import ShardError, expand_shards
 from hype.data.uids import UidMultiset, load_uid_file, normalize_uid
 from hype.executor import Executor, MapResult, PoolExecutor, Progress, Resources, Stage
-from hype.io import file_digest, is_temp_name, load_npy, open_input, read_json, save_npy, storage, write_json
+from hype.io import (
+    bytes_digest,
+    file_digest,
+    is_temp_name,
+    load_npy,
+    open_input,
+    read_json,
+    save_npy,
+    storage,
+    write_json,
+)
+from hype.io.runs import RUN_DIGEST, absolute, fingerprint, input_identity, is_done, write_marker
 from hype.io.storage import AnyPath
 from hype.io.tar import write_tar
 from hype.reshard.index import INDEX_FORMAT, index_tar
@@ -53,12 +66,8 @@ SHARD_FORMAT = "{:08d}.tar"
 STATS_FORMAT = "{:08d}_stats.json"
 
 
-def _absolute(path: str) -> str:
-    return path if storage.is_url(path) else os.path.abspath(path)
-
-
 def _tar_id(path: str) -> str:
-    return hashlib.sha1(_absolute(path).encode()).hexdigest()[:20]
+    return hashlib.sha1(absolute(path).encode()).hexdigest()[:20]
 
 
 def _load_subset(state_dir: str) -> UidMultiset:
@@ -120,20 +129,21 @@ class _IndexStage(_ReshardStage):
 
 
 class _WriteStage(_ReshardStage):
-    """Pass 2: one output shard per task `(k, pieces)`; done when its `_stats.json` is there."""
+    """Pass 2: one output shard per task `(k, pieces, fingerprint)`; done when its `_stats.json` records
+    the fingerprint."""
 
     name = "write"
 
     def __init__(self, out: str):
         self.out = out
 
-    def done(self, task: tuple[int, list]) -> dict | None:
-        return read_json(storage.join(self.out, STATS_FORMAT.format(task[0])))
+    def done(self, task: tuple[int, list, str]) -> dict | None:
+        return is_done(storage.join(self.out, STATS_FORMAT.format(task[0])), task[2])
 
-    def label(self, task: tuple[int, list]) -> str:
+    def label(self, task: tuple[int, list, str]) -> str:
         return str(storage.join(self.out, SHARD_FORMAT.format(task[0])))
 
-    def run(self, task: tuple[int, list]) -> dict:
+    def run(self, task: tuple[int, list, str]) -> dict:
         return _write_job(self.out, *task)
 
 
@@ -162,9 +172,10 @@ def _first_copy_numbers(idx: np.ndarray, counts: np.ndarray, numbered: np.ndarra
     return {int(e): int(first[e]) for e in np.flatnonzero(first)}
 
 
-def _write_job(out: str, k: int, pieces: list[tuple[str, int, int, dict[int, int]]]) -> dict:
+def _write_job(out: str, k: int, pieces: list[tuple[str, int, int, dict[int, int]]], fp: str) -> dict:
     """Write output shard k from `pieces` = [(index file, first copy, end copy, first copy numbers)], read
-    it back, then write its `_stats.json`. Returns {"count"}."""
+    it back, then write its `_stats.json` with DataComp's fields and the shard's fingerprint `fp`.
+    Returns {"count"}."""
     tar_path = storage.join(out, SHARD_FORMAT.format(k))
     expected: list[tuple[str, str]] = []  # (key, uid) in order
 
@@ -208,8 +219,7 @@ def _write_job(out: str, k: int, pieces: list[tuple[str, int, int, dict[int, int
     clash = next((a for (a, _), (b, _) in zip(got, got[1:], strict=False) if a == b), None)
     if clash is not None:
         raise SelectError(f"{tar_path}: key {clash} written twice in a row, which webdataset refuses")
-    stats_json = {"successes": len(expected), "count": len(expected)}
-    write_json(storage.join(out, STATS_FORMAT.format(k)), stats_json, ensure_ascii=False)
+    write_marker(storage.join(out, STATS_FORMAT.format(k)), fp, successes=len(expected), count=len(expected))
     return {"count": len(expected)}
 
 
@@ -241,24 +251,27 @@ def reshard(
     arr = load_uid_file(subset_path, "--subset")  # .npy or DataComp's raw memmap layout
     out = storage.location(out)
     if not storage.is_url(out):  # absolute: a worker may run in another folder, or on another node
-        out = Path(os.path.abspath(out))
-    subset_sha = file_digest(subset_path)
-    inputs = [_absolute(p) for p in shards.paths]
+        out = Path(absolute(out))
+    subset_sha = file_digest(subset_path)  # sha256: what meta.json shows a user (sha256sum)
+    inputs = [absolute(p) for p in shards.paths]
     job = {"subset_sha256": subset_sha, "inputs": inputs, "shard_size": shard_size}
-    job_sha = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()
+    identities = [input_identity(t) for t in inputs]
+    job_fp = fingerprint({**job, "identities": identities})  # a changed input tar redoes the job
     meta_path = out / META
     finished = read_json(meta_path)
-    if finished is not None and finished.get("job_sha256") == job_sha and not overwrite:
+    if finished is not None and _finished_job(finished, job, job_fp) and not overwrite:
         if "output_shard_count" not in finished:  # finished by a hype that did not write DataComp's fields
             finished.update(_datacomp_fields(finished["output_shards"]))
             write_json(meta_path, finished, ensure_ascii=False)
         finished["resumed"] = "already complete"  # the same job finished before: nothing to do
         return finished
-    _prepare_out(out, job, overwrite)
+    _prepare_out(out, job, overwrite, finished)
 
     state = out / STATE
     storage.makedirs(state / "index")
     ms = UidMultiset(arr)
+    # The subset as the shards see it (its uids and their repeats), whatever file layout held it.
+    uids_fp = fingerprint([bytes_digest(a.tobytes(), RUN_DIGEST) for a in (ms.hi, ms.lo, ms.counts)])
     save_npy(state / "subset_hi.npy", ms.hi)
     save_npy(state / "subset_lo.npy", ms.lo)
     save_npy(state / "subset_counts.npy", ms.counts)
@@ -297,15 +310,16 @@ def reshard(
     for k in range(n_out):
         lo_pos, hi_pos = k * shard_size, min((k + 1) * shard_size, total)
         first = int(np.searchsorted(bounds, lo_pos, "right")) - 1
-        pieces = []
+        pieces, feeds = [], []  # feeds: what the shard's bytes depend on (its fingerprint)
         i = first
         while i < len(inputs) and bounds[i] < hi_pos:
             s, e = max(lo_pos, bounds[i]) - bounds[i], min(hi_pos, bounds[i + 1]) - bounds[i]
             if e > s:
                 pieces.append((index_files[i], int(s), int(e), first_js[i]))
+                feeds.append([identities[i], int(s), int(e), first_js[i]])
             i += 1
-        plans.append(pieces)
-    writes = _run(_WriteStage(str(out)), list(enumerate(plans)), executor or _local(workers), progress)
+        plans.append((k, pieces, fingerprint({"subset": uids_fp, "k": k, "copies": feeds})))
+    writes = _run(_WriteStage(str(out)), plans, executor or _local(workers), progress)
 
     # -- verify the whole output against the plan
     written = 0
@@ -344,11 +358,20 @@ def reshard(
         "verified": True,
         "seconds": round(time.perf_counter() - start, 3),
         "hype_version": __version__,
-        "job_sha256": job_sha,
+        "job": job,  # a rerun of the same job whose input tars changed resumes in this folder
     }
-    write_json(meta_path, meta, ensure_ascii=False)
+    meta = write_marker(meta_path, job_fp, **meta)  # last: the whole job is done
     storage.remove_tree(state)
     return meta
+
+
+def _finished_job(meta: dict, job: dict, job_fp: str) -> bool:
+    """Whether meta.json marks this job finished: its fingerprint (`hype.io.runs`), or, written by a hype
+    before the run contract, the sha256 of the same job (its inputs' identities were not recorded then)."""
+    if "fingerprint" in meta:
+        return meta["fingerprint"] == job_fp
+    legacy = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()
+    return meta.get("job_sha256") == legacy
 
 
 def _datacomp_fields(n_out: int) -> dict:
@@ -357,17 +380,19 @@ def _datacomp_fields(n_out: int) -> dict:
     return {"output_shard_count": n_out, "output_shard_format": SHARD_FORMAT}
 
 
-def _prepare_out(out: AnyPath, job: dict, overwrite: bool) -> None:
-    """Refuse to mix two different jobs in one folder; remember this job so that a rerun resumes it."""
+def _prepare_out(out: AnyPath, job: dict, overwrite: bool, finished: dict | None) -> None:
+    """Refuse to mix two different jobs in one folder; remember this job so that a rerun resumes it (also
+    one that finished, `finished` its meta.json, and whose input tars changed since)."""
     job_file = out / STATE / "job.json"
     if storage.list_names(out):
-        if overwrite or read_json(job_file) != job:
+        if overwrite or job not in (read_json(job_file), (finished or {}).get("job")):
             if not overwrite:
                 raise SelectError(
                     f"--out {out} is not empty and holds no unfinished reshard of this subset and pool (with "
                     "this --shard-size); pass --overwrite to replace its shards, or choose another --out"
                 )
             _clear(out)
+    storage.remove(out / META)  # the folder is about to change: it is complete again when meta.json is back
     storage.makedirs(out / STATE)
     write_json(job_file, job, ensure_ascii=False)
 

@@ -33,14 +33,14 @@
 A shard id is `<tar stem>-<8 hex of blake2b(absolute tar path)>`: readable, unique per input path, and
 stable across reruns, so resume state is keyed on the input tar path (DESIGN §4.1).
 
-RUN_DIR may be a local folder or a URL (`s3://bucket/runs/x`, `hype.io.storage`). Every file is written
-whole or not at all (`hype.io`: locally a temporary name in its folder, fsynced and renamed; in a bucket a
-local temporary uploaded under the final name once complete), and a stage's `_stats.json` (or `.json`)
-marker is written after its data. A marker records a fingerprint of everything the output depends on
-(input file identity, upstream output digests, the settings that change results); an output counts as
-done only when its marker's fingerprint matches, so a rerun skips finished work and redoes exactly what
-changed. Resume reads one listing per stage folder (`ShardStage.done_all`), then only the markers that
-exist: no request per missing file.
+RUN_DIR may be a local folder or a URL (`s3://bucket/runs/x`, `hype.io.storage`). Every file is written whole
+or not at all (`hype.io`: locally a temporary name in its folder, fsynced and renamed; in a bucket a local
+temporary uploaded under the final name once complete), and a stage's `_stats.json` (or `.json`) marker is
+written after its data: the run contract of every hype step (`hype.io.runs`). A marker records a fingerprint
+of everything the output depends on (input file identity, upstream output digests, the settings that change
+results); an output counts as done only when its marker's fingerprint matches, so a rerun skips finished work
+and redoes exactly what changed. Resume reads one listing per stage folder (`ShardStage.done_all`), then only
+the markers that exist: no request per missing file.
 
 Nothing lost, nothing let in:
 - An embed output holds the rows its input justifies: the input's identity is taken before the read and
@@ -66,7 +66,6 @@ is refused before anything changes; plan.json's `frozen` keeps every later run o
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -77,14 +76,27 @@ from typing import Any
 import pyarrow as pa
 
 import hype.io as hype_io
-from hype.io import is_temp_name, read_json, storage
-from hype.io.lock import FileLock, ObjectLock, lock_at
+from hype.io import is_temp_name, storage
+from hype.io import read_json as read_json  # re-exported: the stages read markers with it
+from hype.io.runs import (  # the run contract (hype.io.runs): this module is its layout for `hype score`
+    RUN_DIGEST,
+    FileLock,
+    ObjectLock,
+    absolute,
+    file_digest,
+    input_identity,
+    is_done,
+    lock_at,
+)
+from hype.io.runs import (
+    fingerprint as fingerprint,  # re-exported for the stages
+)
 from hype.io.storage import AnyPath
 from hype.table.schema import scores_dir
 
 SHARD_STAGES = ("embed", "reference", "specificity", "classes", "captions", "clusters", "merge")
 SHARD_STAGES += ("neardup_split", "neardup")  # near-duplicates (hype.scoring.stage_neardup)
-RUN_DIGEST = "blake2b-128"  # recorded in markers' fingerprints: changing it would redo every finished output
+file_identity = input_identity  # an input's identity in the stages' fingerprints (hype.io.runs)
 # Parquet writer settings are fixed here so that identical tables give identical bytes. zstd with no
 # dictionary except for the one low-cardinality column, and float columns byte-stream-split: a uid (32 hex
 # chars) takes ~17.5 bytes instead of ~33 with snappy, a float32 score ~3.3 instead of ~6 (a dictionary
@@ -129,16 +141,12 @@ class ShardTask:
 
     def __post_init__(self) -> None:
         if not self.source:
-            object.__setattr__(self, "source", _absolute(self.path))
-
-
-def _absolute(path: str | PathLike) -> str:
-    return os.fspath(path) if storage.is_url(path) else str(Path(path).resolve())
+            object.__setattr__(self, "source", absolute(self.path))
 
 
 def shard_id(path: str | PathLike) -> str:
     """`<stem>-<8 hex>` from the absolute path (or the URL) of an input tar."""
-    full = _absolute(path)
+    full = absolute(path)
     name = full.rstrip("/").rsplit("/", 1)[-1]
     digest = hashlib.blake2b(full.encode(), digest_size=4).hexdigest()
     stem = name[: -len(".tar")] if name.endswith(".tar") else name.rsplit(".", 1)[0]
@@ -146,33 +154,7 @@ def shard_id(path: str | PathLike) -> str:
 
 
 def make_tasks(paths: Iterable[str]) -> list[ShardTask]:
-    return [ShardTask(i, p, shard_id(p), _absolute(p)) for i, p in enumerate(paths)]
-
-
-def file_identity(path: str | PathLike) -> dict:
-    """What identifies an input file's content cheaply: absolute path (or URL), size, and the modification
-    time (local) or the object's ETag (a bucket: it changes whenever the object is rewritten)."""
-    if storage.is_url(path):
-        try:
-            info = storage.info(path)
-        except FileNotFoundError:  # read as a missing shard; when it is back, its identity differs
-            return {"path": os.fspath(path), "missing": True}
-        return {"path": os.fspath(path), "size": info["size"], "etag": info.get("etag")}
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return {"path": str(Path(path).resolve()), "missing": True}
-    return {"path": str(Path(path).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
-def file_digest(path: str | PathLike) -> str:
-    """The run directory's digest of a file (model files, class features, its own outputs)."""
-    return hype_io.file_digest(path, RUN_DIGEST)
-
-
-def fingerprint(obj: Any) -> str:
-    """Digest of a JSON-able description of everything an output depends on."""
-    return hashlib.blake2b(json.dumps(obj, sort_keys=True, default=str).encode(), digest_size=16).hexdigest()
+    return [ShardTask(i, p, shard_id(p), absolute(p)) for i, p in enumerate(paths)]
 
 
 # --- atomic writes (hype.io), in the run directory's JSON and Parquet style -----------------------
@@ -347,8 +329,8 @@ def completed(
     marker and per output size."""
     if sizes is not None and str(marker) not in sizes:
         return None
-    stats = read_json(marker)
-    if stats is None or stats.get("fingerprint") != expected_fingerprint:
+    stats = is_done(marker, expected_fingerprint)
+    if stats is None:
         return None
     if output is not None:
         want = (stats.get("output") or {}).get("bytes")

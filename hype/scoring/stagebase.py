@@ -4,9 +4,10 @@ A stage is a small picklable object holding its settings and the run directory. 
 a process pool, Ray: see `hype.executor` and `pipelines/`) ships it to each worker once, calls
 `prepare_process(cpus)` and `setup()` there (load models, references, centroids: once per worker), then
 `run(task)` for every shard it is given. `run` reads its inputs from the run directory, writes its
-outputs there atomically with the completion marker last (`_finish`, the one place), and returns the
-small stats dict it wrote in that marker; nothing else leaves the worker. Stages know nothing about the
-executor; executors know a stage only through that interface and `resources()`.
+outputs there atomically with the completion marker last (`_finish`, the one place; the run contract,
+`hype.io.runs`), and returns the small stats dict it wrote in that marker; nothing else leaves the
+worker. Stages know nothing about the executor; executors know a stage only through that interface and
+`resources()`.
 
 `fingerprint(task)` is what the shard's output depends on; the executor skips tasks whose marker already
 records it (`done`), and `run` stores it, so both sides agree without talking.
@@ -22,8 +23,9 @@ from pathlib import Path
 import torch
 
 from hype.executor import Resources, Stage
+from hype.io.runs import write_marker
 from hype.scoring.decode import SHARED_CORE_ENV
-from hype.scoring.rundir import RunDir, ShardTask, atomic_write_json, completed, read_json, write_parquet
+from hype.scoring.rundir import RunDir, ShardTask, completed, read_json, write_parquet
 
 
 class ShardStage(Stage):
@@ -143,7 +145,6 @@ class ShardStage(Stage):
             "shard": task.path,
             "shard_id": task.shard_id,
             "index": task.index,
-            "fingerprint": fingerprint,
             "output": output,
             "seconds": round(seconds, 4),
             "worker": {"host": socket.gethostname(), "pid": os.getpid()},
@@ -151,8 +152,7 @@ class ShardStage(Stage):
         if rate is not None:
             stats["samples_per_s"] = round(rate / seconds, 2) if seconds > 0 else None
         stats.update(extra)
-        atomic_write_json(self.run_dir.shard_stats(self.name, task), stats)
-        return stats
+        return write_marker(self.run_dir.shard_stats(self.name, task), fingerprint, **stats)
 
 
 def resolve_device(device: str) -> str:

@@ -3,7 +3,9 @@
 Determinism: each part draws from its own named RNG stream (`SeedSequence(seed, spawn_key=(crc32(name),))`),
 so changing `size` changes the pool and nothing else, and the same arguments give byte-identical files.
 The world is built in a hidden sibling folder and renamed into place at the end, so `out` is either the
-previous state or a complete world, never half of one; `world.json` is written last inside it.
+previous state or a complete world, never half of one; `world.json` is written last inside it: the world's
+completion marker (the run contract, `hype.io.runs`), with the fingerprint of the settings that make it.
+A rerun with the same settings finds that marker and returns at once; other settings need --overwrite.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from hype import __version__
 from hype.data.uids import save_subset
 from hype.executor import PoolExecutor, Progress, Stage
 from hype.io import replace_tree, write_text
+from hype.io.runs import fingerprint, is_done, write_marker
 from hype.io.tar import write_tar
 from hype.synth.eval_tasks import (
     OBJECT_CLASSES,
@@ -42,7 +45,7 @@ from hype.synth.noise import NOISE_KINDS, NoiseSpecError, parse_noise
 from hype.synth.pool import Sample, plan_clean, plan_pool, render_sample
 from hype.synth.render import EVAL_IMAGE_EXT
 from hype.synth.rng import stream
-from hype.synth.shards import FileWriter, ShardSample, write_img2dataset_shard, write_json, write_parquet
+from hype.synth.shards import FileWriter, ShardSample, write_img2dataset_shard, write_parquet
 
 FORMAT_VERSION = 1
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
@@ -318,6 +321,10 @@ def make_world(
         base_url=base_url.rstrip("/"),
         workers=_default_workers() if workers is None else int(workers),
     )
+    fp = _fingerprint(args)
+    if not overwrite and (world := is_done(args.out / "world.json", fp)) is not None:
+        elapsed = round(time.perf_counter() - t0, 3)  # built before with these settings: nothing to do
+        return {**world, "out": str(args.out), "workers": args.workers, "elapsed_s": elapsed, "skipped": True}
     _prepare_out(args.out, overwrite)
     plan = _plan(args)
     tmp = args.out.parent / f".{args.out.name}.synth-tmp"
@@ -325,7 +332,7 @@ def make_world(
         shutil.rmtree(tmp)  # our own leftover from an interrupted run
     tmp.mkdir(parents=True)
     try:
-        world = _build(tmp, args, plan, progress)
+        world = _build(tmp, args, plan, progress, fp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -347,8 +354,9 @@ def _plan(a: _Args) -> _Plan:
     )
 
 
-def _build(tmp: Path, a: _Args, plan: _Plan, progress: bool) -> dict:
-    """Render and write the whole world into `tmp`, `world.json` last; returns what it holds."""
+def _build(tmp: Path, a: _Args, plan: _Plan, progress: bool, fp: str) -> dict:
+    """Render and write the whole world into `tmp`, `world.json` (its marker, fingerprint `fp`) last;
+    returns what it holds."""
     pool = tmp / "pool"
     pool_jobs = _shard_jobs(pool / "shards", plan.pool, a.shard_size, a.base_url, pool / "images")
     clean_jobs = _shard_jobs(tmp / "clean" / "shards", plan.clean, a.shard_size, None, None)
@@ -366,8 +374,7 @@ def _build(tmp: Path, a: _Args, plan: _Plan, progress: bool) -> dict:
     (tmp / "subsets").mkdir()
     save_subset(tmp / "subsets" / "oracle_clean.npy", [s.uid for s in plan.pool if s.noise == "clean"])
     world = _world_json(a, plan, metadata_files, len(pool_jobs), len(clean_jobs))
-    write_json(tmp / "world.json", world)
-    return world
+    return write_marker(tmp / "world.json", fp, **world)
 
 
 def _eval_jobs(eval_dir: Path, plan: _Plan, shard_size: int) -> list[tuple[Callable, tuple]]:
@@ -405,6 +412,12 @@ def _write_metadata(folder: Path, a: _Args, meta: list[dict]) -> list[str]:
         write_parquet(folder / f"{name}.parquet", _table(rows, METADATA_SCHEMA))
         files.append(f"pool/metadata/{name}.parquet")
     return files
+
+
+def _fingerprint(a: _Args) -> str:
+    """What the world's bytes depend on: the settings and the generator (not `out`, not the workers)."""
+    settings = {k: v for k, v in vars(a).items() if k not in ("out", "workers")}
+    return fingerprint({"format_version": FORMAT_VERSION, "generator": __version__, **settings})
 
 
 def _world_json(

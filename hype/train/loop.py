@@ -32,6 +32,7 @@ from hype.data.samples import EMPTY_SHARD, SKIP_REASONS, SkipStats
 from hype.data.shards import ShardList, expand_shards
 from hype.data.subset_index import SubsetError, SubsetIndex, check_subset_matches, resolve_subset
 from hype.io import AnyPath, cached_copy, storage, write_text
+from hype.io.runs import is_done
 from hype.losses import ContrastiveEntailmentLoss
 from hype.models import ConfigError, ContrastiveModel, ModelConfig, create_model, load_model_config
 from hype.train.captions import make_caption_transform
@@ -56,6 +57,7 @@ from hype.train.state import (
     load_training_state,
     prune_checkpoints,
     publish_final,
+    recipe_fingerprint,
     resolve_resume,
     save_training_checkpoint,
 )
@@ -138,6 +140,7 @@ class Trainer:
         self.progress = progress and info.is_main
         self._echo = echo or (lambda msg: tqdm.write(msg, file=sys.stderr))
         self.out = default_out(cfg)
+        self.recipe_fp = recipe_fingerprint(cfg.to_dict())
         storage.check_reachable(self.out)  # a missing bucket: now, not at the first checkpoint
         self.metrics: MetricsLog | None = None  # rank 0's log, once `run` opened it
         self.total_steps = cfg.total_steps
@@ -706,8 +709,10 @@ class Trainer:
             summary["skipped"]["counts"][EMPTY_SHARD] = len(self.shards.empty)
         if metrics is not None:
             metrics.close()
+        state = "done" if model_path is not None else status  # done: the final model is published
         if self.info.is_main:
-            write_summary(self.out / "summary.json", summary)
+            write_summary(self.out / "summary.json", summary, self.recipe_fp, state)
+        summary.update(state=state, fingerprint=self.recipe_fp)  # as in the file
         return summary
 
 
@@ -724,12 +729,24 @@ def train(
     `DataError` on unusable data, `SelectError` on an unusable subset file and `ResumeError` on an
     incompatible resume.
     """
+    if resume == "auto" and (finished := finished_run(cfg)) is not None:
+        return finished
     info = init_distributed(cfg.device)
     try:
         with _reproducible(cfg, info.device):
             return Trainer(cfg, info, resume=resume, progress=progress, echo=echo).run()
     finally:
         cleanup(info)
+
+
+def finished_run(cfg: TrainConfig) -> dict[str, Any] | None:
+    """The summary of a run of this very recipe that finished in OUT (its marker says done and its final
+    model is there), as the result of a rerun with nothing to do; None when there is work to do."""
+    out = default_out(cfg)
+    record = is_done(out / "summary.json", recipe_fingerprint(cfg.to_dict()))
+    if record is None or not storage.is_file(out / "model.safetensors"):
+        return None
+    return {**record, "status": "already_complete", "steps_this_session": 0}
 
 
 @contextlib.contextmanager
@@ -749,4 +766,12 @@ def _reproducible(cfg: TrainConfig, device: torch.device) -> Iterator[None]:
         torch.use_deterministic_algorithms(saved[1])
 
 
-__all__ = ["Trainer", "TrainingDiverged", "default_out", "effective_model_config", "format_summary", "train"]
+__all__ = [
+    "Trainer",
+    "TrainingDiverged",
+    "default_out",
+    "effective_model_config",
+    "finished_run",
+    "format_summary",
+    "train",
+]

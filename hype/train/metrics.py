@@ -14,7 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hype.io import read_bytes, storage, write_bytes, write_json, write_text
+from hype.io import read_bytes, storage, write_bytes, write_text
+from hype.io.runs import Marker
 
 
 class MetricsLog:
@@ -74,8 +75,10 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def write_summary(path: str | os.PathLike, summary: dict[str, Any]) -> None:
-    write_json(path, _finite(summary))
+def write_summary(path: str | os.PathLike, summary: dict[str, Any], fp: str, state: str) -> None:
+    """The run's summary, which is also its marker (`hype.train.state`): `state` "done" once the final
+    model is published, else the run's status."""
+    Marker(path).write(fp, state, **_finite(summary))
 
 
 def _fmt_duration(seconds: float) -> str:

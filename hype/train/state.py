@@ -13,6 +13,10 @@ the previous one. OUT may be a URL (`hype.io.storage`): each file is then upload
 the state file last, and read back through a local copy (safetensors and torch.load open files by name).
 Resuming is refused when the recipe differs (`config_differences`); settings that do not change the
 experiment (`RESUME_MAY_DIFFER`: workers, logging, checkpoint cadence, ...) may change.
+
+A finished run is marked by `OUT/summary.json` (the run contract, `hype.io.runs`): state `done` once the
+final model is published, with the recipe's fingerprint (`recipe_fingerprint`: every setting but
+`RESUME_MAY_DIFFER`); a rerun of the same recipe finds it and returns without building anything.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from safetensors.torch import load_model
 
 from hype.checkpoint import read_checkpoint_metadata, save_checkpoint
 from hype.io import AnyPath, atomic_path, atomic_write, local_file, open_input, storage
+from hype.io.runs import fingerprint
 
 STATE_FORMAT = "hype-train-state/1"
 
@@ -192,6 +197,12 @@ def config_differences(saved: dict, current: dict) -> list[str]:
         for k in sorted(set(a) | set(b))
         if k not in RESUME_MAY_DIFFER and a.get(k) != b.get(k)
     ]
+
+
+def recipe_fingerprint(config: dict) -> str:
+    """The run contract's fingerprint of a training recipe (`TrainConfig.to_dict()`): every setting that
+    changes the experiment, i.e. all but `RESUME_MAY_DIFFER`."""
+    return fingerprint({k: v for k, v in _flatten(config).items() if k not in RESUME_MAY_DIFFER})
 
 
 def resolve_resume(resume: str, out: AnyPath) -> CheckpointPaths | None:
