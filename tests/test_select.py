@@ -512,3 +512,24 @@ def test_a_recorded_selection_is_redone_with_its_rule_options(world, tmp_path):
         again = select_subset(SelectRequest(**fields, out=tmp_path / f"b{i}.npy", progress=False))
         assert again["rank"] == first["rank"], options
         assert load_subset(tmp_path / f"b{i}.npy").tolist() == load_subset(out).tolist()
+
+
+def test_a_rerun_of_the_same_selection_skips_and_a_changed_input_or_option_redoes_it(world, tmp_path):
+    """Select on the run contract: subset.json is the marker; the same scores and options skip, another
+    option or a rewritten scores part redo the selection."""
+    out = tmp_path / "s.npy"
+    first = run_cli("--scores", str(world["run"]), "--frac", "0.2", "--out", str(out))
+    assert "already done" not in first
+    marker = json.loads(out.with_suffix(".json").read_text())
+    assert marker["state"] == "done" and len(marker["fingerprint"]) == 32
+    stamp = out.stat().st_mtime_ns
+    again = run_cli("--scores", str(world["run"]), "--frac", "0.2", "--out", str(out), "--workers", "1")
+    assert "already done" in again and out.stat().st_mtime_ns == stamp  # --workers does not change outputs
+    changed = run_cli("--scores", str(world["run"]), "--frac", "0.3", "--out", str(out))
+    assert "already done" not in changed and len(load_subset(out)) == round(0.3 * len(world["df"]))
+    run = tmp_path / "run"  # a copy of the scores whose part is rewritten (same bytes, new version)
+    write_scores(world["df"], run, parts=3, row_group_size=97)
+    run_cli("--scores", str(run), "--frac", "0.3", "--out", str(out))
+    part = sorted((run / "scores").glob("part-*.parquet"))[0]
+    part.write_bytes(part.read_bytes())
+    assert "already done" not in run_cli("--scores", str(run), "--frac", "0.3", "--out", str(out))

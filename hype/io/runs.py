@@ -1,5 +1,5 @@
-"""THE run contract: how the steps (download, score, reshard, train, eval, submit, synth, and `hype run`'s
-workflow) write an output that a rerun can trust, skip, or redo.
+"""THE run contract: how the steps (download, score, select, reshard, train, eval, submit, synth, and
+`hype run`'s workflow) write an output that a rerun can trust, skip, or redo.
 
 A step's unit of work is a *stage*: an output (a file or a folder) plus its completion marker.
 
@@ -41,6 +41,8 @@ A step's unit of work is a *stage*: an output (a file or a folder) plus its comp
 Where each step keeps its markers (and what its fingerprint covers):
 - `hype score`: RUN_DIR/<stage>/<shard>_stats.json and <output>.json (`hype.scoring.rundir`): per shard and
   stage, the input's identity, upstream digests, settings;
+- `hype select`: OUT's subset.json beside subset.npy (the scores table's identity: its parts' sizes and
+  versions and its run's summary.json; the uid and metadata files it reads; every option but --workers);
 - `hype reshard`: OUT/{k:08d}_stats.json per output tar (DataComp's fields kept: the subset's uids, the
   identity of the input tars it copies from, its place) and OUT/meta.json (the whole job);
 - `hype download`: OUT/_hype/summary.json (the metadata files' identity, the settings that change a shard;

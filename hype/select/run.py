@@ -17,7 +17,8 @@ from typing import Any
 
 from hype import __version__
 from hype.data.uids import to_structured
-from hype.io import read_bytes
+from hype.io import read_bytes, storage
+from hype.io.runs import DONE, Marker, absolute, fingerprint, input_identity
 from hype.io.storage import AnyPath
 from hype.select import rules
 from hype.select.errors import SelectError
@@ -124,6 +125,10 @@ def select_subset(req: SelectRequest) -> dict:
     preset_name, ranker, masks = build_rules(req)
     table = ScoresTable(req.scores)
     table.require_finished()
+    fp = fingerprint(_inputs(req, table, npy))
+    done = Marker(summary_path).done(fp)
+    if done is not None and storage.exists(npy) and storage.exists(parquet):
+        return {**done, "summary": str(summary_path), "skipped": True}
     for m in masks:
         m.attach(table)
     warnings: list[str] = []
@@ -214,10 +219,26 @@ def select_subset(req: SelectRequest) -> dict:
         "passes": [*result.passes, "explain"],
         "seconds": round(time.perf_counter() - start, 3),
         "hype_version": __version__,
+        "state": DONE,  # subset.json is the selection's completion marker (hype.io.runs), written last
+        "fingerprint": fp,
     }
     write_json(summary_path, summary)
     summary["summary"] = str(summary_path)
     return summary
+
+
+def _inputs(req: SelectRequest, table: ScoresTable, npy: AnyPath) -> dict:
+    """What a selection's outputs depend on (its run-contract fingerprint): the scores table's identity,
+    the uid and metadata files it reads, and every option that changes its outputs (not --workers or
+    progress)."""
+    files = [*req.intersect, *req.union, *([req.metadata] if req.metadata else [])]
+    options = {k: v for k, v in vars(req).items() if k not in ("scores", "out", "workers", "progress")}
+    return {
+        "table": table.identity(),
+        "files": [input_identity(f) for f in files],
+        "options": options,
+        "out": absolute(npy),
+    }
 
 
 def _pool_cache_path(table: ScoresTable) -> AnyPath | None:
@@ -293,6 +314,8 @@ def format_summary(s: dict) -> str:
         f"selected {s['selected_rows']:,} of {s['pool_rows']:,} scored samples ({pct:.2f}%; {how}) "
         f"with preset {s['preset']}, ranked by {rule}"
     ]
+    if s.get("skipped"):
+        lines.append(f"  already done: {s['summary']} records it for the same scores (nothing rewritten)")
     cut = s["cut"]
     if cut["score"] is not None:
         tie = ""

@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from hype.data.errors import SelectError
 from hype.data.uids import UidError, arrow_to_pairs
 from hype.io import parquet_bytes, read_bytes, storage, write_bytes
+from hype.io.runs import input_identity
 from hype.io.storage import AnyPath
 from hype.table.schema import METRICS, SCHEMA, scores_dir
 
@@ -130,6 +131,7 @@ class ScoresTable:
         self.folders = [folder for _, folder, _ in opened]
         # name -> {"size", "version"} from one listing (a bucket: no request per part)
         self.listing = opened[0][2]
+        self.listings = [listing for _, _, listing in opened]
         self.files = [folder / name for _, folder, listing in opened for name in listing]
         self.remote = storage.is_url(self.folder)
         # From a bucket, a part opened by Arrow's S3 client stays open for the later passes: opening
@@ -223,6 +225,16 @@ class ScoresTable:
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
+
+    def identity(self) -> list[dict]:
+        """What identifies the table's content without reading it (`hype.io.runs.input_identity`, per run):
+        every part's size and version from the listings already made, and the run's summary.json, which
+        each `hype score` run rewrites (the outputs a filter attaches, e.g. decontamination's matches,
+        change only with a run)."""
+        return [
+            {"parts": listing, "summary": input_identity(folder.parent / "summary.json")}
+            for folder, listing in zip(self.folders, self.listings, strict=True)
+        ]
 
     def require_finished(self) -> None:
         """Refuse a table that `hype score` is still writing or whose last run failed: its parts may be
