@@ -11,7 +11,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from hype.data.imageprep import ImageError
-from hype.scoring.copydetect import CopyCheck, copy_similarity, thumbnails, work_image
+from hype.scoring.copydetect import CopyCheck, copy_similarity, pair_similarities, thumbnails, work_image
 from hype.synth.contaminate import KINDS, _copy
 
 
@@ -52,8 +52,20 @@ def test_a_flat_image_matches_nothing_and_a_broken_file_is_an_image_error():
     flat = io.BytesIO()
     Image.new("RGB", (40, 40), (200, 10, 10)).save(flat, format="PNG")
     t = _thumbs(flat.getvalue(), check)
-    assert not t.any() and copy_similarity(t, _thumbs(_scene(0), check)) == 0.0
+    assert not any(part.any() for part in t) and copy_similarity(t, _thumbs(_scene(0), check)) == 0.0
     with pytest.raises(ImageError):
         work_image(b"not an image")
     with pytest.raises(ValueError, match="thumbnail size"):
-        CopyCheck(size=2)
+        CopyCheck(edge_size=2)
+
+
+def test_pair_similarities_are_the_copy_similarities_of_each_pair():
+    check, rng = CopyCheck(), np.random.default_rng(1)
+    sources = [_scene(seed) for seed in range(3)]
+    a = np.stack([work_image(_copy(s, "png", kind, rng)[0]) for s in sources for kind in KINDS])
+    b = np.stack([work_image(s) for s in sources])
+    pairs = np.array([(i, j) for i in range(len(a)) for j in range(len(b))])
+    got = pair_similarities(a, b, pairs, check)
+    want = [copy_similarity(thumbnails(a[i], check), thumbnails(b[j], check)) for i, j in pairs]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    assert pair_similarities(a, b, np.zeros((0, 2), np.int64), check).shape == (0,)

@@ -2,20 +2,25 @@
 verification step of `hype score --decontaminate` (`hype.scoring.stage_decontam`): the CLIP nearest
 neighbours are candidates, this decides. NumPy and Pillow only.
 
-An image's descriptor is a stack of small RGB thumbnails (`size` x `size`, each channel's mean removed,
-unit L2 norm, area-resampled from a 64 x 64 copy of the image):
-the whole image, then windows of it covering `scales` of each side at `steps` x `steps` offsets. The copy
-similarity of two images is the best normalised cross-correlation of one image's whole thumbnail with any
-window of the other, in both directions (so a pool image that is a crop of an evaluation image and one
-that contains it are both found).
+An image is kept as a `WORK_SIDE` x `WORK_SIDE` RGB uint8 "work image" (12 KiB) and described, for the
+whole image and for windows covering `scales` of each side at `steps` x `steps` offsets, by two
+thumbnails, each with its mean removed and unit L2 norm:
+    colour  RGB intensities at `colour_size` px: which colours are where;
+    edges   the horizontal and vertical differences of the luminance at `edge_size` px: where the edges
+            are (a smooth background, a gradient or a flat colour, has none: it no longer dominates).
+Two thumbnails' normalised cross-correlation (NCC) is their dot product. The copy similarity of two
+images is, over the windows of either image matched against the other's whole image (so a pool image that
+is a crop of an evaluation image and one that contains it are both found), the best window's lower NCC
+of the two parts: a copy must agree in colour layout and in edges at once.
 
-Why it is robust: thumbnails of 16 px average away JPEG's block and chroma noise and any resampling
-filter; resizing the whole image changes nothing at that scale; a crop keeping s of each side at offset o
-is matched by the window of the nearest scale and offset (grid step (1 - s) / (steps - 1) of the side, a
-fraction of a thumbnail pixel). Why it separates: the mean and contrast are normalised away but the
-layout is not, so two different scenes, even with the same colours and objects, correlate far less than
-a copy does (bench/decontam.py measures both sides). It is not robust to flips, rotations, heavy crops
-(more than ~15% of a side) or overlays: those are not the copies it was built for.
+Why it is robust: thumbnails average away JPEG's block and chroma noise (the edges use the luminance,
+which JPEG keeps at full resolution) and any resampling filter; resizing the whole image changes nothing at
+that scale; a crop keeping s of each side at offset o is matched by the window of the nearest scale and
+offset. Why it separates: different scenes with the same colours and background (the hard case of
+bench/decontam.py: synthetic scenes drawn from one small grammar, which a small CLIP cannot tell apart)
+have objects of other shapes, sizes or places, so their edge maps correlate far less than a copy's do.
+It is not robust to flips, rotations, crops of more than ~15% of a side or overlays: those are not the
+copies it was built for.
 """
 
 from __future__ import annotations
@@ -29,27 +34,34 @@ from PIL import Image
 from hype.data.imageprep import decode_rgb
 
 WORK_SIDE = 64  # an image is kept as this square RGB uint8 (12 KiB) until its pairs are checked
+LUMA = np.array([0.299, 0.587, 0.114], np.float32)  # ITU-R BT.601, JPEG's luminance
+
+Descriptor = tuple[np.ndarray, np.ndarray]  # (colour rows, edge rows), row 0 the whole image
 
 
 @dataclass(frozen=True)
 class CopyCheck:
     """Settings of the pixel check (recorded in the matches' fingerprint)."""
 
-    size: int = 16  # thumbnail side in pixels
+    colour_size: int = 16  # colour thumbnail side in pixels
+    edge_size: int = 24  # edge thumbnail side in pixels
     scales: tuple[float, ...] = (0.95, 0.9, 0.85)  # window side / image side, besides the whole image
     steps: int = 7  # window offsets per axis per scale
-    threshold: float = 0.9  # copy similarity at or above which a candidate is a copy
+    threshold: float = 0.85  # copy similarity at or above which a candidate is a copy
 
     def __post_init__(self) -> None:
-        if not 4 <= self.size <= WORK_SIDE // 2:
-            raise ValueError(f"copy check thumbnail size {self.size}: use 4 to {WORK_SIDE // 2} pixels")
+        for name in ("colour_size", "edge_size"):
+            if not 4 <= getattr(self, name) <= WORK_SIDE // 2:
+                raise ValueError(
+                    f"copy check {name} {getattr(self, name)}: thumbnail size 4 to {WORK_SIDE // 2} pixels"
+                )
         if not all(0.5 <= s < 1.0 for s in self.scales) or self.steps < 1:
             raise ValueError(
                 f"copy check windows {self.scales} x {self.steps}: scales in [0.5, 1), steps >= 1"
             )
 
     def settings(self) -> dict:
-        return asdict(self) | {"work_side": WORK_SIDE, "descriptor": "RGB thumbnails, NCC"}
+        return asdict(self) | {"work_side": WORK_SIDE, "descriptor": "RGB + luminance-gradient NCC, min"}
 
 
 def windows(check: CopyCheck) -> np.ndarray:
@@ -70,11 +82,11 @@ def _area_weights(lo: float, hi: float, out: int) -> np.ndarray:
     return overlap / overlap.sum(axis=1, keepdims=True)
 
 
-@lru_cache(maxsize=8)
-def _window_weights(check: CopyCheck) -> tuple[np.ndarray, np.ndarray]:
-    boxes = windows(check)
-    wx = np.stack([_area_weights(b[0], b[2], check.size) for b in boxes]).astype(np.float32)
-    wy = np.stack([_area_weights(b[1], b[3], check.size) for b in boxes]).astype(np.float32)
+@lru_cache(maxsize=16)
+def _window_weights(check: CopyCheck, size: int, whole_only: bool) -> tuple[np.ndarray, np.ndarray]:
+    boxes = windows(check)[:1] if whole_only else windows(check)
+    wx = np.stack([_area_weights(b[0], b[2], size) for b in boxes]).astype(np.float32)
+    wy = np.stack([_area_weights(b[1], b[3], size) for b in boxes]).astype(np.float32)
     return wx, wy
 
 
@@ -85,20 +97,69 @@ def work_image(data: bytes) -> np.ndarray:
     return np.asarray(img.resize((WORK_SIDE, WORK_SIDE), Image.Resampling.BOX), dtype=np.uint8)
 
 
-def thumbnails(work: np.ndarray, check: CopyCheck) -> np.ndarray:
-    """(windows, 3 * size * size) float32 rows of a work image, each channel's mean removed, unit norm (a flat
-    image has no layout to compare: its rows stay zero and it matches nothing)."""
-    wx, wy = _window_weights(check)
-    n, t = wx.shape[:2]
-    rows = wy @ (work.astype(np.float32) / 255.0).reshape(WORK_SIDE, WORK_SIDE * 3)  # (n, t, side * 3)
-    rows = rows.reshape(n, t, WORK_SIDE, 3).transpose(0, 3, 1, 2).reshape(n, 3 * t, WORK_SIDE)
-    x = (rows @ wx.transpose(0, 2, 1)).reshape(n, 3, t * t)  # (window, channel, pixel)
-    x -= x.mean(axis=2, keepdims=True)
-    x = x.reshape(n, -1)
+def _resample(image: np.ndarray, check: CopyCheck, size: int, whole_only: bool) -> np.ndarray:
+    """(windows, channels, size, size): every window of a (WORK_SIDE, WORK_SIDE, channels) image."""
+    wx, wy = _window_weights(check, size, whole_only)
+    n, c = wx.shape[0], image.shape[2]
+    rows = wy @ image.reshape(WORK_SIDE, WORK_SIDE * c)  # (n, size, WORK_SIDE * c)
+    rows = rows.reshape(n, size, WORK_SIDE, c).transpose(0, 3, 1, 2).reshape(n, c * size, WORK_SIDE)
+    return (rows @ wx.transpose(0, 2, 1)).reshape(n, c, size, size)
+
+
+def _unit_rows(x: np.ndarray) -> np.ndarray:
+    """Rows with their mean removed, scaled to unit norm; a row with (almost) no variation stays zero: a
+    flat image has no layout to compare and matches nothing."""
+    x = x.reshape(len(x), -1)
+    x = x - x.mean(axis=1, keepdims=True)
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     return np.where(norms > 1e-2, x / np.maximum(norms, 1e-12), 0.0).astype(np.float32)
 
 
-def copy_similarity(a: np.ndarray, b: np.ndarray) -> float:
-    """Best NCC of either image's whole thumbnail with any window of the other (`thumbnails` rows)."""
-    return float(max((b @ a[0]).max(), (a @ b[0]).max()))
+def thumbnails(work: np.ndarray, check: CopyCheck, whole_only: bool = False) -> Descriptor:
+    """The (colour, edge) thumbnail rows of a work image's windows (row 0: the whole image; `whole_only`:
+    that row alone)."""
+    rgb = work.astype(np.float32) / 255.0
+    colour = _resample(rgb, check, check.colour_size, whole_only)
+    luma = _resample((rgb @ LUMA)[:, :, None], check, check.edge_size, whole_only)[:, 0]
+    n = len(luma)
+    dx = (luma[:, :, 1:] - luma[:, :, :-1]).reshape(n, -1)
+    dy = (luma[:, 1:, :] - luma[:, :-1, :]).reshape(n, -1)
+    colour -= colour.mean(axis=(2, 3), keepdims=True)  # each channel's: a tint or brightness is no layout
+    return _unit_rows(colour), _unit_rows(np.concatenate([dx, dy], axis=1))
+
+
+def _match(wholes: Descriptor, windows_: Descriptor) -> np.ndarray:
+    """(m,) best window agreement of m whole-image descriptors with one image's windows."""
+    colour = wholes[0] @ windows_[0].T
+    edges = wholes[1] @ windows_[1].T
+    return np.minimum(colour, edges).max(axis=1)
+
+
+def copy_similarity(a: Descriptor, b: Descriptor) -> float:
+    """Copy similarity of two images' `thumbnails` (either one may be the crop of the other)."""
+    whole = lambda d: (d[0][:1], d[1][:1])  # noqa: E731
+    return float(max(_match(whole(a), b)[0], _match(whole(b), a)[0]))
+
+
+def pair_similarities(a: np.ndarray, b: np.ndarray, pairs: np.ndarray, check: CopyCheck) -> np.ndarray:
+    """`copy_similarity` of the work images a[i] and b[j] for each row (i, j) of `pairs`. Each image's
+    windows are computed once for all its pairs and then dropped: memory is the whole-image thumbnails of
+    the images in `pairs` plus one image's windows."""
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    out = np.full(len(pairs), -1.0, np.float32)
+    if not len(pairs):
+        return out
+    wholes = []  # per side: (the images used, their whole-image rows per part)
+    for side, images in enumerate((a, b)):
+        used = np.unique(pairs[:, side])
+        rows = [thumbnails(images[i], check, whole_only=True) for i in used.tolist()]
+        wholes.append((used, tuple(np.concatenate([r[p] for r in rows]) for p in range(2))))
+    for side, images in enumerate((a, b)):
+        col = pairs[:, side]
+        used, rows = wholes[1 - side]
+        order = np.argsort(col, kind="stable")
+        for group in np.split(order, np.flatnonzero(np.diff(col[order])) + 1):
+            at = np.searchsorted(used, pairs[group, 1 - side])
+            found = _match((rows[0][at], rows[1][at]), thumbnails(images[col[group[0]]], check))
+            out[group] = np.maximum(out[group], found)
+    return out
