@@ -34,7 +34,8 @@ from pathlib import Path
 
 import pandas as pd
 
-THRESHOLDS = (0.80, 0.85, 0.90, 0.92, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99, 0.995, 0.999)
+THRESHOLDS = (0.90, 0.95, 0.98, 0.99, 0.999)  # CLIP cosine, matching on CLIP features alone
+COPY_THRESHOLDS = (0.7, 0.75, 0.8, 0.85, 0.9, 0.95)  # copy similarity of CLIP candidates (cosine >= 0.9)
 
 
 def hype(*args: str) -> None:
@@ -83,17 +84,30 @@ def main() -> None:
         chosen += eval_images(sorted(glob.glob(f"{folder}/test/*.tar")))[: args.per_task]
     truth = pd.DataFrame(write_copies(chosen, copies))
     run = out / "run"
-    hype("score", "--pool", f"{world / 'pool' / 'shards'}::{copies.parent}", "--meru", str(meru), "--clip",
-         str(clip), "--out", str(run), "--decontaminate", str(world / "eval"), "decontam.threshold=-1",
-         "--no-progress", "embed.decode=threads", "reference.n_top=200", "reference.m=200")  # fmt: skip
-    table = measure(run, truth)
+    pool = f"{world / 'pool' / 'shards'}::{copies.parent}"
+    common = ["--pool", pool, "--meru", str(meru), "--clip", str(clip), "--out", str(run), "--decontaminate",
+              str(world / "eval"), "--no-progress", "embed.decode=threads", "reference.n_top=200",
+              "reference.m=200"]  # fmt: skip
+    tables = []
+    # CLIP alone: every pool sample's nearest image of every task. Then the copy check on the default
+    # candidates (the 3 nearest of each task at cosine >= 0.9), every checked candidate's best recorded.
+    for mode, extra, thresholds, column in (
+        ("CLIP only", ["--no-copy-check", "decontam.threshold=-1"], THRESHOLDS, "similarity"),
+        ("CLIP + copy check", ["--copy-threshold", "-1"], COPY_THRESHOLDS, "copy_similarity"),
+    ):
+        t0 = time.perf_counter()
+        hype("score", *common, *extra)
+        seconds = json.loads((run / "decontam" / "matches.json").read_text())["seconds"]
+        print(f"{mode}: matches in {seconds:.0f} s (score call {time.perf_counter() - t0:.0f} s)")
+        tables.append(measure(run, truth, thresholds, column).assign(mode=mode))
+    table = pd.concat(tables, ignore_index=True)
     print(table.to_string(index=False))
     (out / "decontam.json").write_text(json.dumps(table.to_dict(orient="records"), indent=1))
     print(f"({time.perf_counter() - started:.0f} s; CLIP {clip})")
 
 
-def measure(run: Path, truth: pd.DataFrame) -> pd.DataFrame:
-    """Recall per kind and false positives on the clean samples, per threshold."""
+def measure(run: Path, truth: pd.DataFrame, thresholds: tuple, column: str) -> pd.DataFrame:
+    """Recall per kind and false positives on the clean samples, per threshold on `column` of the matches."""
     from hype.scoring.stage_decontam import task_name
 
     m = pd.read_parquet(run / "decontam" / "matches.parquet")
@@ -101,15 +115,15 @@ def measure(run: Path, truth: pd.DataFrame) -> pd.DataFrame:
     truth = truth.assign(task=[task_name(str(Path(s).parent.parent)) for s in truth.eval_shard])
     own = m.merge(truth, on=["uid", "task"], suffixes=("", "_src"))  # each copy's match in its source's task
     own["source"] = (own.eval_key == own.eval_key_src) & (own.eval_shard == own.eval_shard_src)
-    clean = m[~m.uid.isin(truth.uid)].groupby("uid").similarity.max()
+    clean = m[~m.uid.isin(truth.uid)].groupby("uid")[column].max()
     n_clean = int((~scores.uid.isin(truth.uid)).sum())
     rows = []
-    for t in THRESHOLDS:
+    for t in thresholds:
         row = {"threshold": t}
         for kind, group in truth.groupby("kind"):
-            hit = own[(own.kind == kind) & (own.similarity >= t)]
+            hit = own[(own.kind == kind) & (own[column] >= t)]
             row[f"recall_{kind}"] = round(hit.uid.nunique() / len(group), 4)
-        found = own[own.similarity >= t]
+        found = own[own[column] >= t]
         row["source_found"] = round(float(found.source.mean()), 4) if len(found) else None
         row["false_positives"] = int((clean >= t).sum())
         row["clean_samples"] = n_clean

@@ -4,11 +4,10 @@ images (exact, JPEG re-encoded, resized, cropped by 10%: `hype.synth.contaminate
 
 The world and the scorers are the score tests' (tests/test_score_support.py): the synthetic world's real
 images, tiny randomly initialised MERU and CLIP. A random CLIP's image features of unrelated synthetic
-scenes are nearly collinear (41 of the 50 clean samples have an evaluation image at cosine >= 0.98), so
-this test checks that every copy is found (recall 1.0 >= 0.99 at cosine 0.98, with a stated
-false-positive count on the clean samples that says more about the random model than about the method)
-and that exact copies are found with no false positive at 0.99999. bench/decontam.py measures recall and
-false positives with the demo's trained CLIP, which sets the default threshold.
+scenes are nearly collinear (41 of the 50 clean samples have an evaluation image at cosine >= 0.98): CLIP
+alone flags them (`--no-copy-check`), the pixel copy check (the default) rejects all but 1 and keeps every
+copy (recall 1.0 >= 0.99). A new copy threshold redoes the matches only. bench/decontam.py measures
+recall and false positives with the demo's trained CLIP, which sets the default thresholds.
 """
 
 from __future__ import annotations
@@ -214,3 +213,22 @@ def test_eval_sets_of_a_task_folder_a_webdataset_folder_and_bad_folders(contamin
     (tmp_path / "wds_x_test" / "test").mkdir(parents=True)
     with pytest.raises(DecontamError, match="no .tar shards"):
         eval_sets(str(tmp_path))
+
+
+def test_matches_written_before_the_copy_check_still_read(tmp_path):
+    """A run decontaminated on CLIP features alone by an older hype has no copy_similarity column: the
+    filter and the report still read it (copy similarity null)."""
+    import pyarrow as pa
+
+    from hype.scoring.decontam import MATCH_SCHEMA, marker_path, matches_path, read_matches
+
+    old = pa.schema([f for f in MATCH_SCHEMA if f.name != "copy_similarity"])
+    row = {"uid": "0" * 32, "shard": "p.tar", "key": "k", "task": "t", "eval_shard": "e.tar", "eval_key": "e"}
+    matches_path(tmp_path).parent.mkdir()
+    pq.write_table(
+        pa.table({**{k: [v] for k, v in row.items()}, "similarity": [0.97]}, old), matches_path(tmp_path)
+    )
+    marker_path(tmp_path).write_text(json.dumps({"threshold": 0.95}))
+    found = read_matches(tmp_path, 0.96)
+    assert found.table.num_rows == 1 and found.table.column("copy_similarity").null_count == 1
+    assert read_matches(tmp_path, 0.98).table.num_rows == 0

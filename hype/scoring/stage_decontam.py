@@ -9,10 +9,17 @@ evaluation image. Files: `hype.scoring.decontam`.
    `.cls` optional) -> `RUN_DIR/decontam_eval/<id>.parquet`.
 3. `find_matches` (driver): per task a flat inner-product faiss index of the L2-normalised features (on
    the GPUs where faiss-gpu is installed); the pool's CLIP image features are streamed one shard at a
-   time and searched against each task (k = 1): a sample whose nearest image of a task has cosine >=
-   `decontam.threshold` is a match -> `RUN_DIR/decontam/matches.parquet` + marker `matches.json`, keyed on
-   the pool's embeddings, the evaluation shards' embeddings (their file identity and the CLIP model),
-   the tasks and the threshold. Memory: the evaluation features and one pool shard.
+   time and searched against each task. With the copy check (default), a pool sample's
+   `decontam.candidates` nearest images of a task at cosine >= `decontam.threshold` are candidates: the
+   shard's tar is read once for the candidates' images and `hype.scoring.copydetect` compares their pixels
+   with the evaluation images' (decoded once, before the pool, into 64 x 64 RGB work images); the
+   candidate of highest copy similarity is a match when that is >= `decontam.copy_threshold`. Without
+   it (`--no-copy-check`), the nearest image at cosine >= the threshold is the match.
+   -> `RUN_DIR/decontam/matches.parquet` + marker `matches.json`, keyed on the pool's embeddings, the
+   evaluation shards' embeddings (their file identity and the CLIP model), the tasks, the thresholds and
+   the copy check's settings. Memory: the evaluation features (4 x d bytes an image), the evaluation work
+   images (12,288 bytes an image: 43 MB for the 3,500 images of the synthetic world, ~1.2 GB per 100,000
+   evaluation images), one pool shard's features and candidates' work images, one image's windows.
 """
 
 from __future__ import annotations
