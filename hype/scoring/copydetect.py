@@ -84,10 +84,11 @@ def _area_weights(lo: float, hi: float, out: int) -> np.ndarray:
 
 @lru_cache(maxsize=16)
 def _window_weights(check: CopyCheck, size: int, whole_only: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, columns) resampling weights of every window: (n, size, WORK_SIDE), (n, WORK_SIDE, size)."""
     boxes = windows(check)[:1] if whole_only else windows(check)
-    wx = np.stack([_area_weights(b[0], b[2], size) for b in boxes]).astype(np.float32)
     wy = np.stack([_area_weights(b[1], b[3], size) for b in boxes]).astype(np.float32)
-    return wx, wy
+    wx = np.stack([_area_weights(b[0], b[2], size).T for b in boxes]).astype(np.float32)
+    return wy, np.ascontiguousarray(wx)
 
 
 def work_image(data: bytes) -> np.ndarray:
@@ -98,33 +99,36 @@ def work_image(data: bytes) -> np.ndarray:
 
 
 def _resample(image: np.ndarray, check: CopyCheck, size: int, whole_only: bool) -> np.ndarray:
-    """(windows, channels, size, size): every window of a (WORK_SIDE, WORK_SIDE, channels) image."""
-    wx, wy = _window_weights(check, size, whole_only)
-    n, c = wx.shape[0], image.shape[2]
-    rows = wy @ image.reshape(WORK_SIDE, WORK_SIDE * c)  # (n, size, WORK_SIDE * c)
-    rows = rows.reshape(n, size, WORK_SIDE, c).transpose(0, 3, 1, 2).reshape(n, c * size, WORK_SIDE)
-    return (rows @ wx.transpose(0, 2, 1)).reshape(n, c, size, size)
+    """(windows, size, channels, size): every window of a (WORK_SIDE, WORK_SIDE, channels) image, as two
+    batched products (rows, then columns) on channel-major rows, so that no reshape copies."""
+    wy, wx = _window_weights(check, size, whole_only)
+    c = image.shape[2]
+    planes = np.ascontiguousarray(image.transpose(0, 2, 1)).reshape(WORK_SIDE, c * WORK_SIDE)
+    rows = (wy @ planes).reshape(len(wy), size * c, WORK_SIDE)  # (n, size * c, WORK_SIDE), a view
+    return (rows @ wx).reshape(len(wy), size, c, size)
 
 
 def _unit_rows(x: np.ndarray) -> np.ndarray:
     """Rows with their mean removed, scaled to unit norm; a row with (almost) no variation stays zero: a
     flat image has no layout to compare and matches nothing."""
-    x = x.reshape(len(x), -1)
-    x = x - x.mean(axis=1, keepdims=True)
+    x = x.reshape(len(x), -1).astype(np.float32)  # a copy: the caller's array is left alone
+    x -= x.mean(axis=1, keepdims=True)
     norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return np.where(norms > 1e-2, x / np.maximum(norms, 1e-12), 0.0).astype(np.float32)
+    x /= np.maximum(norms, 1e-12)
+    x[norms[:, 0] <= 1e-2] = 0.0
+    return x
 
 
 def thumbnails(work: np.ndarray, check: CopyCheck, whole_only: bool = False) -> Descriptor:
     """The (colour, edge) thumbnail rows of a work image's windows (row 0: the whole image; `whole_only`:
     that row alone)."""
     rgb = work.astype(np.float32) / 255.0
-    colour = _resample(rgb, check, check.colour_size, whole_only)
-    luma = _resample((rgb @ LUMA)[:, :, None], check, check.edge_size, whole_only)[:, 0]
+    colour = _resample(rgb, check, check.colour_size, whole_only)  # (n, size, 3, size)
+    luma = _resample((rgb @ LUMA)[:, :, None], check, check.edge_size, whole_only)[:, :, 0]
     n = len(luma)
     dx = (luma[:, :, 1:] - luma[:, :, :-1]).reshape(n, -1)
     dy = (luma[:, 1:, :] - luma[:, :-1, :]).reshape(n, -1)
-    colour -= colour.mean(axis=(2, 3), keepdims=True)  # each channel's: a tint or brightness is no layout
+    colour -= colour.mean(axis=(1, 3), keepdims=True)  # each channel's: a tint or brightness is no layout
     return _unit_rows(colour), _unit_rows(np.concatenate([dx, dy], axis=1))
 
 
