@@ -71,6 +71,7 @@ def _decontam_matches(run, world, df) -> None:
         "eval_shard": [i[0] for i in images],
         "eval_key": [i[1] for i in images],
         "similarity": [0.99, 0.98, 0.97],
+        "copy_similarity": [0.99, 0.95, 0.9],
     }
     (run / "decontam").mkdir()
     pq.write_table(pa.table(cols, MATCH_SCHEMA), run / "decontam" / "matches.parquet")
@@ -103,6 +104,7 @@ def test_page_is_self_contained_and_escapes_untrusted_text(report):
     gallery = report["info"]["gallery"]
     assert report["info"]["thumbnails"]["shown"] == 60 + gallery  # 2 metrics x 5 buckets x 6, the gallery
     assert report["info"]["decontam_thumbnails"]["shown"] == 6  # 3 matches: pool and evaluation image
+    assert "cos 0.9900 · copy 0.990" in page and "cos 0.9700 · copy 0.900" in page  # both similarities
     assert page.count("src='data:image/jpeg;base64,") == 60 + gallery + 6
     assert "<script" not in page.lower() and "onerror=" not in page.replace("onerror=&quot;", "")
     assert "&lt;script&gt;document.title=&#x27;pwned&#x27;" in page

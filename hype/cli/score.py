@@ -80,9 +80,22 @@ class _Warnings(logging.Handler):
 @click.option(
     "--decontaminate",
     metavar="EVAL_DIR",
-    help="Flag pool images within decontam.threshold (cosine of the CLIP image features) of an evaluation "
-    "image: EVAL_DIR holds the wds_<task>_test folders, or is one webdataset folder. Output: "
-    "RUN_DIR/decontam/matches.parquet; `hype select --filter decontaminate` drops them.",
+    help="Flag pool images that are copies of an evaluation image: CLIP nearest neighbours at cosine >= "
+    "decontam.threshold, verified from pixels (--copy-threshold). EVAL_DIR holds the wds_<task>_test "
+    "folders, or is one webdataset folder. Output: RUN_DIR/decontam/matches.parquet; `hype select --filter "
+    "decontaminate` drops them.",
+)
+@click.option(
+    "--copy-check/--no-copy-check",
+    default=None,
+    help="With --decontaminate: verify CLIP candidates with the pixel copy check (exact, re-encoded, "
+    "resized, <=15%-cropped copies) [default: on]; off: the CLIP nearest neighbour alone decides.",
+)
+@click.option(
+    "--copy-threshold",
+    type=float,
+    metavar="SIM",
+    help="With --decontaminate: copy similarity at or above which a candidate is a copy [default: 0.85].",
 )
 @click.option("--device", metavar="cpu|cuda", help="Device of the models [default: auto].")
 @click.option("--batch-size", type=int, help="Samples per forward pass [default: 256].")
@@ -128,6 +141,8 @@ def score(
     centroids,
     metadata,
     decontaminate,
+    copy_check,
+    copy_threshold,
     device,
     batch_size,
     hinge,
@@ -208,6 +223,8 @@ OPTION_KEYS = {
     "centroids": "clusters.centroids",
     "metadata": "metadata.dir",
     "decontaminate": "decontam.eval_dir",
+    "copy_check": "decontam.copy_check",
+    "copy_threshold": "decontam.copy_threshold",
     "device": "device",
     "batch_size": "batch_size",
     "hinge": "specificity.hinge",

@@ -35,6 +35,7 @@ class Pair:
     task: str
     uid: str
     similarity: float
+    copy_similarity: float | None  # None: matched on CLIP features alone
     pool: Thumb
     eval: Thumb
 
@@ -48,10 +49,11 @@ def matches_section(run_dir: str | PathLike, pool: str | None = None, per_task: 
     pairs: list[Pair] = []
     shown: dict[str, int] = {}
     columns = (t.column(c).to_pylist() for c in t.column_names)
-    for uid, shard, key, task, eshard, ekey, sim in zip(*columns, strict=True):
+    for uid, shard, key, task, eshard, ekey, sim, copy in zip(*columns, strict=True):
         if shown.get(task, 0) < per_task:  # sorted by task, then similarity descending
             shown[task] = shown.get(task, 0) + 1
-            pairs.append(Pair(task, uid, sim, Thumb(shard, key), Thumb(eshard, ekey)))
+            copy = None if copy is None or copy != copy else copy  # NaN: no copy check
+            pairs.append(Pair(task, uid, sim, copy, Thumb(shard, key), Thumb(eshard, ekey)))
     counts = attach_thumbnails([p.pool for p in pairs], run_dir, pool)
     eval_counts = attach_thumbnails([p.eval for p in pairs], run_dir)
     return render_section(pairs, found.marker, found.per_task()), {
@@ -73,7 +75,9 @@ def render_section(pairs: list[Pair], marker: dict, per_task: dict[str, int]) ->
             f"<div class='pair'><div class='two'>{_img(p.pool, 'pool sample ' + p.uid)}"
             f"{_img(p.eval, 'evaluation image ' + p.eval.key)}</div>"
             f"<div class='muted'>cos {p.similarity:.4f}"
-            f" · <span class='mono'>{e(p.uid)}</span> ~ <span class='mono'>{e(p.eval.key)}</span></div></div>"
+            + ("" if p.copy_similarity is None else f" · copy {p.copy_similarity:.3f}")
+            + f" · <span class='mono'>{e(p.uid)}</span> ~ "
+            f"<span class='mono'>{e(p.eval.key)}</span></div></div>"
         )
     grids = "".join(
         f"<h3>{e(task)}</h3><div class='pairs'>{''.join(items)}</div>" for task, items in by_task.items()
@@ -82,7 +86,13 @@ def render_section(pairs: list[Pair], marker: dict, per_task: dict[str, int]) ->
         f"<style>{CSS}</style><h2>Evaluation-set matches (decontamination)</h2>"
         "<p class='muted'>Pool samples whose CLIP image feature has cosine ≥ "
         f"{fmt(marker.get('threshold'), 4)} "
-        f"with an image of an evaluation task ({e(marker.get('eval_dir', ''))}): "
+        f"with an image of an evaluation task ({e(marker.get('eval_dir', ''))})"
+        + (
+            f" and whose pixels are a copy of it (copy similarity ≥ {fmt(check.get('threshold'), 3)})"
+            if (check := marker.get("copy_check"))
+            else ""
+        )
+        + ": "
         f"{int(marker.get('flagged_samples', 0)):,} of {int(marker.get('pool_samples', 0)):,} samples. "
         "<span class='mono'>hype select --filter decontaminate</span> drops them. Left: pool; right: "
         "evaluation image.</p>"

@@ -137,17 +137,25 @@ class MetadataConfig:
 
 @dataclass(frozen=True)
 class DecontamConfig:
-    """--decontaminate: flag pool samples whose CLIP image feature is within `threshold` (cosine) of an
-    evaluation image (`hype.scoring.stage_decontam`)."""
+    """--decontaminate: flag pool samples whose image is a copy of an evaluation image
+    (`hype.scoring.stage_decontam`): the `candidates` CLIP nearest neighbours of each task at cosine >=
+    `threshold` are checked from pixels (`hype.scoring.copydetect`) and a copy similarity >= `copy_threshold`
+    is a match; with `copy_check` off, the nearest image at cosine >= `threshold` is (DataComp's way)."""
 
     eval_dir: str | None = (
         None  # --decontaminate EVAL_DIR: the DataComp task folders, or one webdataset folder
     )
-    threshold: float = 0.95  # record matches with cosine >= this (the decontaminate filter may only raise it)
+    threshold: float = 0.9  # CLIP cosine of a candidate (the decontaminate filter may only raise it)
+    candidates: int = 3  # nearest evaluation images per task and pool sample checked by the copy check
+    copy_check: bool = True  # --copy-check/--no-copy-check: verify candidates from pixels
+    copy_threshold: float = 0.85  # --copy-threshold: copy similarity at or above which a candidate is a copy
 
     def __post_init__(self) -> None:
         if not -1.0 <= self.threshold <= 1.0:
             raise ConfigError("threshold", f"a cosine similarity in [-1, 1]; got {self.threshold}")
+        if not -1.0 <= self.copy_threshold <= 1.0:
+            raise ConfigError("copy_threshold", f"a copy similarity in [-1, 1]; got {self.copy_threshold}")
+        at_least(self, 1, "candidates")
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,14 @@
                                                          evaluation image has cosine >= the threshold
 
 A row of matches.parquet: `uid`, `shard` and `key` of the pool sample, `task`, `eval_shard` and `eval_key`
-of the nearest evaluation image of that task, and `similarity` (cosine of the L2-normalised CLIP image
-features). The marker matches.json records the threshold, the evaluation sets (images per task), the
-counts per task and the fingerprint (the pool's embeddings, the evaluation shards' embeddings, the tasks,
-the threshold).
+of the matched evaluation image of that task, `similarity` (cosine of the L2-normalised CLIP image
+features) and `copy_similarity` (the pixel copy check's, `hype.scoring.copydetect`; NaN when the run
+matched on CLIP features only). With the copy check the matched image is the candidate (one of the
+`decontam.candidates` nearest at cosine >= the threshold) with the highest copy similarity, kept when that
+is >= `decontam.copy_threshold`; without it, the nearest image at cosine >= the threshold. The marker
+matches.json records the thresholds and the copy check's settings, the evaluation sets (images per task),
+the counts per task and the fingerprint (the pool's embeddings, the evaluation shards' embeddings, the
+tasks, the thresholds, the copy check's settings).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from hype.io.storage import AnyPath
 
 MATCHES_DIR = "decontam"
 EVAL_STAGE = "decontam_eval"  # the per-shard stage embedding the evaluation images
-MATCH_COLUMNS = ("uid", "shard", "key", "task", "eval_shard", "eval_key", "similarity")
+MATCH_COLUMNS = ("uid", "shard", "key", "task", "eval_shard", "eval_key", "similarity", "copy_similarity")
 MATCH_SCHEMA = pa.schema(
     [
         ("uid", pa.string()),
@@ -36,6 +40,7 @@ MATCH_SCHEMA = pa.schema(
         ("eval_shard", pa.string()),
         ("eval_key", pa.string()),
         ("similarity", pa.float32()),
+        ("copy_similarity", pa.float32()),
     ]
 )
 
@@ -89,7 +94,10 @@ def read_matches(run_dir: str | PathLike | AnyPath, threshold: float | None = No
             f"{path}: matches were recorded at cosine >= {recorded}; threshold {threshold} needs a rescore "
             f"with `hype score ... --decontaminate EVAL_DIR decontam.threshold={threshold}`"
         )
-    table = read_parquet(path, columns=list(MATCH_COLUMNS))
+    table = read_parquet(path)
+    if "copy_similarity" not in table.column_names:  # written before the copy check: CLIP only
+        table = table.append_column("copy_similarity", pa.nulls(table.num_rows, pa.float32()))
+    table = table.select(list(MATCH_COLUMNS))
     sims = table.column("similarity").to_numpy(zero_copy_only=False)
     table = table.filter(pa.array(sims >= threshold))
     return Matches(table, float(threshold), recorded, marker)

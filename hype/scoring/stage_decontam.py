@@ -9,24 +9,34 @@ evaluation image. Files: `hype.scoring.decontam`.
    `.cls` optional) -> `RUN_DIR/decontam_eval/<id>.parquet`.
 3. `find_matches` (driver): per task a flat inner-product faiss index of the L2-normalised features (on
    the GPUs where faiss-gpu is installed); the pool's CLIP image features are streamed one shard at a
-   time and searched against each task (k = 1): a sample whose nearest image of a task has cosine >=
-   `decontam.threshold` is a match -> `RUN_DIR/decontam/matches.parquet` + marker `matches.json`, keyed on
-   the pool's embeddings, the evaluation shards' embeddings (their file identity and the CLIP model),
-   the tasks and the threshold. Memory: the evaluation features and one pool shard.
+   time and searched against each task. With the copy check (default), a pool sample's
+   `decontam.candidates` nearest images of a task at cosine >= `decontam.threshold` are candidates: the
+   shard's tar is read once for the candidates' images and `hype.scoring.copydetect` compares their pixels
+   with the evaluation images' (decoded once, before the pool, into 64 x 64 RGB work images); the
+   candidate of highest copy similarity is a match when that is >= `decontam.copy_threshold`. Without
+   it (`--no-copy-check`), the nearest image at cosine >= the threshold is the match.
+   -> `RUN_DIR/decontam/matches.parquet` + marker `matches.json`, keyed on the pool's embeddings, the
+   evaluation shards' embeddings (their file identity and the CLIP model), the tasks, the thresholds and
+   the copy check's settings. Memory: the evaluation features (4 x d bytes an image), the evaluation work
+   images (12,288 bytes an image: 43 MB for the 3,500 images of the synthetic world, ~1.2 GB per 100,000
+   evaluation images), one pool shard's features and candidates' work images, one image's windows.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from hype.data.imageprep import ImageError
+from hype.data.samples import SkipStats, iter_tar_samples
 from hype.io import read_parquet, storage
 from hype.scoring import embed_format
+from hype.scoring.copydetect import WORK_SIDE, CopyCheck, pair_similarities, work_image
 from hype.scoring.decontam import (
     EVAL_STAGE,
     MATCH_SCHEMA,
@@ -35,7 +45,15 @@ from hype.scoring.decontam import (
     matches_path,
 )
 from hype.scoring.embed import ClassEmbedStage
-from hype.scoring.rundir import RunDir, ShardTask, atomic_write_json, completed, fingerprint, write_parquet
+from hype.scoring.rundir import (
+    RunDir,
+    ShardTask,
+    atomic_write_json,
+    completed,
+    fingerprint,
+    make_tasks,
+    write_parquet,
+)
 
 SEARCH_ROWS = 1 << 15  # pool rows per faiss search call (bounds the distance block)
 
@@ -93,7 +111,6 @@ class EvalEmbedStage(ClassEmbedStage):
 
 def decontaminate(state: Any, pool: Any) -> dict | None:
     """The decontamination step of a `hype score` run (`hype.scoring.runner`), or None when not asked for."""
-    from hype.scoring.rundir import make_tasks
     from hype.scoring.runner import ScoreError
 
     dc = state.cfg.decontam
@@ -111,6 +128,7 @@ def decontaminate(state: Any, pool: Any) -> dict | None:
     stats = state.map(stage, tasks)
     state.check_failures(EVAL_STAGE, state.plan)
     parts = [(task_of[t.path], t) for t in tasks]
+    search = search_of(dc)
     fp = fingerprint(
         {
             "pool": pool.fingerprint,
@@ -118,6 +136,7 @@ def decontaminate(state: Any, pool: Any) -> dict | None:
                 (task, t.path, s["output"]["digest"]) for (task, t), s in zip(parts, stats, strict=True)
             ],
             "threshold": dc.threshold,
+            "search": search.describe(),
         }
     )
     skipped = sum(int((s.get("counts") or {}).get("skipped", 0)) for s in stats)
@@ -125,7 +144,7 @@ def decontaminate(state: Any, pool: Any) -> dict | None:
         info = state.timed(
             "decontam",
             lambda: find_matches(
-                state.run, pool.tasks, parts, dc.threshold, pool.dims["clip"], fp, eval_dir=dc.eval_dir
+                state.run, pool.tasks, parts, search, pool.dims["clip"], fp, eval_dir=dc.eval_dir
             ),
         )
     except DecontamError as e:
@@ -133,19 +152,26 @@ def decontaminate(state: Any, pool: Any) -> dict | None:
     return info | {"eval_skipped": skipped}
 
 
+def search_of(dc: Any) -> Search:
+    """The `Search` of a `DecontamConfig`."""
+    check = CopyCheck(threshold=dc.copy_threshold) if dc.copy_check else None
+    return Search(dc.threshold, dc.candidates, check)
+
+
 def find_matches(
     run: RunDir,
     pool_tasks: list[ShardTask],
     eval_parts: list[tuple[str, ShardTask]],
-    threshold: float,
+    search: Search,
     width: int,
     fp: str,
     *,
     eval_dir: str = "",
     progress: Callable[[int], None] | None = None,
 ) -> dict:
-    """Search every pool sample's CLIP image feature against each task's evaluation images; write the
-    matches at cosine >= `threshold` and their marker; return the marker (reused when `fp` matches)."""
+    """Search every pool sample's CLIP image feature against each task's evaluation images; with a copy
+    check, verify the candidates from pixels; write the matches and their marker; return the marker
+    (reused when `fp` matches)."""
     marker, out = marker_path(run.root), matches_path(run.root)
     done = completed(marker, fp, out)
     if done is not None:
@@ -153,34 +179,22 @@ def find_matches(
     started = time.perf_counter()
     indexes = _task_indexes(run, eval_parts, width)
     gpu = _use_gpu()
-    cols: dict[str, list] = {name: [] for name in MATCH_SCHEMA.names}
+    check = search.check
+    evals = _EvalImages(indexes, {p.path: p.source for _, p in eval_parts}) if check is not None else None
+    found = _Found()
     pool_rows = 0
     for task in pool_tasks:
         t = read_parquet(run.shard_output("embed", task), columns=["uid", "key", "clip_img"])
         x = normalise(embed_format.fixed_list_to_numpy(t.column("clip_img")))
         pool_rows += len(x)
-        if not len(x):
-            continue
-        for name, (index, shards, keys) in indexes.items():
-            sims, ids = _search(index, x)
-            rows = np.flatnonzero(sims >= threshold)
-            if not len(rows):
-                continue
-            cols["uid"] += t.column("uid").take(pa.array(rows)).to_pylist()
-            cols["shard"] += [task.path] * len(rows)
-            cols["key"] += t.column("key").take(pa.array(rows)).to_pylist()
-            cols["task"] += [name] * len(rows)
-            cols["eval_shard"] += [shards[i] for i in ids[rows]]
-            cols["eval_key"] += [keys[i] for i in ids[rows]]
-            cols["similarity"].append(sims[rows])
+        if len(x):
+            cands = _candidates(indexes, x, search)
+            if evals is not None:
+                cands = _verify(cands, task, t.column("key").to_pylist(), evals, check, found)
+            found.add(task, t, cands, indexes)
         if progress is not None:
             progress(len(x))
-    sims = np.concatenate(cols["similarity"]) if cols["similarity"] else np.zeros(0, np.float32)
-    table = pa.table(
-        {**{k: v for k, v in cols.items() if k != "similarity"}, "similarity": sims}, MATCH_SCHEMA
-    )
-    if table.num_rows:  # strongest matches first within each task
-        table = table.sort_by([("task", "ascending"), ("similarity", "descending"), ("uid", "ascending")])
+    table = found.table()
     output = write_parquet(out, table)
     per_task = dict.fromkeys(indexes, 0)
     for name in table.column("task").to_pylist():
@@ -188,8 +202,9 @@ def find_matches(
     info = {
         "fingerprint": fp,
         "eval_dir": eval_dir,
-        "threshold": threshold,
+        "threshold": search.threshold,
         "similarity": "cosine of the L2-normalised CLIP image features; the nearest image of each task",
+        **search.describe(),
         "pool_samples": pool_rows,
         "flagged_samples": len(set(table.column("uid").to_pylist())),
         "tasks": {
@@ -200,8 +215,159 @@ def find_matches(
         "output": output,
         "seconds": round(time.perf_counter() - started, 4),
     }
+    if evals is not None:
+        info["copy_check"] |= {
+            "candidates_checked": found.checked,
+            "pool_images_unreadable": found.unreadable,
+            "eval_images_unreadable": evals.unreadable,
+            "eval_thumbnail_bytes": evals.nbytes,
+        }
     atomic_write_json(marker, info)
     return info
+
+
+@dataclass(frozen=True)
+class Search:
+    """How pool samples are matched: CLIP nearest neighbours at cosine >= `threshold`; with `check`, the
+    `candidates` nearest of each task are candidates and the pixel copy check decides."""
+
+    threshold: float
+    candidates: int = 1
+    check: CopyCheck | None = None
+
+    @property
+    def k(self) -> int:
+        return self.candidates if self.check is not None else 1
+
+    def describe(self) -> dict:
+        if self.check is None:
+            return {"copy_check": None}
+        return {"candidates": self.candidates, "copy_check": self.check.settings()}
+
+
+@dataclass
+class _Cands:
+    """Candidate pairs of one pool shard, one entry per pair: the pool row, the task (its position among
+    the task indexes), the row in that task's index, the cosine, the copy similarity (NaN until checked)."""
+
+    row: np.ndarray
+    task: np.ndarray
+    eval_row: np.ndarray
+    cosine: np.ndarray
+    copy: np.ndarray
+
+    def take(self, keep: np.ndarray) -> _Cands:
+        return _Cands(*(getattr(self, f.name)[keep] for f in fields(self)))
+
+
+def _candidates(indexes: dict[str, tuple], x: np.ndarray, search: Search) -> _Cands:
+    """The `search.k` nearest images of each task at cosine >= the threshold, of every row of `x`."""
+    parts = []
+    for n, (index, _, _) in enumerate(indexes.values()):
+        sims, ids = _search(index, x, min(search.k, index.ntotal))
+        r, j = np.nonzero((sims >= search.threshold) & (ids >= 0))
+        parts.append((r, np.full(len(r), n), ids[r, j], sims[r, j]))
+    row, task, eval_row, cosine = (np.concatenate(c) for c in zip(*parts, strict=True))
+    nan = np.full(len(row), np.nan, np.float32)
+    return _Cands(row, task, eval_row.astype(np.int64), cosine.astype(np.float32), nan)
+
+
+def _verify(
+    cands: _Cands, task: ShardTask, keys: list[str], evals: _EvalImages, check: CopyCheck, found: _Found
+) -> _Cands:
+    """Of each (pool row, task)'s candidates the one of highest copy similarity, when that is >= the
+    check's threshold. The shard's tar is read once, for the candidates' images only."""
+    if not len(cands.row):
+        return cands
+    images, unreadable = _work_images(task.source, {keys[r] for r in np.unique(cands.row).tolist()})
+    found.unreadable += unreadable
+    slot = {key: i for i, key in enumerate(images)}
+    pool_slot = np.array([slot.get(keys[r], -1) for r in cands.row.tolist()], dtype=np.int64)
+    cands = cands.take(pool_slot >= 0)  # an unreadable image matches nothing
+    if not len(cands.row):
+        return cands
+    pairs = np.stack([pool_slot[pool_slot >= 0], evals.offsets[cands.task] + cands.eval_row], axis=1)
+    cands.copy = pair_similarities(np.stack(list(images.values())), evals.works, pairs, check)
+    found.checked += len(pairs)
+    order = np.lexsort((-cands.copy, cands.task, cands.row))
+    row, tsk = cands.row[order], cands.task[order]
+    first = np.r_[True, (row[1:] != row[:-1]) | (tsk[1:] != tsk[:-1])]
+    best = order[first]
+    return cands.take(best[cands.copy[best] >= check.threshold])
+
+
+def _work_images(tar: str, keys: set[str]) -> tuple[dict[str, np.ndarray], int]:
+    """{key: work image} of the samples `keys` of one tar (read once, in file order), and how many of them
+    could not be decoded (they match nothing)."""
+    out = {}
+    for sample in iter_tar_samples(tar, SkipStats()):
+        data = sample.image_bytes() if sample.key in keys else None
+        if data is not None:
+            try:
+                out[sample.key] = work_image(data)
+            except ImageError:
+                pass
+    return out, len(keys - set(out))
+
+
+class _EvalImages:
+    """Every evaluation image as a work image (held once: images x WORK_SIDE^2 x 3 bytes), row-aligned
+    with the task indexes."""
+
+    def __init__(self, indexes: dict[str, tuple], sources: dict[str, str]):
+        offsets: list[int] = []  # first row of each task
+        works: list[np.ndarray] = []
+        self.unreadable = 0
+        for _, shards, keys in indexes.values():
+            offsets.append(len(works))
+            by_shard: dict[str, list[str]] = {}
+            for shard, key in zip(shards, keys, strict=True):
+                by_shard.setdefault(shard, []).append(key)
+            images = {}
+            for shard, wanted in by_shard.items():
+                got, bad = _work_images(sources[shard], set(wanted))
+                self.unreadable += bad
+                images.update({(shard, k): v for k, v in got.items()})
+            blank = np.zeros((WORK_SIDE, WORK_SIDE, 3), np.uint8)  # a flat image matches nothing
+            works += [images.get((s, k), blank) for s, k in zip(shards, keys, strict=True)]
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+        self.works = np.stack(works) if works else np.zeros((0, WORK_SIDE, WORK_SIDE, 3), np.uint8)
+        self.nbytes = int(self.works.nbytes)
+
+
+class _Found:
+    """The matches of all pool shards, collected as columns."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list] = {name: [] for name in MATCH_SCHEMA.names}
+        self.checked = 0
+        self.unreadable = 0
+
+    def add(self, task: ShardTask, t: pa.Table, cands: _Cands, indexes: dict[str, tuple]) -> None:
+        if not len(cands.row):
+            return
+        rows, names = pa.array(cands.row), list(indexes)
+        picked = [(names[n], j) for n, j in zip(cands.task.tolist(), cands.eval_row.tolist(), strict=True)]
+        self.cols["uid"] += t.column("uid").take(rows).to_pylist()
+        self.cols["shard"] += [task.path] * len(cands.row)
+        self.cols["key"] += t.column("key").take(rows).to_pylist()
+        self.cols["task"] += [name for name, _ in picked]
+        self.cols["eval_shard"] += [indexes[name][1][j] for name, j in picked]
+        self.cols["eval_key"] += [indexes[name][2][j] for name, j in picked]
+        self.cols["similarity"].append(cands.cosine)
+        self.cols["copy_similarity"].append(cands.copy)
+
+    def table(self) -> pa.Table:
+        cols = {}
+        for name in MATCH_SCHEMA.names:
+            v = self.cols[name]
+            if name in ("similarity", "copy_similarity"):
+                v = np.concatenate(v) if v else np.zeros(0, np.float32)
+            cols[name] = v
+        table = pa.table(cols, MATCH_SCHEMA)
+        if table.num_rows:  # strongest matches first within each task
+            table = table.sort_by([("task", "ascending"), ("similarity", "descending"), ("uid", "ascending")])
+        return table
 
 
 def normalise(x: np.ndarray) -> np.ndarray:
@@ -255,11 +421,12 @@ def _flat_ip(x: np.ndarray):
     return index
 
 
-def _search(index, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(cosine, row) of the nearest indexed image of every row of `x`, in blocks of `SEARCH_ROWS`."""
-    sims = np.empty(len(x), np.float32)
-    ids = np.empty(len(x), np.int64)
+def _search(index, x: np.ndarray, k: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """(n, k) cosines and rows of the `k` nearest indexed images of every row of `x`, nearest first, in
+    blocks of `SEARCH_ROWS`."""
+    sims = np.empty((len(x), k), np.float32)
+    ids = np.empty((len(x), k), np.int64)
     for start in range(0, len(x), SEARCH_ROWS):
-        d, i = index.search(x[start : start + SEARCH_ROWS], 1)
-        sims[start : start + len(d)], ids[start : start + len(d)] = d[:, 0], i[:, 0]
+        d, i = index.search(x[start : start + SEARCH_ROWS], k)
+        sims[start : start + len(d)], ids[start : start + len(d)] = d, i
     return sims, ids

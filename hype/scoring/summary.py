@@ -191,9 +191,11 @@ def format_summary(s: dict) -> str:
         lines.append("  c_IN        off (no --class-features/--class-images): 0 for every sample")
     dc = s.get("decontam")
     if dc:
+        check = dc.get("copy_check")
+        verified = f", copies by pixels (>= {check['threshold']})" if check else ""
         lines.append(
-            f"  decontam    {dc['flagged_samples']:,} samples within cosine {dc['threshold']} of an image of "
-            f"{len(dc['tasks'])} evaluation task(s) -> {s['run_dir']}/decontam/matches.parquet"
+            f"  decontam    {dc['flagged_samples']:,} samples within cosine {dc['threshold']}{verified} "
+            f"of an image of {len(dc['tasks'])} evaluation task(s) -> {s['run_dir']}/decontam/matches.parquet"
         )
     parts = []
     for name, m in s["stages"].items():

@@ -1,0 +1,169 @@
+"""Copy detection from pixels: is one image a (re-encoded, resized, slightly cropped) copy of another? The
+verification step of `hype score --decontaminate` (`hype.scoring.stage_decontam`): the CLIP nearest
+neighbours are candidates, this decides. NumPy and Pillow only.
+
+An image is kept as a `WORK_SIDE` x `WORK_SIDE` RGB uint8 "work image" (12 KiB) and described, for the
+whole image and for windows covering `scales` of each side at `steps` x `steps` offsets, by two
+thumbnails, each with its mean removed and unit L2 norm:
+    colour  RGB intensities at `colour_size` px: which colours are where;
+    edges   the horizontal and vertical differences of the luminance at `edge_size` px: where the edges
+            are (a smooth background, a gradient or a flat colour, has none: it no longer dominates).
+Two thumbnails' normalised cross-correlation (NCC) is their dot product. The copy similarity of two
+images is, over the windows of either image matched against the other's whole image (so a pool image that
+is a crop of an evaluation image and one that contains it are both found), the best window's lower NCC
+of the two parts: a copy must agree in colour layout and in edges at once.
+
+Why it is robust: thumbnails average away JPEG's block and chroma noise (the edges use the luminance,
+which JPEG keeps at full resolution) and any resampling filter; resizing the whole image changes nothing at
+that scale; a crop keeping s of each side at offset o is matched by the window of the nearest scale and
+offset. Why it separates: different scenes with the same colours and background (the hard case of
+bench/decontam.py: synthetic scenes drawn from one small grammar, which a small CLIP cannot tell apart)
+have objects of other shapes, sizes or places, so their edge maps correlate far less than a copy's do.
+It is not robust to flips, rotations, crops of more than ~15% of a side or overlays: those are not the
+copies it was built for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+
+import numpy as np
+from PIL import Image
+
+from hype.data.imageprep import decode_rgb
+
+WORK_SIDE = 64  # an image is kept as this square RGB uint8 (12 KiB) until its pairs are checked
+LUMA = np.array([0.299, 0.587, 0.114], np.float32)  # ITU-R BT.601, JPEG's luminance
+
+Descriptor = tuple[np.ndarray, np.ndarray]  # (colour rows, edge rows), row 0 the whole image
+
+
+@dataclass(frozen=True)
+class CopyCheck:
+    """Settings of the pixel check (recorded in the matches' fingerprint)."""
+
+    colour_size: int = 16  # colour thumbnail side in pixels
+    edge_size: int = 24  # edge thumbnail side in pixels
+    scales: tuple[float, ...] = (0.95, 0.9, 0.85)  # window side / image side, besides the whole image
+    steps: int = 7  # window offsets per axis per scale
+    threshold: float = 0.85  # copy similarity at or above which a candidate is a copy
+
+    def __post_init__(self) -> None:
+        for name in ("colour_size", "edge_size"):
+            if not 4 <= getattr(self, name) <= WORK_SIDE // 2:
+                raise ValueError(
+                    f"copy check {name} {getattr(self, name)}: thumbnail size 4 to {WORK_SIDE // 2} pixels"
+                )
+        if not all(0.5 <= s < 1.0 for s in self.scales) or self.steps < 1:
+            raise ValueError(
+                f"copy check windows {self.scales} x {self.steps}: scales in [0.5, 1), steps >= 1"
+            )
+
+    def settings(self) -> dict:
+        return asdict(self) | {"work_side": WORK_SIDE, "descriptor": "RGB + luminance-gradient NCC, min"}
+
+
+def windows(check: CopyCheck) -> np.ndarray:
+    """(n, 4) boxes (x0, y0, x1, y1) as fractions of the side; row 0 is the whole image."""
+    boxes = [(0.0, 0.0, 1.0, 1.0)]
+    for s in check.scales:
+        offsets = np.linspace(0.0, 1.0 - s, check.steps) if check.steps > 1 else [(1.0 - s) / 2]
+        boxes += [(x, y, x + s, y + s) for y in offsets for x in offsets]
+    return np.asarray(boxes, dtype=np.float64)
+
+
+def _area_weights(lo: float, hi: float, out: int) -> np.ndarray:
+    """(out, WORK_SIDE): output pixel i averages the input over [lo, hi] split in `out` equal parts (area
+    resampling: exact overlap lengths, so a sub-pixel shift of the window is a smooth change)."""
+    edges = (lo + (hi - lo) * np.arange(out + 1) / out) * WORK_SIDE
+    j = np.arange(WORK_SIDE)
+    overlap = np.clip(np.minimum(edges[1:, None], j + 1) - np.maximum(edges[:-1, None], j), 0.0, None)
+    return overlap / overlap.sum(axis=1, keepdims=True)
+
+
+@lru_cache(maxsize=16)
+def _window_weights(check: CopyCheck, size: int, whole_only: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, columns) resampling weights of every window: (n, size, WORK_SIDE), (n, WORK_SIDE, size)."""
+    boxes = windows(check)[:1] if whole_only else windows(check)
+    wy = np.stack([_area_weights(b[1], b[3], size) for b in boxes]).astype(np.float32)
+    wx = np.stack([_area_weights(b[0], b[2], size).T for b in boxes]).astype(np.float32)
+    return wy, np.ascontiguousarray(wx)
+
+
+def work_image(data: bytes) -> np.ndarray:
+    """An encoded image as (WORK_SIDE, WORK_SIDE, 3) uint8; raises `ImageError` (the project's decoder and
+    its pixel limit) for a file that cannot be decoded."""
+    img, _ = decode_rgb(data, draft_size=WORK_SIDE)
+    return np.asarray(img.resize((WORK_SIDE, WORK_SIDE), Image.Resampling.BOX), dtype=np.uint8)
+
+
+def _resample(image: np.ndarray, check: CopyCheck, size: int, whole_only: bool) -> np.ndarray:
+    """(windows, size, channels, size): every window of a (WORK_SIDE, WORK_SIDE, channels) image, as two
+    batched products (rows, then columns) on channel-major rows, so that no reshape copies."""
+    wy, wx = _window_weights(check, size, whole_only)
+    c = image.shape[2]
+    planes = np.ascontiguousarray(image.transpose(0, 2, 1)).reshape(WORK_SIDE, c * WORK_SIDE)
+    rows = (wy @ planes).reshape(len(wy), size * c, WORK_SIDE)  # (n, size * c, WORK_SIDE), a view
+    return (rows @ wx).reshape(len(wy), size, c, size)
+
+
+def _unit_rows(x: np.ndarray) -> np.ndarray:
+    """Rows with their mean removed, scaled to unit norm; a row with (almost) no variation stays zero: a
+    flat image has no layout to compare and matches nothing."""
+    x = x.reshape(len(x), -1).astype(np.float32)  # a copy: the caller's array is left alone
+    x -= x.mean(axis=1, keepdims=True)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    x /= np.maximum(norms, 1e-12)
+    x[norms[:, 0] <= 1e-2] = 0.0
+    return x
+
+
+def thumbnails(work: np.ndarray, check: CopyCheck, whole_only: bool = False) -> Descriptor:
+    """The (colour, edge) thumbnail rows of a work image's windows (row 0: the whole image; `whole_only`:
+    that row alone)."""
+    rgb = work.astype(np.float32) / 255.0
+    colour = _resample(rgb, check, check.colour_size, whole_only)  # (n, size, 3, size)
+    luma = _resample((rgb @ LUMA)[:, :, None], check, check.edge_size, whole_only)[:, :, 0]
+    n = len(luma)
+    dx = (luma[:, :, 1:] - luma[:, :, :-1]).reshape(n, -1)
+    dy = (luma[:, 1:, :] - luma[:, :-1, :]).reshape(n, -1)
+    colour -= colour.mean(axis=(1, 3), keepdims=True)  # each channel's: a tint or brightness is no layout
+    return _unit_rows(colour), _unit_rows(np.concatenate([dx, dy], axis=1))
+
+
+def _match(wholes: Descriptor, windows_: Descriptor) -> np.ndarray:
+    """(m,) best window agreement of m whole-image descriptors with one image's windows."""
+    colour = wholes[0] @ windows_[0].T
+    edges = wholes[1] @ windows_[1].T
+    return np.minimum(colour, edges).max(axis=1)
+
+
+def copy_similarity(a: Descriptor, b: Descriptor) -> float:
+    """Copy similarity of two images' `thumbnails` (either one may be the crop of the other)."""
+    whole = lambda d: (d[0][:1], d[1][:1])  # noqa: E731
+    return float(max(_match(whole(a), b)[0], _match(whole(b), a)[0]))
+
+
+def pair_similarities(a: np.ndarray, b: np.ndarray, pairs: np.ndarray, check: CopyCheck) -> np.ndarray:
+    """`copy_similarity` of the work images a[i] and b[j] for each row (i, j) of `pairs`. Each image's
+    windows are computed once for all its pairs and then dropped: memory is the whole-image thumbnails of
+    the images in `pairs` plus one image's windows."""
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    out = np.full(len(pairs), -1.0, np.float32)
+    if not len(pairs):
+        return out
+    wholes = []  # per side: (the images used, their whole-image rows per part)
+    for side, images in enumerate((a, b)):
+        used = np.unique(pairs[:, side])
+        rows = [thumbnails(images[i], check, whole_only=True) for i in used.tolist()]
+        wholes.append((used, tuple(np.concatenate([r[p] for r in rows]) for p in range(2))))
+    for side, images in enumerate((a, b)):
+        col = pairs[:, side]
+        used, rows = wholes[1 - side]
+        order = np.argsort(col, kind="stable")
+        for group in np.split(order, np.flatnonzero(np.diff(col[order])) + 1):
+            at = np.searchsorted(used, pairs[group, 1 - side])
+            found = _match((rows[0][at], rows[1][at]), thumbnails(images[col[group[0]]], check))
+            out[group] = np.maximum(out[group], found)
+    return out
