@@ -29,7 +29,7 @@ histograms (within ~0.2%), so nothing here holds more than select's own memory.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -172,6 +172,47 @@ class Wanted:
         return rows, splitmix64(hi[rows] ^ splitmix64(lo[rows] ^ splitmix64(seed)))
 
 
+class Tally:
+    """Per term, how many dropped rows it is the decisive term, the main term and (with the pool's
+    histograms of the terms) the main deficit of; the last slot counts the rows none is."""
+
+    def __init__(self, decider: Decider, pool_stats: Mapping[str, RunningStats] | None):
+        self.decider = decider
+        have = pool_stats is not None and all(m in pool_stats for m in decider.terms)
+        self.pcts = Percentiles(decider, pool_stats) if have else None  # type: ignore[arg-type]
+        self.n = len(decider.terms)
+        self.decisive, self.main, self.deficit = (np.zeros(self.n + 1, dtype=np.int64) for _ in range(3))
+
+    def add(self, batch: Batch, dropped: np.ndarray, score: np.ndarray, hi, lo, cut: Cut) -> None:
+        contrib = self.decider.contributions(batch)[:, dropped]
+        pairs = (hi[dropped], lo[dropped]) if hi is not None else (None, None)
+        dec, main = self.decider.decide_dropped(self.decider.swapped(contrib), score[dropped], *pairs, cut)
+        self._count(self.decisive, dec)
+        self._count(self.main, main)
+        if self.pcts is not None:
+            values = np.stack([batch.raw(m)[dropped] for m in self.decider.terms])
+            cpct = self.pcts.of_contributions(self.pcts.of_values(values))
+            self._count(self.deficit, self.pcts.deficits(contrib, cpct))
+
+    def _count(self, counts: np.ndarray, index: np.ndarray) -> None:
+        counts += np.bincount(np.where(index < 0, self.n, index), minlength=self.n + 1)
+
+    def counts(self) -> dict:
+        terms = self.decider.terms
+        out: dict = {
+            "medians": self.decider.medians,
+            "decisive": dict(zip([*terms, NONE_ALONE], map(int, self.decisive), strict=True)),
+            "main": dict(zip([*terms, "none"], map(int, self.main), strict=True)),
+        }
+        if self.pcts is not None:
+            out["deficit"] = dict(zip([*terms, "none"], map(int, self.deficit), strict=True))
+            out["deficit_definition"] = (
+                "of the terms below their pool median, the one whose contribution has the lowest pool "
+                "percentile (the main deficit)"
+            )
+        return out
+
+
 @dataclass
 class PassResult:
     rows: list[dict] = field(default_factory=list)
@@ -189,13 +230,16 @@ def cut_pass(
     *,
     wanted: Wanted | None = None,
     audits: Sequence = (),
+    pool_stats: Mapping[str, RunningStats] | None = None,
     workers: int = 2,
     progress: bool = True,
 ) -> PassResult:
-    """One streaming pass over the table after a selection: count the decisive term of every dropped row,
-    feed the audits, and collect the rows `wanted` (with the columns of every term and mask)."""
+    """One streaming pass over the table after a selection: count the decisive, main term and (given the
+    terms' `pool_stats`, histograms included) main deficit of every dropped row, feed the audits, and
+    collect the rows `wanted` (with the columns of every term and mask)."""
     decider = Decider(ranker, medians) if ranker.terms() else None
     terms = decider.terms if decider else []
+    tally = Tally(decider, pool_stats) if decider is not None else None
     need_uid = wanted is not None or cut.uid is not None
     cols = [
         *(["uid"] if need_uid else []),
@@ -207,9 +251,6 @@ def cut_pass(
         cols += [c for m in masks for c in m.columns()]
         cols += list(wanted.extra)
     cols = list(dict.fromkeys(cols))
-    n_terms = len(terms)
-    decisive_counts = np.zeros(n_terms + 1, dtype=np.int64)  # last slot: none alone
-    main_counts = np.zeros(n_terms + 1, dtype=np.int64)
     dropped_eligible = removed = kept_rows = 0
     best: tuple[float, int, int] | None = None  # the first dropped row: max score, then min uid
     cands: list[tuple[int, dict]] = []
@@ -232,15 +273,8 @@ def cut_pass(
             cand = (top, int(hi[j]), int(lo[j]))
             if best is None or cand[0] > best[0] or (cand[0] == best[0] and cand[1:] < best[1:]):
                 best = cand
-        contrib = None
-        if decider is not None and dropped.any():
-            contrib = decider.contributions(batch)
-            sub = contrib[:, dropped]
-            swapped = decider.swapped(sub)
-            pairs = (hi[dropped], lo[dropped]) if hi is not None else (None, None)
-            dec, main = decider.decide_dropped(swapped, score[dropped], *pairs, cut)
-            decisive_counts += np.bincount(np.where(dec < 0, n_terms, dec), minlength=n_terms + 1)
-            main_counts += np.bincount(np.where(main < 0, n_terms, main), minlength=n_terms + 1)
+        if tally is not None and dropped.any():
+            tally.add(batch, dropped, score, hi, lo, cut)
         for a in audits:
             a.add(batch, kept)
         if wanted is not None:
@@ -257,13 +291,10 @@ def cut_pass(
         "dropped_rows": dropped_eligible,
         "removed_by_filters": removed,
     }
-    if decider is None:
+    if tally is None:
         decisions["note"] = f"rule {ranker.name!r} is not a sum of per-metric terms: no per-term attribution"
     else:
-        names = [*terms, NONE_ALONE]
-        decisions["medians"] = decider.medians
-        decisions["decisive"] = {k: int(v) for k, v in zip(names, decisive_counts, strict=True)}
-        decisions["main"] = {k: int(v) for k, v in zip([*terms, "none"], main_counts, strict=True)}
+        decisions.update(tally.counts())
     return PassResult(rows=[c[1] for c in cands], decisions=decisions, first_dropped=best)
 
 
@@ -336,46 +367,88 @@ def explain_rows(
 ) -> list[dict]:
     """Per row: each term's value, pool percentile, contribution, its median's; the decisive term."""
     out = []
-    # The pool's midranks per term, once: each costs a pass over its histogram's ~64k key bins.
-    midranks = {m: pool_stats[m].hist.midranks() for m in (decider.terms if decider and rows else [])}
-    directions = {m: _direction(decider, m, pool_stats[m]) for m in midranks}
+    pcts = Percentiles(decider, pool_stats) if decider is not None and rows else None
     for r in rows:
-        hi = np.array([r["_pair"][0]], dtype=np.uint64)
-        lo = np.array([r["_pair"][1]], dtype=np.uint64)
         row = {k: v for k, v in r.items() if k not in ("_pair", "values")}
         terms: dict = {}
         decisive = main = deficit = None
-        if decider is not None:
-            values = [np.array([r["values"][m]], np.float32) for m in decider.terms]
-            parts = [decider.rule.contribution(m, v) for m, v in zip(decider.terms, values, strict=True)]
-            contrib = np.array(parts)
-            swapped = decider.swapped(contrib)
-            for t, m in enumerate(decider.terms):
-                h = pool_stats[m].hist
-                pct = float(midranks[m][h.bins(np.array([r["values"][m]]))][0]) * 100
-                terms[m] = {
-                    "value": r["values"][m],
-                    "percentile": round(pct, 2),
-                    "contribution_percentile": round(_contribution_percentile(pct, directions[m]), 2),
-                    "contribution": float(contrib[t, 0]),
-                    "median": decider.medians[m],
-                    "median_contribution": decider.at_median[m],
-                    "score_at_median": float(swapped[t, 0]),
-                }
-            if r["eligible"]:
-                score = np.array([r["score"]])
-                if r["kept"]:
-                    d, mm = decider.decide_kept(swapped, score, hi, lo, first_dropped, cut)
-                else:
-                    d, mm = decider.decide_dropped(swapped, score, hi, lo, cut)
-                decisive = decider.name(int(d[0]))
-                main = decider.terms[int(mm[0])] if mm[0] >= 0 else None
-                deficit = main_deficit(terms)
+        if decider is not None and pcts is not None:
+            terms, (decisive, main, deficit) = _explain_terms(r, decider, pcts, cut, first_dropped)
         if not r["eligible"]:
             decisive = "filter:" + (r["removed_by"][0] if r["removed_by"] else "?")
         row.update({"terms": terms, "decisive": decisive, "main": main, "deficit": deficit})
         out.append(row)
     return out
+
+
+def _explain_terms(r: dict, decider: Decider, pcts: Percentiles, cut: Cut, first_dropped) -> tuple:
+    """One explained row's per-term table and its (decisive, main, deficit) when it is eligible."""
+    hi = np.array([r["_pair"][0]], dtype=np.uint64)
+    lo = np.array([r["_pair"][1]], dtype=np.uint64)
+    values = np.array([[r["values"][m]] for m in decider.terms], dtype=np.float32)
+    contrib = np.array([decider.rule.contribution(m, v) for m, v in zip(decider.terms, values, strict=True)])
+    swapped = decider.swapped(contrib)
+    pct = pcts.of_values(values)
+    cpct = pcts.of_contributions(pct)
+    terms = {
+        m: {
+            "value": r["values"][m],
+            "percentile": float(pct[t, 0]),
+            "contribution_percentile": float(cpct[t, 0]),
+            "contribution": float(contrib[t, 0]),
+            "median": decider.medians[m],
+            "median_contribution": decider.at_median[m],
+            "score_at_median": float(swapped[t, 0]),
+        }
+        for t, m in enumerate(decider.terms)
+    }
+    if not r["eligible"]:
+        return terms, (None, None, None)
+    score = np.array([r["score"]])
+    if r["kept"]:
+        d, mm = decider.decide_kept(swapped, score, hi, lo, first_dropped, cut)
+    else:
+        d, mm = decider.decide_dropped(swapped, score, hi, lo, cut)
+    main = decider.terms[int(mm[0])] if mm[0] >= 0 else None
+    low = int(pcts.deficits(contrib, cpct)[0])
+    deficit = {"term": decider.terms[low], "percentile": float(cpct[low, 0])} if low >= 0 else None
+    return terms, (decider.name(int(d[0])), main, deficit)
+
+
+class Percentiles:
+    """Pool percentiles of the terms' values and contributions, from the pool's streaming histograms
+    (`RunningStats.hist`, within a bin's relative 2^-9), rounded to 0.01 as `hype explain` prints them;
+    and the main deficit they give."""
+
+    def __init__(self, decider: Decider, pool_stats: Mapping[str, RunningStats]):
+        self.decider = decider
+        self.hists = [pool_stats[m].hist for m in decider.terms]
+        # The pool's midranks per term, once: each costs a pass over its histogram's bins.
+        self.midranks = [h.midranks() for h in self.hists]
+        self.directions = np.array([_direction(decider, m, pool_stats[m]) for m in decider.terms])
+        # ties of percentile and lift go to the first term by name, whatever the rule's order
+        self.name_rank = np.argsort(np.argsort(decider.terms))
+
+    def of_values(self, values: np.ndarray) -> np.ndarray:
+        """(terms, rows) raw values -> their pool percentiles (mid-ranks, 0-100)."""
+        mid = [r[h.bins(v)] for r, h, v in zip(self.midranks, self.hists, values, strict=True)]
+        return np.round(np.array(mid, dtype=np.float64).reshape(values.shape) * 100, 2)
+
+    def of_contributions(self, pct: np.ndarray) -> np.ndarray:
+        """Value percentiles -> contribution percentiles: 100 minus them for a term with a negative weight,
+        50 for a constant term."""
+        d = self.directions[:, None]
+        return np.round(np.where(d > 0, pct, np.where(d < 0, 100 - pct, 50.0)), 2)
+
+    def deficits(self, contrib: np.ndarray, cpct: np.ndarray) -> np.ndarray:
+        """The main deficit per row (term index, -1: no term below its median): of the terms whose pool
+        median would raise the score, the lowest contribution percentile (ties: the larger lift)."""
+        lift = np.array([self.decider.at_median[m] for m in self.decider.terms])[:, None] - contrib
+        below = lift > 0
+        key = np.where(below, cpct, np.inf)
+        names = np.broadcast_to(self.name_rank[:, None], key.shape)
+        first = np.lexsort((names, -lift, key), axis=0)[0]
+        return np.where(below.any(axis=0), first, -1)
 
 
 def _direction(decider: Decider, m: str, stats: RunningStats) -> int:
@@ -386,25 +459,6 @@ def _direction(decider: Decider, m: str, stats: RunningStats) -> int:
         return 0
     c = decider.rule.contribution(m, np.array([lo, hi], dtype=np.float32))
     return int(np.sign(c[1] - c[0]))
-
-
-def _contribution_percentile(value_percentile: float, direction: int) -> float:
-    return value_percentile if direction > 0 else 100 - value_percentile if direction < 0 else 50.0
-
-
-def main_deficit(terms: dict[str, dict]) -> dict | None:
-    """Of the terms whose pool median would raise the row's score, the one whose contribution has the
-    lowest pool percentile (ties: the larger lift), as {"term", "percentile"}; None when no term is below
-    its median."""
-    low = [
-        (t["contribution_percentile"], -(t["median_contribution"] - t["contribution"]), m)
-        for m, t in terms.items()
-        if t["median_contribution"] > t["contribution"]
-    ]
-    if not low:
-        return None
-    pct, _, m = min(low)
-    return {"term": m, "percentile": pct}
 
 
 def format_rows(rows: list[dict], cut: dict, k: int | None, eligible: int) -> str:
@@ -476,7 +530,16 @@ def explain_selection(sel, wanted: Wanted) -> dict:
     cut = _cut(target, watch)
     medians = pool_medians({m: st.to_dict() for m, st in stats.items()})
     done = cut_pass(
-        table, ranker, masks, cut, medians, bits, wanted=wanted, workers=sel.workers, progress=sel.progress
+        table,
+        ranker,
+        masks,
+        cut,
+        medians,
+        bits,
+        wanted=wanted,
+        pool_stats=stats,
+        workers=sel.workers,
+        progress=sel.progress,
     )
     rank_pass(table, ranker, masks, bits, done.rows, workers=sel.workers, progress=sel.progress)
     decider = Decider(ranker, medians) if ranker.terms() else None
@@ -589,9 +652,11 @@ def review_cut(
     req,
     subset: np.ndarray,
     result,
+    pool_stats: Mapping[str, RunningStats] | None = None,
 ) -> dict:
-    """What `hype select` adds to subset.json after a selection, in one more pass: the decisive term of
-    every dropped row (`decisions`) and the audits of the cut (`audit`; the per-domain one reads the
+    """What `hype select` adds to subset.json after a selection, in one more pass: the decisive term, main
+    term and main deficit (from `pool_stats`' histograms of the ranking rule's terms) of every dropped row
+    (`decisions`) and the audits of the cut (`audit`; the per-domain one reads the
     metadata's uid and url columns when the run or `req.metadata` names a metadata folder)."""
     from hype.select.audit import domain_audit, table_audits
     from hype.select.nominal import metadata_dir
@@ -611,6 +676,7 @@ def review_cut(
             pool_medians(pool),
             bits,
             audits=audits,
+            pool_stats=pool_stats,
             workers=req.workers,
             progress=req.progress,
         )

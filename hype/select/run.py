@@ -140,7 +140,10 @@ def select_subset(req: SelectRequest) -> dict:
         table.require(m.columns(), f"filter {m.spec()!r}")
     metrics = table.present_metrics()
     cached = _read_pool_cache(table)
-    pool_stats = {} if cached else {m: RunningStats() for m in metrics}
+    # The ranking rule's terms get their histograms even with the cache (which keeps only quantiles): the
+    # main deficit of each dropped row is its terms' pool percentiles (`review_cut`). Those columns are
+    # read by the rank pass anyway; the histograms cost 2 MB each.
+    pool_stats = {m: RunningStats() for m in (ranker.terms() if cached else metrics)}
     score_stats = RunningStats()
     writer = SubsetWriter(parquet, metrics)
     watch = CutWatcher(writer)  # the last kept row: the cut of `explain.cut_pass`
@@ -215,7 +218,7 @@ def select_subset(req: SelectRequest) -> dict:
         "warnings": warnings,
         "nominal_rows": nominal,
         "fractions": _fractions(result, nominal),
-        **review_cut(table, ranker, masks, target, watch, bits, pool, req, arr, result),
+        **review_cut(table, ranker, masks, target, watch, bits, pool, req, arr, result, pool_stats),
         "passes": [*result.passes, "explain"],
         "seconds": round(time.perf_counter() - start, 3),
         "hype_version": __version__,
