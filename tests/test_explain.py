@@ -247,3 +247,59 @@ def test_the_main_deficit_names_the_lowest_percentile_not_the_widest_term(world,
     assert len(c0) >= 30 and main > 0.9 and deficit < main - 0.2
     text = cli("explain", *args[:-1], "--sample", "3")
     assert "main deficit: " in text and "at pool percentile" in text
+
+
+def brute_force_deficits(df: pd.DataFrame, dropped: np.ndarray, medians: dict, weights: dict) -> dict:
+    """Per term, the dropped rows whose main deficit it is, by brute force: exact pool mid-ranks (pandas
+    ranks, rounded to 0.01 as explain prints them), turned over for a negative weight; of the terms whose
+    median contribution is above the row's, the lowest percentile, then the larger lift, then the name."""
+    n = len(df)
+    pct, lift = {}, {}
+    for m in METRICS:
+        s = df[m].astype(np.float32)
+        below, ties = s.rank(method="min") - 1, s.map(s.value_counts())
+        p = ((below + 0.5 * ties) / n * 100).round(2)
+        pct[m] = (100 - p).round(2) if weights[m] < 0 else p
+        lift[m] = float(np.float32(medians[m])) * weights[m] - s.astype(np.float64) * weights[m]
+    counts = dict.fromkeys([*METRICS, "none"], 0)
+    for i in np.flatnonzero(dropped):
+        low = [(pct[m].iloc[i], -lift[m].iloc[i], m) for m in METRICS if lift[m].iloc[i] > 0]
+        counts[min(low)[2] if low else "none"] += 1
+    return counts
+
+
+def test_subset_json_counts_the_main_deficit_of_every_dropped_row_like_the_brute_force(world, tmp_path):
+    """`decisions.deficit` in subset.json: the main deficit of every dropped row, counted per term, equals
+    the brute-force count, with and without the pool-stats cache (which keeps no histograms) and with a
+    negative and a wide weight; the row-by-row `hype explain` names the same terms."""
+    import pyarrow.parquet as pq
+
+    from hype.table.keys import KeyHistogram
+    from hype.table.stats import HIST_BITS
+
+    df = world["df"].copy()
+    for m in METRICS:  # on a 2^-8 grid, so that no two values share a histogram bin: exact percentiles
+        df[m] = (np.round(df[m].astype(np.float64) * 256) / 256).astype(np.float32)
+        values = np.unique(df[m].to_numpy())
+        assert len(np.unique(KeyHistogram(HIST_BITS).bins(values))) == len(values) >= 2
+    run = write_scores(df, tmp_path / "run", parts=3, row_group_size=97)
+    plain = dict.fromkeys(METRICS, 1.0)
+    turned = {**plain, "eps_t": 100.0, "c_in": -1.0}
+    for i, weights in enumerate([plain, turned, plain]):  # the 2nd and 3rd read the pool-stats cache
+        out = tmp_path / f"s{i}.npy"
+        arg = ",".join(f"{m}={w:g}" for m, w in weights.items())
+        cli("select", "--scores", str(run), "--frac", "0.2", "--weights", arg, "--out", str(out))
+        assert list((run / "select_cache").glob("pool-stats-*.json"))
+        summary = json.loads(out.with_suffix(".json").read_text())
+        medians = {m: summary["metrics"][m]["pool"]["quantiles"]["p50"] for m in METRICS}
+        kept = set(pq.read_table(out.with_suffix(".parquet")).column("uid").to_pylist())
+        dropped = ~df["uid"].isin(kept).to_numpy()
+        want = brute_force_deficits(df, dropped, medians, weights)
+        assert summary["decisions"]["deficit"] == want and sum(want.values()) == 480
+        assert sum(v > 0 for k, v in want.items() if k != "none") >= 2
+        if i == 1:  # hype explain's row-by-row deficit: the same counts
+            rows = json.loads(
+                cli("explain", "--subset", str(out.with_suffix(".json")), "--sample", "600", "--json")
+            )
+            named = [r["deficit"]["term"] if r["deficit"] else "none" for r in rows["rows"]]
+            assert {k: named.count(k) for k in want} == want
