@@ -242,7 +242,9 @@ def test_a_missing_bucket_is_named(report, s3):
 def test_the_selection_cut_offs_gallery_and_audits(report):
     """With a subset whose subset.json records the selection: each term's cut-off is where a sample with
     the other terms at their pool medians reaches the cut score; the gallery shows dropped samples only,
-    grouped by the decisive term `hype explain` gives them; the audits are drawn as bars, flags in red."""
+    grouped by the main deficit `hype explain` gives them (one group per term, at most --gallery each, every
+    one a term select counted as the main deficit of dropped rows); the audits are drawn as bars, flags in
+    red."""
     from hype.select.explain import Wanted, explain_selection, request_from_summary
 
     page = report["out"].read_text()
@@ -263,7 +265,7 @@ def test_the_selection_cut_offs_gallery_and_audits(report):
 
     kept = set(pq.read_table(report["root"] / "subset.parquet").column("uid").to_pylist())
     figures = re.findall(
-        r"<figure class='dropped' data-decisive='([^']*)'><img src='[^']*' alt='sample (\w+)'", page
+        r"<figure class='dropped' data-deficit='([^']*)'><img src='[^']*' alt='sample (\w+)'", page
     )
     assert len(figures) == info["gallery"] > 0 and not {u for _, u in figures} & kept
     req = request_from_summary(summary, str(report["run"]))
@@ -271,13 +273,15 @@ def test_the_selection_cut_offs_gallery_and_audits(report):
 
     uids = np.unique(np.array([uid_to_pair(u) for _, u in figures], dtype="u8,u8"))
     again = explain_selection(SelectRequest(out="x.npy", progress=False, **req), Wanted(uids=uids))
-    decisive = {r["uid"]: r["decisive"] for r in again["rows"]}
-    assert all(decisive[u] == d for d, u in figures)
-    for d in {d for d, _ in figures}:
-        assert (
-            sum(1 for x, _ in figures if x == d) <= 6 * (1 + len(METRICS))
-            and summary["decisions"]["decisive"][d]
-        )
+    deficit = {r["uid"]: (r["deficit"] or {}).get("term", "none") for r in again["rows"]}
+    assert all(deficit[u] == d for d, u in figures)
+    groups = [d for i, (d, _) in enumerate(figures) if i == 0 or figures[i - 1][0] != d]
+    assert len(groups) == len(set(groups)) >= 2  # each term's samples together, under its heading
+    assert "<h3>Dropped samples by main deficit</h3>" in page
+    assert page.count("<h4>main deficit: ") == len(set(groups) - {"none"})
+    for d in groups:
+        assert sum(1 for x, _ in figures if x == d) <= 6 and summary["decisions"]["deficit"][d] > 0
+    assert "<th>main deficit of</th>" in page
 
     assert "data-audit='size'" in page and "data-audit='language'" in page
     small = summary["audit"]["size"]["groups"]["< 64 px"]
@@ -297,13 +301,14 @@ def test_chromium_draws_the_selection(report, tmp_path):
     assert res.exit_code == 0, res.output
     gallery = report["info"]["gallery"]
     assert (
-        f"selection: 1 cut-off lines, {gallery} dropped samples by decisive term, audits included"
+        f"selection: 1 cut-off lines, {gallery} dropped samples by main deficit, audits included"
         in res.output
     )
     dom = chromium("--dump-dom", out.as_uri(), tmp=tmp_path / "profile-dom").stdout
     assert "<title>HYPE report</title>" in dom and not re.search(r"<body[^>]*data-pwned", dom)
     assert dom.count('class="cutoff"') >= 1 and dom.count('class="bar flagged"') >= 1
-    assert dom.count('<figure class="dropped"') == gallery
+    assert dom.count('<figure class="dropped"') == dom.count("data-deficit=") == gallery
+    assert "Dropped samples by main deficit" in dom
     png = tmp_path / "selection.png"
     chromium(
         f"--screenshot={png}",

@@ -34,8 +34,8 @@ import click
     default=6,
     show_default=True,
     type=int,
-    help="Dropped samples shown per decisive term (the selection subset.json records, redone on the "
-    "scores); 0: no gallery.",
+    help="Dropped samples shown per main deficit (the term below its pool median at the lowest pool "
+    "percentile; the selection subset.json records, redone on the scores); 0: no gallery.",
 )
 @click.option("--bins", default=40, show_default=True, type=int, help="Histogram bins per metric.")
 @click.option("--workers", default=2, show_default=True, type=int, help="Threads reading Parquet.")
@@ -55,7 +55,7 @@ def report(
 ) -> None:
     """Write one self-contained HTML page: metric histograms of pool vs subset, their correlations,
     thumbnails per 20% percentile bucket of eps_i and eps_t, and the run's and the selection's summaries;
-    with --subset, each term's cut-off, dropped samples by decisive term and the audits of the cut.
+    with --subset, each term's cut-off, dropped samples by main deficit and the audits of the cut.
     No script, no external resource: open it anywhere, attach it to a review."""
     from hype.cli import lock_output
     from hype.report import write_report
@@ -97,7 +97,7 @@ def report(
     if subset:
         cut = sum(v is not None for v in info["cutoffs"].values())
         lines.append(
-            f"  selection: {cut} cut-off lines, {info['gallery']} dropped samples by decisive term, audits "
+            f"  selection: {cut} cut-off lines, {info['gallery']} dropped samples by main deficit, audits "
             + ("included" if info["audit"] else "none (select with --audit)")
         )
     click.echo("\n".join(lines))

@@ -3,7 +3,7 @@
 Histograms per metric for pool vs subset (HYPE App. A), the metrics' correlation matrix, thumbnail grids
 per 20% percentile bucket of ε_i and ε_t (HYPE Fig. 3), and the run's and the selection's summaries.
 Given a subset whose subset.json records its selection: each term's cut-off on its histogram, a gallery
-of dropped samples per decisive term and the audits of the cut (`hype.report.selection`).
+of dropped samples per main deficit and the audits of the cut (`hype.report.selection`).
 """
 
 from __future__ import annotations

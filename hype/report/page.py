@@ -17,7 +17,7 @@ import numpy as np
 
 from hype import __version__
 from hype.report.collect import BUCKETS, ReportData
-from hype.report.selection import SelectionView
+from hype.report.selection import NO_DEFICIT, SelectionView
 
 POOL_COLOUR = "#d62728"  # HYPE App. A: the unfiltered pool in red, HYPE's subset in green
 SUBSET_COLOUR = "#2ca02c"
@@ -415,16 +415,21 @@ def _decisions(view: SelectionView) -> str:
         f"{d.get('kept_rows', 0):,} samples (score ≥ {e(fmt(cut, 6))}); of the {d.get('dropped_rows', 0):,} "
         "eligible samples it drops, the <b>decisive term</b> is the one whose change to its pool median "
         "alone would keep the sample (<i>none alone</i>: no single term would), the <b>main term</b> the one "
-        "that holds it down the most. The black line on each histogram above is that term's cut-off: the "
+        "that holds it down the most (in score units), the <b>main deficit</b> the term below its pool "
+        "median on which the sample sits lowest in the pool (the lowest percentile of its contribution). "
+        "The black line on each histogram above is that term's cut-off: the "
         "value at which a sample with every other term at its pool median reaches the cut.</p>"
     )
     if "decisive" not in d:
         return head + f"<p class='muted'>{e(d.get('note', 'no per-term attribution'))}</p>"
-    rows = ["<tr><th class='l'>term</th><th>decisive for</th><th>main term of</th></tr>"]
-    main = d.get("main", {})
+    rows = [
+        "<tr><th class='l'>term</th><th>decisive for</th><th>main term of</th><th>main deficit of</th></tr>"
+    ]
+    main, deficit = d.get("main", {}), d.get("deficit", {})
     for term, n in d["decisive"].items():
         m = f"{main.get(term, 0):,}" if term != NONE_ALONE_LABEL else "–"
-        rows.append(f"<tr><td class='l'>{_term_name(term)}</td><td>{n:,}</td><td>{m}</td></tr>")
+        low = f"{deficit[term]:,}" if term in deficit else "–"
+        rows.append(f"<tr><td class='l'>{_term_name(term)}</td><td>{n:,}</td><td>{m}</td><td>{low}</td></tr>")
     return head + f"<table class='decisions'>{''.join(rows)}</table>"
 
 
@@ -433,17 +438,16 @@ NONE_ALONE_LABEL = "none alone"
 
 def _gallery(view: SelectionView) -> str:
     out = [
-        "<h3>Dropped samples by decisive term</h3><p class='muted'>A fixed pseudo-random sample of the "
-        "dropped samples, grouped by decisive term (and, for <i>none alone</i>, by main term), with the "
-        "five values.</p>"
+        "<h3>Dropped samples by main deficit</h3><p class='muted'>A fixed pseudo-random sample of the "
+        "dropped samples, grouped by main deficit (the term below its pool median at the lowest pool "
+        "percentile; at a tight cut no single term is decisive for most), with the five values.</p>"
     ]
-    order = sorted(view.gallery, key=lambda k: (k[0] == NONE_ALONE_LABEL, k[0], k[1] or ""))
-    for decisive, main in order:
-        title = f"decisive: {_term_name(decisive)}"
-        if main is not None or decisive == NONE_ALONE_LABEL:
-            title = f"none alone · main term {_term_name(main)}"
+    for deficit in sorted(view.gallery, key=lambda k: (k == NO_DEFICIT, k)):
+        title = (
+            f"main deficit: {_term_name(deficit)}" if deficit != NO_DEFICIT else "no term below its median"
+        )
         figs = []
-        for s in view.gallery[(decisive, main)]:
+        for s in view.gallery[deficit]:
             img = (
                 f"<img src='{e(s.image)}' alt='sample {e(s.uid)}'>"
                 if s.image and s.image.startswith("data:image/")
@@ -451,7 +455,7 @@ def _gallery(view: SelectionView) -> str:
             )
             values = " · ".join(f"{PLAIN.get(k, k)} {fmt(v, 3)}" for k, v in s.values.items())
             figs.append(
-                f"<figure class='dropped' data-decisive='{e(decisive)}'>{img}<figcaption>{_caption(s.text)}"
+                f"<figure class='dropped' data-deficit='{e(deficit)}'>{img}<figcaption>{_caption(s.text)}"
                 f"<br><span class='v'>{e(values)}</span></figcaption></figure>"
             )
         out.append(f"<h4>{title}</h4><div class='gallery'>{''.join(figs)}</div>")

@@ -1,10 +1,12 @@
 """What the report shows about a selection: the cut-off on each term's histogram, a gallery of dropped
-samples per decisive term, and the audits of the cut.
+samples per main deficit, and the audits of the cut.
 
 The selection is the one the subset's `subset.json` records (`hype.select.explain.request_from_summary`),
 redone on the report's scores table by `hype explain`'s streaming passes (`explain_selection`, nothing
-written): its cut score, the decisive and main term of a hashed sample of dropped rows (with their
-shard, key and caption, for the thumbnails) and each term's cut-off value (`term_cutoffs`). The audits
+written): its cut score, the main deficit of a hashed sample of dropped rows (with their shard, key
+and caption, for the thumbnails) and each term's cut-off value (`term_cutoffs`). The gallery groups by
+main deficit, not decisive term: at a tight cut no single term's median keeps a dropped row (`none
+alone` for most), while the term on which a row sits lowest in the pool is nearly always named. The audits
 are read from `subset.json` as `hype select --audit` wrote them.
 """
 
@@ -15,9 +17,9 @@ from dataclasses import dataclass, field
 from os import PathLike
 
 from hype.report.collect import Sample
-from hype.select.explain import NONE_ALONE
 
-SAMPLED_PER_GROUP = 8  # dropped rows sampled per gallery slot: enough for most decisive terms to show
+SAMPLED_PER_GROUP = 8  # dropped rows sampled per gallery slot: enough for most terms to show
+NO_DEFICIT = "none"  # the gallery group of dropped rows with no term below its pool median
 
 
 @dataclass
@@ -25,8 +27,8 @@ class SelectionView:
     cut: dict = field(default_factory=dict)
     cutoffs: dict[str, float | None] = field(default_factory=dict)
     decisions: dict = field(default_factory=dict)
-    # (decisive term, main term or None) -> dropped samples (values: the five terms)
-    gallery: dict[tuple[str, str | None], list[Sample]] = field(default_factory=dict)
+    # main deficit (a term, or NO_DEFICIT) -> dropped samples (values: the five terms)
+    gallery: dict[str, list[Sample]] = field(default_factory=dict)
     audit: dict | None = None
     note: str = ""
 
@@ -63,18 +65,19 @@ def selection_view(
     )
     if per_term:
         for row in out["rows"]:
-            main = row.get("main") if row["decisive"] == NONE_ALONE else None
-            slot = view.gallery.setdefault((row["decisive"], main), [])
+            slot = view.gallery.setdefault((row.get("deficit") or {}).get("term", NO_DEFICIT), [])
             if len(slot) < per_term:
-                extra = row.get("extra") or {}
-                slot.append(
-                    Sample(
-                        uid=row["uid"],
-                        shard=extra.get("shard") or "",
-                        key=extra.get("key") or "",
-                        text=extra.get("text") or "",
-                        values={m: float(extra[m]) for m in metrics},
-                        in_subset=False,
-                    )
-                )
+                slot.append(_sample(row, metrics))
     return view
+
+
+def _sample(row: dict, metrics: list[str]) -> Sample:
+    extra = row.get("extra") or {}
+    return Sample(
+        uid=row["uid"],
+        shard=extra.get("shard") or "",
+        key=extra.get("key") or "",
+        text=extra.get("text") or "",
+        values={m: float(extra[m]) for m in metrics},
+        in_subset=False,
+    )
