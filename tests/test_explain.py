@@ -278,6 +278,13 @@ def test_subset_json_counts_the_main_deficit_of_every_dropped_row_like_the_brute
     from hype.table.stats import HIST_BITS
 
     df = world["df"].copy()
+    # Ties of percentile: cos θ and ε_t hold ε_i's values, a third of them in the same rows (the same
+    # percentile: the lift, then the name decides), the rest shuffled.
+    rng, n = np.random.default_rng(1), len(df)
+    for m in ("cos_theta", "eps_t"):
+        order = np.arange(n)
+        order[order % 3 != 0] = rng.permutation(order[order % 3 != 0])
+        df[m] = df["eps_i"].to_numpy()[order]
     for m in METRICS:  # on a 2^-8 grid, so that no two values share a histogram bin: exact percentiles
         df[m] = (np.round(df[m].astype(np.float64) * 256) / 256).astype(np.float32)
         values = np.unique(df[m].to_numpy())
