@@ -23,7 +23,10 @@ ascending; threshold selections: `score >= T`):
 
 Rows removed by a filter are decided by that filter (`filter:<spec>`). The pool median of a term is the
 `p50` that `subset.json` reports for it (3 significant digits), percentiles come from the same streaming
-histograms (within ~0.2%), so nothing here holds more than select's own memory.
+histograms (within ~0.2%), so nothing here holds more than select's own memory. `subset.json`'s
+`decisions` count, per term, the dropped rows it is the decisive term, the main term and the main deficit
+of (one pass after the selection); select histograms the rule's terms even when it reads the pool's
+statistics from its cache, which keeps only their quantiles.
 """
 
 from __future__ import annotations
