@@ -3,8 +3,8 @@
     python bench/report_screenshots.py --scores RUN --subset SUBSET.npy --out docs/img
 
 RUN: a `hype score` run (the demo's `score` step: `hype run demo --until score`); SUBSET: a `hype select
---audit` subset of it. Each section (the term histograms with the cut-off, the dropped samples by decisive
-term, the audits of the cut) is rendered alone in the report's own page shell (same CSS and escaping,
+--audit` subset of it. Each section (the term histograms with the cut-off, the dropped samples by main
+deficit, the audits of the cut) is rendered alone in the report's own page shell (same CSS and escaping,
 CSP kept) and screenshotted at 1280 px wide, then stored as a palette PNG (at most 150 KB each).
 """
 
