@@ -1,6 +1,7 @@
 """Decontamination recall and false positives per threshold and per kind of copy (README "Decontamination").
 
     python bench/decontam.py [--out /tmp/hype-bench-decontam] [--clip CKPT] [--size 2000] [--per-task 50]
+        [--candidates 3,10,30,100]
 
 On the synthetic world (`hype synth`, the demo's sizes): the pool is the world's pool (clean: no copy of
 an evaluation image) plus, for `--per-task` evaluation images of each of the 7 tasks, one copy of each
@@ -8,9 +9,9 @@ kind (`hype.synth.contaminate`: exact, JPEG re-encoded, resized to 75%, cropped 
 --decontaminate WORLD/eval` calls on one run (the second reuses every stage but the matches):
     CLIP only         `--no-copy-check decontam.threshold=-1`: every pool sample's nearest image of every
                       task; the table's threshold is the cosine;
-    CLIP + copy check `--copy-threshold -1`: the default candidates (the 3 nearest of each task at the
-                      preset's cosine) checked from pixels, the best one recorded; the threshold is the copy
-                      similarity (`hype.scoring.copydetect`).
+    CLIP (k) + copy check  `--copy-threshold -1 decontam.candidates=k`, for each k of `--candidates`:
+                      the k nearest of each task at the preset's cosine checked from pixels, the best one
+                      recorded; the threshold is the copy similarity (`hype.scoring.copydetect`).
 Per threshold: the recall of each kind of copy (a copy counts when it is flagged in its source's task),
 the share of those whose match is the source image itself (`source_found`: the synthetic evaluation sets
 hold near-identical scenes, so a copy may match another one) and the false positives: clean pool samples
@@ -66,6 +67,8 @@ def main() -> None:
     ap.add_argument("--eval-size", type=int, default=500, help="images per evaluation task")
     ap.add_argument("--per-task", type=int, default=50, help="evaluation images copied per task")
     ap.add_argument("--scorer-samples", type=int, default=6400)
+    ap.add_argument("--candidates", type=lambda v: [int(k) for k in v.split(",")], default=[3, 10, 30, 100],
+                    help="candidate counts of the copy check, comma-separated")  # fmt: skip
     args = ap.parse_args()
     out = args.out
     started = time.perf_counter()
@@ -103,17 +106,23 @@ def main() -> None:
               str(world / "eval"), "--no-progress", "embed.decode=threads", "reference.n_top=200",
               "reference.m=200"]  # fmt: skip
     tables = []
-    # CLIP alone: every pool sample's nearest image of every task. Then the copy check on the default
-    # candidates (the 3 nearest of each task at cosine >= 0.9), every checked candidate's best recorded.
-    for mode, extra, thresholds, column in (
-        ("CLIP only", ["--no-copy-check", "decontam.threshold=-1"], THRESHOLDS, "similarity"),
-        ("CLIP + copy check", ["--copy-threshold", "-1"], COPY_THRESHOLDS, "copy_similarity"),
-    ):
+    # CLIP alone: every pool sample's nearest image of every task. Then the copy check on each candidate
+    # count (the k nearest of each task at cosine >= 0.9), every checked candidate's best recorded.
+    arms = [("CLIP only", ["--no-copy-check", "decontam.threshold=-1"], THRESHOLDS, "similarity")]
+    arms += [
+        (f"CLIP ({k}) + copy check", ["--copy-threshold", "-1", f"decontam.candidates={k}"], COPY_THRESHOLDS,
+         "copy_similarity")
+        for k in args.candidates
+    ]  # fmt: skip
+    for mode, extra, thresholds, column in arms:
         t0 = time.perf_counter()
         hype("score", *common, *extra)
-        seconds = json.loads((run / "decontam" / "matches.json").read_text())["seconds"]
-        print(f"{mode}: matches in {seconds:.0f} s (score call {time.perf_counter() - t0:.0f} s)")
-        tables.append(measure(run, truth, thresholds, column).assign(mode=mode))
+        info = json.loads((run / "decontam" / "matches.json").read_text())
+        pairs = (info.get("copy_check") or {}).get("candidates_checked", 0)
+        print(f"{mode}: matches in {info['seconds']:.0f} s, {pairs} pairs checked "
+              f"(score call {time.perf_counter() - t0:.0f} s)")  # fmt: skip
+        seconds = {"match_seconds": info["seconds"], "pairs_checked": pairs}
+        tables.append(measure(run, truth, thresholds, column).assign(mode=mode, **seconds))
     table = pd.concat(tables, ignore_index=True)
     print(table.to_string(index=False))
     print("share of copies whose source is among the CLIP's k nearest images of its task:")

@@ -11,15 +11,18 @@ evaluation image. Files: `hype.scoring.decontam`.
    the GPUs where faiss-gpu is installed); the pool's CLIP image features are streamed one shard at a
    time and searched against each task. With the copy check (default), a pool sample's
    `decontam.candidates` nearest images of a task at cosine >= `decontam.threshold` are candidates: the
-   shard's tar is read once for the candidates' images and `hype.scoring.copydetect` compares their pixels
-   with the evaluation images' (decoded once, before the pool, into 64 x 64 RGB work images); the
-   candidate of highest copy similarity is a match when that is >= `decontam.copy_threshold`. Without
+   shard's tar is read once for the candidates' images, and consecutive shards' candidates are gathered
+   into blocks (`BLOCK_IMAGES`, `BLOCK_PAIRS`) that `hype.scoring.copydetect` checks at once against the
+   evaluation images (decoded once, before the pool, into 64 x 64 RGB work images), so that each
+   evaluation image's windows are computed once per block; the candidate of highest copy similarity is a
+   match when that is >= `decontam.copy_threshold`. Without
    it (`--no-copy-check`), the nearest image at cosine >= the threshold is the match.
    -> `RUN_DIR/decontam/matches.parquet` + marker `matches.json`, keyed on the pool's embeddings, the
    evaluation shards' embeddings (their file identity and the CLIP model), the tasks, the thresholds and
    the copy check's settings. Memory: the evaluation features (4 x d bytes an image), the evaluation work
    images (12,288 bytes an image: 43 MB for the 3,500 images of the synthetic world, ~1.2 GB per 100,000
-   evaluation images), one pool shard's features and candidates' work images, one image's windows.
+   evaluation images), one pool shard's features, one block's candidate pairs (~40 bytes each) and pool
+   work images (~100 MB), one image's windows.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ from hype.scoring.rundir import (
 )
 
 SEARCH_ROWS = 1 << 15  # pool rows per faiss search call (bounds the distance block)
+BLOCK_IMAGES = 8192  # pool work images (12 KiB each) gathered before the copy check runs on them
+BLOCK_PAIRS = 1 << 22  # candidate pairs gathered before the copy check runs on them
 
 
 @dataclass(frozen=True)
@@ -181,7 +186,8 @@ def find_matches(
     gpu = _use_gpu()
     check = search.check
     evals = _EvalImages(indexes, {p.path: p.source for _, p in eval_parts}) if check is not None else None
-    found = _Found()
+    found = _Found(indexes)
+    block = _Block()
     pool_rows = 0
     for task in pool_tasks:
         t = read_parquet(run.shard_output("embed", task), columns=["uid", "key", "clip_img"])
@@ -189,11 +195,14 @@ def find_matches(
         pool_rows += len(x)
         if len(x):
             cands = _candidates(indexes, x, search)
-            if evals is not None:
-                cands = _verify(cands, task, t.column("key").to_pylist(), evals, check, found)
-            found.add(task, t, cands, indexes)
+            if evals is None:
+                found.add(task, t, cands)
+            elif block.add(task, t, cands, found):  # full: check it
+                block = block.check(evals, check, found)
         if progress is not None:
             progress(len(x))
+    if evals is not None:
+        block.check(evals, check, found)
     table = found.table()
     output = write_parquet(out, table)
     per_task = dict.fromkeys(indexes, 0)
@@ -272,28 +281,56 @@ def _candidates(indexes: dict[str, tuple], x: np.ndarray, search: Search) -> _Ca
     return _Cands(row, task, eval_row.astype(np.int64), cosine.astype(np.float32), nan)
 
 
-def _verify(
-    cands: _Cands, task: ShardTask, keys: list[str], evals: _EvalImages, check: CopyCheck, found: _Found
-) -> _Cands:
-    """Of each (pool row, task)'s candidates the one of highest copy similarity, when that is >= the
-    check's threshold. The shard's tar is read once, for the candidates' images only."""
-    if not len(cands.row):
-        return cands
-    images, unreadable = _work_images(task.source, {keys[r] for r in np.unique(cands.row).tolist()})
-    found.unreadable += unreadable
-    slot = {key: i for i, key in enumerate(images)}
-    pool_slot = np.array([slot.get(keys[r], -1) for r in cands.row.tolist()], dtype=np.int64)
-    cands = cands.take(pool_slot >= 0)  # an unreadable image matches nothing
-    if not len(cands.row):
-        return cands
-    pairs = np.stack([pool_slot[pool_slot >= 0], evals.offsets[cands.task] + cands.eval_row], axis=1)
-    cands.copy = pair_similarities(np.stack(list(images.values())), evals.works, pairs, check)
-    found.checked += len(pairs)
+class _Block:
+    """Pool shards whose candidates wait for the copy check, checked together: each evaluation image's
+    windows are then computed once per block instead of once per pool shard (they dominated the check's
+    time). Holds at most ~`BLOCK_IMAGES` pool work images (12 KiB each) and ~`BLOCK_PAIRS` candidate pairs
+    beyond one shard's own; the evaluation side is `_EvalImages`, held once."""
+
+    def __init__(self) -> None:
+        self.shards: list[tuple[ShardTask, pa.Table, _Cands, np.ndarray]] = []
+        self.images: list[np.ndarray] = []
+        self.pairs = 0
+
+    def add(self, task: ShardTask, t: pa.Table, cands: _Cands, found: _Found) -> bool:
+        """Queue one pool shard's candidates, with its candidates' work images (the shard's tar is read
+        once, for those images only; an unreadable image matches nothing). True when the block is full."""
+        if len(cands.row):
+            keys = t.column("key").to_pylist()
+            images, unreadable = _work_images(task.source, {keys[r] for r in np.unique(cands.row).tolist()})
+            found.unreadable += unreadable
+            slot = {key: len(self.images) + i for i, key in enumerate(images)}
+            self.images += images.values()
+            pool_slot = np.array([slot.get(keys[r], -1) for r in cands.row.tolist()], dtype=np.int64)
+            cands = cands.take(pool_slot >= 0)
+            self.shards.append((task, t, cands, pool_slot[pool_slot >= 0]))
+            self.pairs += len(cands.row)
+        return len(self.images) >= BLOCK_IMAGES or self.pairs >= BLOCK_PAIRS
+
+    def check(self, evals: _EvalImages, check: CopyCheck, found: _Found) -> _Block:
+        """Of each (pool sample, task)'s candidates the one of highest copy similarity, when that is >= the
+        check's threshold, added to `found` shard by shard; returns an empty block."""
+        if self.pairs:
+            slots = np.concatenate([s[3] for s in self.shards])
+            cands = [s[2] for s in self.shards]
+            evals_at = np.concatenate([evals.offsets[c.task] + c.eval_row for c in cands])
+            pairs = np.stack([slots, evals_at], axis=1)
+            sims = pair_similarities(np.stack(self.images), evals.works, pairs, check)
+            found.checked += self.pairs
+            bounds = np.cumsum([len(c.row) for c in cands])[:-1]
+            for (task, t, c, _), copy in zip(self.shards, np.split(sims, bounds), strict=True):
+                c.copy = copy
+                found.add(task, t, _best(c, check.threshold))
+        return _Block()
+
+
+def _best(cands: _Cands, threshold: float) -> _Cands:
+    """Of each (pool row, task)'s checked candidates the one of highest copy similarity, if >= threshold."""
     order = np.lexsort((-cands.copy, cands.task, cands.row))
     row, tsk = cands.row[order], cands.task[order]
     first = np.r_[True, (row[1:] != row[:-1]) | (tsk[1:] != tsk[:-1])]
     best = order[first]
-    return cands.take(best[cands.copy[best] >= check.threshold])
+    return cands.take(best[cands.copy[best] >= threshold])
 
 
 def _work_images(tar: str, keys: set[str]) -> tuple[dict[str, np.ndarray], int]:
@@ -338,14 +375,16 @@ class _EvalImages:
 class _Found:
     """The matches of all pool shards, collected as columns."""
 
-    def __init__(self) -> None:
+    def __init__(self, indexes: dict[str, tuple]) -> None:
+        self.indexes = indexes
         self.cols: dict[str, list] = {name: [] for name in MATCH_SCHEMA.names}
         self.checked = 0
         self.unreadable = 0
 
-    def add(self, task: ShardTask, t: pa.Table, cands: _Cands, indexes: dict[str, tuple]) -> None:
+    def add(self, task: ShardTask, t: pa.Table, cands: _Cands) -> None:
         if not len(cands.row):
             return
+        indexes = self.indexes
         rows, names = pa.array(cands.row), list(indexes)
         picked = [(names[n], j) for n, j in zip(cands.task.tolist(), cands.eval_row.tolist(), strict=True)]
         self.cols["uid"] += t.column("uid").take(rows).to_pylist()
