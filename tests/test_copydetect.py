@@ -69,3 +69,8 @@ def test_pair_similarities_are_the_copy_similarities_of_each_pair():
     want = [copy_similarity(thumbnails(a[i], check), thumbnails(b[j], check)) for i, j in pairs]
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
     assert pair_similarities(a, b, np.zeros((0, 2), np.int64), check).shape == (0,)
+    # Spread over threads (one BLAS thread each), the result does not depend on how many.
+    order = rng.permutation(len(pairs))
+    one = pair_similarities(a, b, pairs[order], check, workers=1)
+    assert one.tobytes() == pair_similarities(a, b, pairs[order], check, workers=3).tobytes()
+    np.testing.assert_allclose(one, got[order], rtol=0, atol=1e-5)

@@ -1,6 +1,6 @@
 """Copy detection from pixels: is one image a (re-encoded, resized, slightly cropped) copy of another? The
 verification step of `hype score --decontaminate` (`hype.scoring.stage_decontam`): the CLIP nearest
-neighbours are candidates, this decides. NumPy and Pillow only.
+neighbours are candidates, this decides. NumPy and Pillow only (threadpoolctl sets BLAS's threads).
 
 An image is kept as a `WORK_SIDE` x `WORK_SIDE` RGB uint8 "work image" (12 KiB) and described, for the
 whole image and for windows covering `scales` of each side at `steps` x `steps` offsets, by two
@@ -25,11 +25,14 @@ copies it was built for.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
 import numpy as np
 from PIL import Image
+from threadpoolctl import threadpool_limits
 
 from hype.data.imageprep import decode_rgb
 
@@ -145,25 +148,45 @@ def copy_similarity(a: Descriptor, b: Descriptor) -> float:
     return float(max(_match(whole(a), b)[0], _match(whole(b), a)[0]))
 
 
-def pair_similarities(a: np.ndarray, b: np.ndarray, pairs: np.ndarray, check: CopyCheck) -> np.ndarray:
+def pair_similarities(
+    a: np.ndarray, b: np.ndarray, pairs: np.ndarray, check: CopyCheck, workers: int = 0
+) -> np.ndarray:
     """`copy_similarity` of the work images a[i] and b[j] for each row (i, j) of `pairs`. Each image's
     windows are computed once for all its pairs and then dropped: memory is the whole-image thumbnails of
-    the images in `pairs` plus one image's windows."""
+    the images in `pairs` plus one image's windows per worker.
+
+    The images are spread over `workers` threads (0: the CPUs this process may use), each running BLAS on
+    one thread: the products are small (a few rows against 148 windows), and BLAS's own threads on such
+    products spin against each other and against any other load (4x slower per product on 2 busy cores,
+    bench/copy_check.py). One BLAS thread per product also makes the result independent of the thread
+    count."""
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     out = np.full(len(pairs), -1.0, np.float32)
     if not len(pairs):
         return out
-    wholes = []  # per side: (the images used, their whole-image rows per part)
-    for side, images in enumerate((a, b)):
-        used = np.unique(pairs[:, side])
-        rows = [thumbnails(images[i], check, whole_only=True) for i in used.tolist()]
-        wholes.append((used, tuple(np.concatenate([r[p] for r in rows]) for p in range(2))))
-    for side, images in enumerate((a, b)):
-        col = pairs[:, side]
-        used, rows = wholes[1 - side]
-        order = np.argsort(col, kind="stable")
-        for group in np.split(order, np.flatnonzero(np.diff(col[order])) + 1):
-            at = np.searchsorted(used, pairs[group, 1 - side])
-            found = _match((rows[0][at], rows[1][at]), thumbnails(images[col[group[0]]], check))
-            out[group] = np.maximum(out[group], found)
+    workers = workers or len(os.sched_getaffinity(0))
+    with threadpool_limits(1), ThreadPoolExecutor(workers) as pool:
+        wholes = [
+            _wholes(pool, images, np.unique(pairs[:, side]), check) for side, images in enumerate((a, b))
+        ]
+        for side, images in enumerate((a, b)):
+            col, other = pairs[:, side], pairs[:, 1 - side]
+            order = np.argsort(col, kind="stable")
+            groups = np.split(order, np.flatnonzero(np.diff(col[order])) + 1)
+            used, rows = wholes[1 - side]
+            jobs = [(rows, np.searchsorted(used, other[g]), images[col[g[0]]]) for g in groups]
+            for group, found in zip(groups, pool.map(_best_window, jobs, [check] * len(jobs)), strict=True):
+                out[group] = np.maximum(out[group], found)
     return out
+
+
+def _wholes(pool: ThreadPoolExecutor, images: np.ndarray, used: np.ndarray, check: CopyCheck) -> tuple:
+    """(used, (colour rows, edge rows)): the whole-image thumbnails of `images[used]`."""
+    rows = list(pool.map(lambda i: thumbnails(images[i], check, whole_only=True), used.tolist()))
+    return used, tuple(np.concatenate([r[p] for r in rows]) for p in range(2))
+
+
+def _best_window(job: tuple, check: CopyCheck) -> np.ndarray:
+    """One image's windows against the whole-image rows `at` of the other side's images."""
+    rows, at, image = job
+    return _match((rows[0][at], rows[1][at]), thumbnails(image, check))
