@@ -62,7 +62,8 @@ PROBE_SAMPLES = 1024
 ENERGY_CALIBRATION_REFS = 20_000  # the largest reference set the L_e kernel is timed on
 ENERGY_ROWS = 256  # pool rows per timed L_e call
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
-PARQUET_BLOCK = 4 << 20  # open_remote's read-ahead block
+FOOTER_READ = 64 << 10  # pyarrow's first read of a Parquet file: its last 64 KiB
+PARQUET_RANGE = 32 << 20  # pyarrow's pre-buffer coalesces column chunks into ranges of up to 32 MiB
 STREAM_CHUNK = 8 << 20  # RemoteStream's chunk
 MULTIPART_OVER = 100 << 20  # s3fs put_file: single PUT below 2 x its 50 MiB chunk
 MULTIPART_PART = 50 << 20
@@ -224,6 +225,7 @@ class Probe:
     kmeans: dict | None = None  # k-means timed at (up to) the run's size: points, k, seconds
     energy: dict[int, float] = field(default_factory=dict)  # reference size -> seconds per pool row of L_e
     load: dict = field(default_factory=dict)  # 1-minute load average at the probe's start and end
+    card_files: dict[str, int] = field(default_factory=dict)  # files the card digests -> their bytes
 
 
 def _probe_pool(size: PoolSize, samples: int, shards: int, folder: Path) -> int:
@@ -376,6 +378,7 @@ def run_probe(
     """Score the first `samples` samples with `cfg`'s models, device and executor in a temporary folder
     (deleted after); the timings and outputs the estimate extrapolates from."""
     from hype.executor import make_executor
+    from hype.scoring.rundir import RunDir
     from hype.scoring.runner import ScoreError, ScoreFailed, run_score
 
     if size.total == 0:
@@ -430,6 +433,12 @@ def run_probe(
             else p.stat().st_size
             for p in run.iterdir()
         }
+        rd = RunDir(run)
+        card_files = {
+            p.name: p.stat().st_size
+            for p in (rd.reference, rd.centroids, rd.targets, rd.config)
+            if p.exists()
+        }
         return Probe(
             samples=n,
             shards=shards,
@@ -445,6 +454,7 @@ def run_probe(
             kmeans=kmeans,
             energy=energy,
             load={"start": load_start, "end": _load()},
+            card_files=card_files,
         )
     finally:
         executor.close()
@@ -453,59 +463,143 @@ def run_probe(
 
 # --- bucket requests (see the module docstring for how each operation is counted) ---------------------
 
+REQUEST_KINDS = ("get", "put", "list", "delete", "pool_get", "pool_list")
+
 
 def _parquet_get(nbytes: float) -> float:
-    """HEAD at open + the footer + one GET per read-ahead block."""
-    return 2 + max(1, math.ceil(nbytes / PARQUET_BLOCK))
+    """A Parquet read: HEAD at open, pyarrow's footer read (the whole file when it is at most
+    FOOTER_READ bytes: the read-ahead cache then holds it), one GET per pre-buffered range."""
+    return 2 if nbytes <= FOOTER_READ else 2 + math.ceil(nbytes / PARQUET_RANGE)
 
 
 def _put(nbytes: float) -> float:
     return 1 if nbytes <= MULTIPART_OVER else 2 + math.ceil(nbytes / MULTIPART_PART)
 
 
+def _stream_get(nbytes: float) -> float:
+    """A whole object read front to back (`RemoteStream`, `file_digest`): its size (HEAD), its chunks."""
+    return 1 + max(1, math.ceil(nbytes / STREAM_CHUNK))
+
+
 _JSON_GET = 2  # HEAD + GET of a marker
+_DOWNLOAD = 3  # a file fetched whole to a local temporary (`local_file`): HEAD, HEAD, one GET
+_MISSING = {"get": 1, "list": 1}  # a marker not written yet: HEAD (404), then a LIST of `key/` (a folder?)
 
 
 def _lists(names: float) -> float:
-    return max(1, math.ceil(names / LIST_PAGE))
+    """A folder's listing: one LIST per 1,000 names; an empty one is 2 (s3fs lists the parent too)."""
+    return 2 if names <= 0 else math.ceil(names / LIST_PAGE)
+
+
+def _add(*parts: dict) -> dict:
+    out: dict = {}
+    for part in parts:
+        for k, v in part.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+# per-shard stages: upstream markers read (by the driver for the fingerprint, again by the worker), Parquet
+# files read per shard, sets loaded once per worker (top N, reference, centroids and targets)
+_MARKERS = {"reference": 1, "specificity": 1, "captions": 1, "clusters": 2, "merge": 3, "neardup_split": 3}
+_PARQUETS = {"reference": 2, "specificity": 2, "captions": 1, "clusters": 2, "merge": 3, "neardup_split": 3}
+_SETS = {"reference": 1, "specificity": 1, "clusters": 2, "neardup_split": 1}
 
 
 def stage_requests(stage: str, shards: int, out_bytes: float, in_bytes: float, workers: int) -> dict:
-    """GET (HEAD included) / PUT / LIST of one stage of a fresh run over `shards` shards: `out_bytes` its
-    output per shard, `in_bytes` what each shard reads of its main input (a tar for embed/classes, the
-    embed output otherwise). Run-folder requests only, except embed's `pool_get` (reads of the pool)."""
+    """GET (HEAD included) / PUT / LIST of one per-shard stage of a fresh run over `shards` shards:
+    `out_bytes` its output per shard, `in_bytes` what each shard reads of its main input (a tar for
+    embed/classes, the embed output otherwise). Run-folder requests, and `pool_get`/`pool_list`: reads of
+    the pool or the class images."""
     s = shards
-    put_shard = _put(out_bytes) + 1  # output, then its marker
+    put = s * (_put(out_bytes) + 1)  # output, then its marker
+    # the stage's folder listed for finished shards: empty in a fresh run, except where a driver step wrote
+    # into it first (the top N, the k-means model)
+    lists = 1 if stage in ("reference", "clusters") else _lists(0)
     if stage in ("embed", "classes"):
         # driver: the input's identity (HEAD) for the fingerprint; worker: identity before and after the
         # read, the size (HEAD) and the 8 MiB chunks of the stream
-        pool = s * (1 + 2 + 1 + max(1, math.ceil(in_bytes / STREAM_CHUNK)))
-        return {"get": 0, "put": s * put_shard, "list": _lists(2 * s), "pool_get": pool}
-    marker_reads = {"reference": 1, "specificity": 1, "captions": 1, "clusters": 2, "merge": 3}[stage]
-    parquet_reads = {"reference": 2, "specificity": 2, "captions": 1, "clusters": 2, "merge": 3}[stage]
-    # upstream markers read for the fingerprint by the driver and again by the worker (`upstream_digest`);
-    # the sets (top N, reference, centroids) loaded once per worker
-    get = s * (2 * marker_reads * _JSON_GET + parquet_reads * _parquet_get(in_bytes))
-    get += min(workers, s) * 2 if stage in ("reference", "specificity", "clusters") else 0
-    lists = _lists(2 * s) * (3 if stage == "merge" else 1)  # merge: merge/, scores/ and the stale-part check
-    return {"get": get, "put": s * put_shard, "list": lists}
+        req = {"put": put, "list": lists, "pool_get": s * (3 + _stream_get(in_bytes))}
+        if stage == "classes":  # the class images listed; the driver then reads every shard's features
+            req |= {"get": s * _parquet_get(out_bytes), "pool_list": _lists(0)}
+        return req
+    get = s * (2 * _MARKERS[stage] * _JSON_GET + _PARQUETS[stage] * _parquet_get(in_bytes))
+    get += min(workers, s) * _SETS.get(stage, 0) * _JSON_GET
+    if stage == "merge":  # stale parts looked for before the map; merge/ and scores/ listed in it
+        lists += 2 * _lists(0)
+    return {"get": get, "put": put, "list": lists}
 
 
-def driver_requests(step: str, shards: int, in_bytes: float) -> dict:
-    """Requests of the driver steps that stream every shard's embed output."""
+def neardup_requests(
+    shards: int,
+    groups: int,
+    split_bytes: float,
+    member_bytes: float,
+    embed_bytes: float,
+    workers: int,
+    reuse: bool,
+) -> dict[str, dict]:
+    """Requests of the near-duplicate stage (`hype.scoring.stage_neardup`), per part: `SplitStage` per
+    shard (`split_bytes` each), `GroupStage` per group of clusters (each reads its row group of every
+    shard: the shard's marker, then the row group; `member_bytes` written per group), and the driver (its
+    own k-means unless it `reuse`s c_IN's; groups.parquet and edges.parquet gathered)."""
+    s, g = shards, groups
+    split = stage_requests("neardup_split", s, split_bytes, embed_bytes, workers)
+    if not reuse:  # no cluster column to read: the stage's own centroids assign each row instead
+        split["get"] -= s * (2 * _JSON_GET + _parquet_get(embed_bytes))
+    per_group = split_bytes / max(1, g)
+    group = {
+        "get": g * s * (_JSON_GET + _parquet_get(per_group)),
+        "put": 3 * g,  # edges, members, marker
+        "list": _lists(0),
+    }
+    driver = _add(
+        _MISSING,
+        {"get": 2 * g * _parquet_get(member_bytes), "put": 3},  # both files of each group; groups.json
+    )
+    if not reuse:  # the k-means model: its marker looked for, the features sampled, centroids + marker
+        driver = _add(driver, _MISSING, {"get": s * _parquet_get(embed_bytes), "put": 2})
+    return {"split": split, "groups": group, "driver": driver}
+
+
+def driver_requests(step: str, shards: int, in_bytes: float, aux_bytes: float = 0.0) -> dict:
+    """Requests of the driver steps that stream every shard's embed output (`in_bytes` per shard;
+    `aux_bytes`: the shard's other input, the reference candidates or the caption flags)."""
     s = shards
-    if step == "dedup":  # uids of each shard; the list written, then read back
-        return {"get": s * _parquet_get(in_bytes) + _parquet_get(0), "put": 2, "list": 0}
-    if step == "reference select":  # cos θ of each shard, top-N gather; candidates; two M-row gathers
-        return {"get": s * _parquet_get(in_bytes) * 5, "put": 4, "list": 0}
-    if step == "clusters train":  # CLIP features + caption flags of each shard; centroids, targets, marker
-        return {"get": s * _parquet_get(in_bytes) * 2, "put": 3, "list": 0}
-    if step == "decontam":  # CLIP features of each shard searched; the matches and their marker
-        return {"get": s * _parquet_get(in_bytes), "put": 2, "list": 0}
-    if step == "card":  # scores parts listed, up to 8 sampled, the markers' digests
-        return {"get": 1 + 8 * _parquet_get(in_bytes), "put": 1, "list": _lists(s)}
-    # run level: the lock (conditional create + heartbeat-free), config, plan, summary twice
-    return {"get": 2, "put": 5, "list": 0}
+    if step == "dedup":  # marker looked for; uids of each shard; the list written, then read back
+        return _add(_MISSING, {"get": s * _parquet_get(in_bytes) + _parquet_get(0), "put": 2})
+    if step == "reference select":
+        # top N: its marker looked for, cos θ of each shard, the top-N gather, written and read back;
+        # the reference: its marker, the candidates of each shard, two M-row gathers, written and read back
+        get = s * (4 * _parquet_get(in_bytes) + _parquet_get(aux_bytes)) + 2 * _DOWNLOAD
+        return _add(_MISSING, _MISSING, {"get": get, "put": 4})
+    if step == "clusters train":  # marker looked for; features + caption flags of each shard; 3 files
+        get = s * (_parquet_get(in_bytes) + _parquet_get(aux_bytes))
+        return _add(_MISSING, {"get": get, "put": 3})
+    if step == "decontam":  # marker looked for; CLIP features of each shard searched; matches + marker
+        return _add(_MISSING, {"get": s * _parquet_get(in_bytes), "put": 2})
+    # run level: the bucket checked and the folder listed; plan.json (twice) and card.json looked for; the
+    # lock (created, released), config.yaml, plan.json, summary.json (started, planned, finished); the pool
+    # listed
+    return _add(_MISSING, _MISSING, _MISSING, {"list": 4, "put": 6, "delete": 1, "pool_list": 2})
+
+
+def card_requests(folders: dict[str, int], parts: int, part_bytes: float, files: list[float]) -> dict:
+    """`hype.scoring.card.write_card`: each stage folder of SHARD_STAGES looked for (HEAD + LIST) and, when
+    there (`folders`: stage -> markers), listed and every marker read; up to SAMPLE_PARTS scores parts
+    read; the digest of each optional file (reference, centroids, targets, config: `files`, their sizes)."""
+    from hype.scoring.card import SAMPLE_PARTS
+    from hype.scoring.rundir import SHARD_STAGES
+
+    req = {"get": 0.0, "put": 1, "list": 0.0}
+    for stage in (*SHARD_STAGES, "scores"):
+        n = parts if stage == "scores" else folders.get(stage, 0)
+        there = n > 0
+        req["get"] += 1 + (_JSON_GET * n if stage != "scores" else 0)
+        req["list"] += 1 + (_lists(2 * n if stage != "scores" else n) if there else 0)
+    req["get"] += min(SAMPLE_PARTS, parts) * _parquet_get(part_bytes)
+    req["get"] += sum(1 + _stream_get(b) for b in files)  # is_file (HEAD), then streamed
+    return req
 
 
 # --- the estimate ---------------------------------------------------------------------------------
@@ -614,8 +708,12 @@ class _Estimate:
         self.k_r = self.k_p if cfg.clusters.centroids else self.k_r
         self.pts_p = int(self.cl.get("train_points") or 1)
         self.tar_bytes = sum(size.tar_bytes) / max(1, self.S)
-        self.embed_bytes = _shard_fit(probe, "embed").out_bytes / max(1, n) * self.N / max(1, self.S)
+        self.embed_bytes = self.shard_bytes("embed")
         self.rows: list[Row] = []
+
+    def shard_bytes(self, stage: str) -> float:
+        """A per-shard stage's output bytes per shard of the run (its probe shards' bytes per sample)."""
+        return _shard_fit(self.probe, stage).out_bytes / max(1, self.probe.samples) * self.N / max(1, self.S)
 
     # --- rows of the three kinds ------------------------------------------------------------------
 
@@ -630,9 +728,11 @@ class _Estimate:
         driver_s: float = 0.0,
         extra_per_sample: float = 0.0,
         requests_as: str | None = "",
+        requests: dict | None = None,
     ) -> None:
         """A per-shard stage: its probe shards' fit (`_shard_fit`) extrapolated to the pool, plus its fixed
-        cost. `requests_as`: the stage whose request pattern it has ("" its own; None: not counted)."""
+        cost. `requests_as`: the stage whose request pattern it has ("" its own; None: not counted);
+        `requests`: its requests counted by the caller instead."""
         probe, W = self.probe, self.W
         fit = _shard_fit(probe, name)
         if fit.shards == 0:
@@ -645,8 +745,8 @@ class _Estimate:
         out_r = fit.out_bytes if fixed_only else fit.out_bytes * self.lin
         per_shard_in = self.tar_bytes if name == "embed" else self.embed_bytes
         shards_r = fit.shards if fixed_only else self.S
-        req = {}
-        if requests_as is not None:
+        req = requests or {}
+        if requests is None and requests_as is not None:
             req = stage_requests(requests_as or name, shards_r, out_r / max(1, shards_r), per_shard_in, W)
         row = Row(label, scales, round(wall, 3), round(fixed, 3), round(est, 3), int(out_r), req)
         if not fixed_only:
@@ -698,7 +798,7 @@ class _Estimate:
         # the L_e kernel timed at the probe's and the run's N: only the difference is added per row
         more = energy_per_row(probe.energy, self.top_r) - energy_per_row(probe.energy, self.top_p)
         self.map("reference", "reference cands", "samples x N", driver_s=drv, extra_per_sample=more)
-        req = driver_requests("reference select", self.S, self.embed_bytes)
+        req = driver_requests("reference select", self.S, self.embed_bytes, self.shard_bytes("reference"))
         self.driver(
             "reference select", drv, self.lin, "samples", ref_bytes * self.m_r / max(1, self.m_p), req
         )
@@ -728,7 +828,7 @@ class _Estimate:
                 if self.cfg.clusters.centroids
                 else (self.k_r * self.pts_r) / max(1, self.k_p * self.pts_p)
             )
-        req = driver_requests("clusters train", self.S, self.embed_bytes)
+        req = driver_requests("clusters train", self.S, self.embed_bytes, self.shard_bytes("captions"))
         self.driver("clusters train", train_s, k_scale, "K x points", 0, req)
         self.map("clusters", "clusters assign", "samples x K", self.k_r / max(1, self.k_p), driver_s=train_s)
 
@@ -744,8 +844,29 @@ class _Estimate:
 
     def neardup(self) -> None:
         # groups of clusters hold `rows_per_group` rows each: their number grows with the pool
-        self.map("neardup_split", "neardup split", "samples", requests_as=None)
-        self.map("neardup", "neardup groups", "samples", requests_as=None)
+        groups = self.neardup_groups()
+        reuse = bool(self.cl) and self.cfg.neardup.reuse_clusters
+        fit = _shard_fit(self.probe, "neardup")
+        members = fit.out_bytes / max(1, self.probe.samples) * self.N / groups
+        req = neardup_requests(
+            self.S, groups, self.shard_bytes("neardup_split"), members, self.embed_bytes, self.W, reuse
+        )
+        self.map("neardup_split", "neardup split", "samples", requests=req["split"])
+        self.map("neardup", "neardup groups", "samples", requests=req["groups"])
+        if self.rows and self.rows[-1].stage == "neardup groups":  # the driver's steps are in its time
+            self.rows[-1].requests = _add(req["groups"], req["driver"])
+
+    def neardup_groups(self) -> int:
+        return max(1, math.ceil(self.N / self.cfg.neardup.rows_per_group))
+
+    def card_requests(self) -> dict:
+        """The card's reads of the run folder the run will leave (`card_requests`)."""
+        per_stage = {"classes": _shard_fit(self.probe, "classes").shards, "neardup": self.neardup_groups()}
+        folders = {k: per_stage.get(k, self.S) for k, v in self.probe.stats.items() if v}
+        scale = {"reference.safetensors": self.m_r / max(1, self.m_p), "centroids.npy": self.k_r / self.k_p}
+        files = [b * scale.get(name, 1.0) for name, b in self.probe.card_files.items()]
+        part_bytes = self.probe.folder_bytes.get("scores", 0) * self.lin / max(1, self.S)
+        return card_requests(folders, self.S, part_bytes, files)
 
 
 # The rows of each stage of `hype score`, in the order of `hype.scoring.runner.STAGES` (a test holds them
@@ -776,8 +897,9 @@ def estimate(cfg: ScoreConfig, size: PoolSize, probe: Probe) -> dict:
     for spec in STAGES:
         if spec.when(cfg):
             STAGE_ROWS[spec.name](est)
-    req = driver_requests("card", est.S, est.embed_bytes)
-    est.fixed("card", _stage_seconds(probe, "card"), probe.folder_bytes.get("card.json", 0), req)
+    est.fixed(
+        "card", _stage_seconds(probe, "card"), probe.folder_bytes.get("card.json", 0), est.card_requests()
+    )
     other = float(probe.summary.get("seconds", 0.0)) - sum(
         _stage_seconds(probe, k) for k in probe.summary.get("stages", {})
     )
@@ -789,7 +911,7 @@ def _plan_dict(cfg: ScoreConfig, size: PoolSize, probe: Probe, est: _Estimate) -
     rows, W, par = est.rows, est.W, est.par
     total_s = sum(r.estimate_s for r in rows)
     fixed_s = sum(r.fixed_s for r in rows)
-    requests = {k: int(sum(r.requests.get(k, 0) for r in rows)) for k in ("get", "put", "list", "pool_get")}
+    requests = {k: int(sum(r.requests.get(k, 0) for r in rows)) for k in REQUEST_KINDS}
     device = probe.device
     gpus = 0
     if str(device).startswith("cuda"):
@@ -898,6 +1020,7 @@ def format_plan(plan: dict) -> str:
         f"  total: {_fmt_s(t['seconds'])} (fixed {_fmt_s(t['fixed_seconds'])}), {hours}, "
         f"{_fmt_b(t['output_bytes'])} written",
         f"  bucket requests (fresh run): run folder {q['get']:,} GET/HEAD, {q['put']:,} PUT, "
-        f"{q['list']:,} LIST; pool {q['pool_get']:,} GET/HEAD",
+        f"{q['list']:,} LIST, {q['delete']:,} DELETE; pool {q['pool_get']:,} GET/HEAD, "
+        f"{q['pool_list']:,} LIST",
     ]
     return "\n".join(lines)
