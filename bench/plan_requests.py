@@ -32,7 +32,7 @@ sys.path.insert(1, str(HERE.parent / "tests"))  # the tests' S3 server
 TYPES = {"get": "GET", "put": "PUT", "list": "LIST", "delete": "DELETE"}
 
 # the calls recorded with --per-stage: (S3 operation, bucket, stage label)
-CALLS: list[tuple[str, str, str]] = []
+CALLS: list[tuple[str, str, str, str]] = []  # and the key
 LABEL = ["run start"]
 # plan row -> the labels of the recorded calls it counts (`_record`); the rest is "driver other"
 ROW_LABELS = {
@@ -66,7 +66,9 @@ def _record() -> None:
     call = client.AioBaseClient._make_api_call
 
     async def spy(self, op, params):
-        CALLS.append((op, params.get("Bucket", ""), LABEL[0]))
+        CALLS.append(
+            (op, params.get("Bucket", ""), LABEL[0], params.get("Key") or params.get("Prefix") or "")
+        )
         return await call(self, op, params)
 
     client.AioBaseClient._make_api_call = spy
@@ -99,7 +101,7 @@ def _record() -> None:
 def per_stage(plan: dict, run_bucket: str) -> list[dict]:
     row_of = {label: row for row, labels in ROW_LABELS.items() for label in labels}
     measured: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    for op, bucket, label in CALLS:
+    for op, bucket, label, _ in CALLS:
         kind = OPS.get(op, op)
         row = row_of.get(label, "driver other")
         measured[row][kind if bucket == run_bucket else f"pool_{kind}"] += 1
@@ -132,7 +134,7 @@ def main() -> None:
     from test_score_support import BASE_OVERRIDES, NEARDUP_OVERRIDES
 
     from hype.cli import main as hype_main
-    from hype.io import storage
+    from hype.io import files, storage
 
     score_embed = _import_bench("score_embed")
     storage_bench = _import_bench("storage")
@@ -170,6 +172,7 @@ def main() -> None:
         plan_s = time.perf_counter() - t0
         if args.per_stage:
             _record()
+        files._CACHED.clear()  # the models as a fresh `hype score` process fetches them, not the plan's copy
         before = (server.request_counts(run_bucket), server.request_counts(pool_bucket))
         t0 = time.perf_counter()
         hype("score", *common, "--no-progress")
@@ -194,12 +197,14 @@ def main() -> None:
         ratio = p / measured if measured else None
         table.append({"kind": key, "plan": p, "measured": measured, "ratio": ratio})
         print(f"{key:<20}{p:>8}{measured:>8}{(f'{ratio:.2f}' if ratio else '-'):>8}")
-    print("(the pool bucket also holds the models and the class images: their reads count in pool_*)")
+    print("(pool_*: the pool bucket, which also holds the models and the class images)")
     stages = per_stage(plan, run_bucket) if args.per_stage else []
     for r in stages:
         print(f"  {r['stage']:<18} plan {_fmt(r['plan']):<48} measured {_fmt(r['measured'])}")
     if args.json:
-        args.json.write_text(json.dumps({"totals": table, "stages": stages, "plan": plan}, indent=1))
+        args.json.write_text(
+            json.dumps({"totals": table, "stages": stages, "plan": plan, "calls": CALLS}, indent=1)
+        )
 
 
 def _import_bench(name: str):

@@ -32,14 +32,35 @@ run's K and points. The load average at the probe's start and end is recorded: t
 that load. Nothing is written into the run folder; the probe's folder is deleted.
 
 Bucket requests follow the run contract (`hype.scoring.runner`, `rundir`, `stage_*`), counted per object
-operation as s3fs performs them (`hype.io.storage`): a random-access read (a Parquet file's columns, a
-JSON marker) is one HEAD at open plus its ranged GETs (Parquet: the footer, then one GET per 4 MiB of the
-file: `open_remote`'s read-ahead block); a streamed tar is one HEAD plus one GET per 8 MiB chunk
-(`RemoteStream`), and `file_identity` HEADs it before and after; every write is one PUT (an upload of a
-finished local file: `atomic_write`; s3fs turns files over 100 MiB into multipart uploads, counted as
-1 + parts + 1); a listing is one LIST per 1,000 names (`list_sizes`). HEAD is billed as a GET on S3 and
-counted with them. A fresh run is counted: a resumed one reads markers that exist instead of recomputing.
-The near-duplicate stage's requests are not counted.
+operation at the price a real S3 server answers for it (measured with SeaweedFS's request counters:
+tests/test_storage.py checks each price, tests/test_storage_pipeline.py a whole run, bench/plan_requests.py
+larger pools). HEAD is billed as a GET on S3 and counted with them; `pool_get`/`pool_list` are the
+requests outside the run folder (the pool's tars, the class images, models in a bucket). The prices:
+
+    Parquet read (`_parquet_get`)  HEAD at open; pyarrow's footer read, its last 64 KiB (a smaller file
+                                   is read whole by it and the read-ahead cache keeps it: 2 in all); then
+                                   one GET per pre-buffered range: column chunks coalesced up to 32 MiB
+    marker read                    HEAD + GET; a marker not written yet (every `completed` check of a fresh
+                                   run) is HEAD (404) + a LIST of `key/` (s3fs rules out a folder)
+    streamed object                HEAD (size) + one GET per 8 MiB chunk (`RemoteStream`: tars, digests);
+                                   a tar has 3 HEADs more: the driver's and the worker's `file_identity`
+                                   before, the worker's after the read
+    write                          one PUT (`atomic_write`); over 100 MiB s3fs uploads in parts: 1 + parts + 1
+    listing                        one LIST per 1,000 names; an empty or missing folder is 2 (s3fs then
+                                   lists the parent): a fresh run's stage folders are empty when listed
+    model in a bucket              LIST (a folder?) + one GET into the process's cache (`cached_copy`): the
+                                   driver's copy, and each worker process's (pool of processes, Ray)
+
+What the model got wrong before it was measured (3 shards, near-duplicates on: plan 294 GET, 55 PUT,
+10 LIST against the server's 380, 68, 52): every small Parquet read was priced 3 (2 is right: the footer
+read holds the file) and a large one at one GET per 4 MiB (pyarrow asks for ranges of up to 32 MiB, each
+one GET: a 40 MB file is 4, not 12); the card's reads (every stage folder looked for and listed, every
+marker read: 20% of the GETs) were priced as 8 parts; the markers a fresh run looks for before writing
+them, the empty-folder listings, the lock's DELETE, the run's own summary writes and the class images'
+listing were left out; the near-duplicate stage was not counted. Not measured yet: the decontamination
+stages (counted by the same prices, their evaluation parts' reads left out), Ray and process-pool
+workers (their per-worker set and model loads are counted, not checked), files over 100 MiB. Counts are
+of a fresh run: a resumed one reads markers that exist instead of recomputing.
 """
 
 from __future__ import annotations
@@ -372,13 +393,48 @@ def _device(executor, device: str) -> str:
     return resolve_device(resolve(device) if resolve is not None else device)
 
 
+def probe_from_run(run: Path, summary: dict, *, samples: int, shards: int, workers: int) -> Probe:
+    """What the estimate takes from a finished run folder on local disk (the probe's): the shards' markers,
+    the driver steps' markers, the bytes of each top-level entry and of the files the card digests.
+    Timings beyond the summary's (k-means, the L_e kernel, start-up) are left empty."""
+    from hype.scoring.rundir import RunDir
+
+    stats = {
+        d.name: [read_json(f) for f in sorted(d.glob("*_stats.json"))] for d in run.iterdir() if d.is_dir()
+    }
+    markers = {
+        "top_n": read_json(run / "reference" / "top_n.json") or {},
+        "reference": read_json(run / "reference.json") or {},
+        "clusters": read_json(run / "clusters" / "model.json") or {},
+    }
+    folder_bytes = {
+        p.name: sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size
+        for p in run.iterdir()
+    }
+    rd = RunDir(run)
+    card_files = {
+        p.name: p.stat().st_size for p in (rd.reference, rd.centroids, rd.targets, rd.config) if p.exists()
+    }
+    return Probe(
+        samples=samples,
+        shards=shards,
+        workers=workers,
+        executor_start_s=0.0,
+        startup_s=0.0,
+        summary=summary,
+        stats=stats,
+        markers=markers,
+        folder_bytes=folder_bytes,
+        card_files=card_files,
+    )
+
+
 def run_probe(
     cfg: ScoreConfig, size: PoolSize, samples: int = PROBE_SAMPLES, *, log: Callable[[str], None] = print
 ) -> Probe:
     """Score the first `samples` samples with `cfg`'s models, device and executor in a temporary folder
     (deleted after); the timings and outputs the estimate extrapolates from."""
     from hype.executor import make_executor
-    from hype.scoring.rundir import RunDir
     from hype.scoring.runner import ScoreError, ScoreFailed, run_score
 
     if size.total == 0:
@@ -414,47 +470,18 @@ def run_probe(
             raise PlanError(f"the probe failed: {e}") from None
         except ScoreError as e:
             raise PlanError(str(e)) from None
-        run = tmp / "run"
-        stats = {
-            d.name: [read_json(f) for f in sorted(d.glob("*_stats.json"))]
-            for d in run.iterdir()
-            if d.is_dir()
-        }
-        markers = {
-            "top_n": read_json(run / "reference" / "top_n.json") or {},
-            "reference": read_json(run / "reference.json") or {},
-            "clusters": read_json(run / "clusters" / "model.json") or {},
-        }
-        kmeans = _time_kmeans(cfg, size.total, markers["clusters"], run / "clusters" / "centroids.npy")
-        energy = _time_energy(cfg, size.total, markers, stats, run, device)
-        folder_bytes = {
-            p.name: sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
-            if p.is_dir()
-            else p.stat().st_size
-            for p in run.iterdir()
-        }
-        rd = RunDir(run)
-        card_files = {
-            p.name: p.stat().st_size
-            for p in (rd.reference, rd.centroids, rd.targets, rd.config)
-            if p.exists()
-        }
-        return Probe(
-            samples=n,
-            shards=shards,
-            workers=workers,
+        probe = probe_from_run(tmp / "run", summary, samples=n, shards=shards, workers=workers)
+        probe.kmeans = _time_kmeans(
+            cfg, size.total, probe.markers["clusters"], tmp / "run" / "clusters" / "centroids.npy"
+        )
+        probe.energy = _time_energy(cfg, size.total, probe.markers, probe.stats, tmp / "run", device)
+        return dataclasses.replace(
+            probe,
             executor_start_s=start_s,
             startup_s=_startup_seconds(),
-            summary=summary,
-            stats=stats,
-            markers=markers,
-            folder_bytes=folder_bytes,
             settings={"num_clusters": k},
             device=device,
-            kmeans=kmeans,
-            energy=energy,
             load={"start": load_start, "end": _load()},
-            card_files=card_files,
         )
     finally:
         executor.close()
@@ -481,8 +508,12 @@ def _stream_get(nbytes: float) -> float:
     return 1 + max(1, math.ceil(nbytes / STREAM_CHUNK))
 
 
+def _written_digest(nbytes: float) -> float:
+    """A set the driver wrote, then its size (HEAD) and its digest (streamed) for its marker."""
+    return 1 + _stream_get(nbytes)
+
+
 _JSON_GET = 2  # HEAD + GET of a marker
-_DOWNLOAD = 3  # a file fetched whole to a local temporary (`local_file`): HEAD, HEAD, one GET
 _MISSING = {"get": 1, "list": 1}  # a marker not written yet: HEAD (404), then a LIST of `key/` (a folder?)
 
 
@@ -537,21 +568,24 @@ def neardup_requests(
     member_bytes: float,
     embed_bytes: float,
     workers: int,
+    *,
+    clusters: int,
     reuse: bool,
 ) -> dict[str, dict]:
     """Requests of the near-duplicate stage (`hype.scoring.stage_neardup`), per part: `SplitStage` per
     shard (`split_bytes` each), `GroupStage` per group of clusters (each reads its row group of every
-    shard: the shard's marker, then the row group; `member_bytes` written per group), and the driver (its
-    own k-means unless it `reuse`s c_IN's; groups.parquet and edges.parquet gathered)."""
+    shard: the shard's marker, then the row group when it has one: only `clusters` groups hold rows;
+    `member_bytes` written per group), and the driver (its own k-means unless it `reuse`s c_IN's;
+    groups.parquet and edges.parquet gathered)."""
     s, g = shards, groups
     split = stage_requests("neardup_split", s, split_bytes, embed_bytes, workers)
     if not reuse:  # no cluster column to read: the stage's own centroids assign each row instead
         split["get"] -= s * (2 * _JSON_GET + _parquet_get(embed_bytes))
-    per_group = split_bytes / max(1, g)
+    filled = max(1, min(g, clusters))  # a cluster's group is `cluster % groups`
     group = {
-        "get": g * s * (_JSON_GET + _parquet_get(per_group)),
+        "get": g * s * _JSON_GET + filled * s * _parquet_get(split_bytes / filled),
         "put": 3 * g,  # edges, members, marker
-        "list": _lists(0),
+        "list": 1 if not reuse else _lists(0),  # its own k-means wrote into neardup/ first
     }
     driver = _add(
         _MISSING,
@@ -562,16 +596,19 @@ def neardup_requests(
     return {"split": split, "groups": group, "driver": driver}
 
 
-def driver_requests(step: str, shards: int, in_bytes: float, aux_bytes: float = 0.0) -> dict:
+def driver_requests(
+    step: str, shards: int, in_bytes: float, aux_bytes: float = 0.0, sets: tuple[float, ...] = ()
+) -> dict:
     """Requests of the driver steps that stream every shard's embed output (`in_bytes` per shard;
-    `aux_bytes`: the shard's other input, the reference candidates or the caption flags)."""
+    `aux_bytes`: the shard's other input, the reference candidates or the caption flags; `sets`: the
+    sizes of the sets it writes and digests, the top N and the reference)."""
     s = shards
     if step == "dedup":  # marker looked for; uids of each shard; the list written, then read back
         return _add(_MISSING, {"get": s * _parquet_get(in_bytes) + _parquet_get(0), "put": 2})
     if step == "reference select":
-        # top N: its marker looked for, cos θ of each shard, the top-N gather, written and read back;
-        # the reference: its marker, the candidates of each shard, two M-row gathers, written and read back
-        get = s * (4 * _parquet_get(in_bytes) + _parquet_get(aux_bytes)) + 2 * _DOWNLOAD
+        # top N: its marker looked for, cos θ of each shard, the top-N gather, written and digested;
+        # the reference: its marker, the candidates of each shard, two M-row gathers, written and digested
+        get = s * (4 * _parquet_get(in_bytes) + _parquet_get(aux_bytes)) + sum(map(_written_digest, sets))
         return _add(_MISSING, _MISSING, {"get": get, "put": 4})
     if step == "clusters train":  # marker looked for; features + caption flags of each shard; 3 files
         get = s * (_parquet_get(in_bytes) + _parquet_get(aux_bytes))
@@ -774,6 +811,8 @@ class _Estimate:
                 self.probe.folder_bytes.get("metadata", 0),
             )
         self.map("embed", "embed", "samples")
+        if self.rows[-1].stage == "embed":  # each worker process loads both models
+            self.rows[-1].requests = _add(self.rows[-1].requests, self.model_copies(2, self.S))
 
     def dedup(self) -> None:
         probe = self.probe
@@ -798,7 +837,11 @@ class _Estimate:
         # the L_e kernel timed at the probe's and the run's N: only the difference is added per row
         more = energy_per_row(probe.energy, self.top_r) - energy_per_row(probe.energy, self.top_p)
         self.map("reference", "reference cands", "samples x N", driver_s=drv, extra_per_sample=more)
-        req = driver_requests("reference select", self.S, self.embed_bytes, self.shard_bytes("reference"))
+        top_n = float((probe.markers["top_n"].get("output") or {}).get("bytes", 0))
+        sets = (top_n * self.top_r / max(1, self.top_p), ref_bytes * self.m_r / max(1, self.m_p))
+        req = driver_requests(
+            "reference select", self.S, self.embed_bytes, self.shard_bytes("reference"), sets
+        )
         self.driver(
             "reference select", drv, self.lin, "samples", ref_bytes * self.m_r / max(1, self.m_p), req
         )
@@ -809,6 +852,17 @@ class _Estimate:
 
     def classes(self) -> None:
         self.map("classes", "classes", "fixed", fixed_only=True)
+        if self.rows[-1].stage == "classes":  # each worker process loads CLIP
+            tasks = _shard_fit(self.probe, "classes").shards
+            self.rows[-1].requests = _add(self.rows[-1].requests, self.model_copies(1, tasks))
+
+    def model_copies(self, models: int, tasks: int) -> dict:
+        """Models fetched by a stage's worker processes (none when it runs in the driver's process, whose
+        copies `driver_requests` counts): each a LIST (a folder?) and one GET (`cached_copy`)."""
+        if not storage.is_url(str(self.cfg.meru)) or (self.W == 1 and self.cfg.executor.kind != "ray"):
+            return {}
+        n = models * min(self.W, tasks)
+        return {"pool_get": n, "pool_list": n}
 
     def captions(self) -> None:
         self.map("captions", "captions", "samples")
@@ -843,13 +897,18 @@ class _Estimate:
         self.map("merge", "merge", "samples")
 
     def neardup(self) -> None:
+        from hype.scoring.clusters import default_num_clusters
+
         # groups of clusters hold `rows_per_group` rows each: their number grows with the pool
         groups = self.neardup_groups()
-        reuse = bool(self.cl) and self.cfg.neardup.reuse_clusters
+        nc = self.cfg.neardup
+        reuse = bool(self.cl) and nc.reuse_clusters
+        k = self.k_r if reuse else nc.num_clusters or default_num_clusters(self.N)
         fit = _shard_fit(self.probe, "neardup")
         members = fit.out_bytes / max(1, self.probe.samples) * self.N / groups
+        split = self.shard_bytes("neardup_split")
         req = neardup_requests(
-            self.S, groups, self.shard_bytes("neardup_split"), members, self.embed_bytes, self.W, reuse
+            self.S, groups, split, members, self.embed_bytes, self.W, clusters=k, reuse=reuse
         )
         self.map("neardup_split", "neardup split", "samples", requests=req["split"])
         self.map("neardup", "neardup groups", "samples", requests=req["groups"])
@@ -903,7 +962,9 @@ def estimate(cfg: ScoreConfig, size: PoolSize, probe: Probe) -> dict:
     other = float(probe.summary.get("seconds", 0.0)) - sum(
         _stage_seconds(probe, k) for k in probe.summary.get("stages", {})
     )
-    est.fixed("driver other", max(0.0, other), 0, driver_requests("run", est.S, 0))
+    models = sum(storage.is_url(str(m)) for m in (cfg.meru, cfg.clip) if m)
+    req = _add(driver_requests("run", est.S, 0), {"pool_get": models, "pool_list": models})
+    est.fixed("driver other", max(0.0, other), 0, req)
     return _plan_dict(cfg, size, probe, est)
 
 
