@@ -9,7 +9,7 @@ server's counts of the run bucket (and of the pool bucket) over the score run ar
 plan's totals, with their ratio. `--per-stage` also records every S3 call hype makes (by its stage, from
 a hook on aiobotocore's client) and prints them next to the plan's rows.
 
-    python bench/plan_requests.py [--size 150] [--shard-size 50] [--neardup] [--rows-per-group N]
+    python bench/plan_requests.py [--size 150] [--shard-size 50] [--neardup] [--rows-per-group N] [--decontam]
         [--probe-samples 60] [--set KEY=VALUE ...] [--per-stage] [--json OUT]
 """
 
@@ -122,6 +122,7 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=150)
     ap.add_argument("--shard-size", type=int, default=50)
     ap.add_argument("--neardup", action="store_true", help="with the near-duplicate stage")
+    ap.add_argument("--decontam", action="store_true", help="with the decontamination stage")
     ap.add_argument("--rows-per-group", type=int, help="neardup.rows_per_group (groups of clusters)")
     ap.add_argument("--probe-samples", type=int, default=60)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a score override")
@@ -149,11 +150,13 @@ def main() -> None:
         b = f"s3://{pool_bucket}"
         storage_bench.upload_tree(world / "pool" / "shards", f"{b}/pool")
         storage_bench.upload_tree(world / "eval" / "reference" / "train", f"{b}/classes")
+        if args.decontam:
+            storage_bench.upload_tree(world / "eval", f"{b}/eval")
         for p in (meru, clip):
             storage.upload(p, storage.location(f"{b}/models/{Path(p).name}"))
         extra = [*BASE_OVERRIDES, *(NEARDUP_OVERRIDES if args.neardup else [])]
         extra += [f"neardup.rows_per_group={args.rows_per_group}"] if args.rows_per_group else []
-        extra += args.set
+        extra += [*args.set, *(["--decontaminate", f"{b}/eval"] if args.decontam else [])]
         common = ["--pool", f"{b}/pool", "--meru", f"{b}/models/meru.safetensors", "--clip",
                   f"{b}/models/clip.safetensors", "--class-images", f"{b}/classes",
                   "--out", f"s3://{run_bucket}/run", *extra]  # fmt: skip

@@ -406,6 +406,7 @@ def probe_from_run(run: Path, summary: dict, *, samples: int, shards: int, worke
         "top_n": read_json(run / "reference" / "top_n.json") or {},
         "reference": read_json(run / "reference.json") or {},
         "clusters": read_json(run / "clusters" / "model.json") or {},
+        "decontam": read_json(run / "decontam" / "matches.json") or {},
     }
     folder_bytes = {
         p.name: sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size
@@ -547,7 +548,7 @@ def stage_requests(stage: str, shards: int, out_bytes: float, in_bytes: float, w
     # the stage's folder listed for finished shards: empty in a fresh run, except where a driver step wrote
     # into it first (the top N, the k-means model)
     lists = 1 if stage in ("reference", "clusters") else _lists(0)
-    if stage in ("embed", "classes"):
+    if stage in ("embed", "classes", "decontam_eval"):
         # driver: the input's identity (HEAD) for the fingerprint; worker: identity before and after the
         # read, the size (HEAD) and the 8 MiB chunks of the stream
         req = {"put": put, "list": lists, "pool_get": s * (3 + _stream_get(in_bytes))}
@@ -780,7 +781,8 @@ class _Estimate:
         run_fit = dataclasses.replace(fit, per_sample=per_sample)
         est = wall if fixed_only else fixed + run_fit.seconds(self.S, self.N) / self.par
         out_r = fit.out_bytes if fixed_only else fit.out_bytes * self.lin
-        per_shard_in = self.tar_bytes if name == "embed" else self.embed_bytes
+        # a tar of the pool for embed; the class and evaluation tars are not listed (one chunk each)
+        per_shard_in = {"embed": self.tar_bytes, "classes": 0, "decontam_eval": 0}.get(name, self.embed_bytes)
         shards_r = fit.shards if fixed_only else self.S
         req = requests or {}
         if requests is None and requests_as is not None:
@@ -888,10 +890,30 @@ class _Estimate:
 
     def decontam(self) -> None:
         # the evaluation set does not grow with the pool; the search does (every pool image against it)
-        self.map("decontam_eval", "decontam eval", "fixed", fixed_only=True, requests_as="classes")
+        self.map("decontam_eval", "decontam eval", "fixed", fixed_only=True)
         seconds, nbytes = _stage_seconds(self.probe, "decontam"), self.probe.folder_bytes.get("decontam", 0)
-        req = driver_requests("decontam", self.S, self.embed_bytes)
-        self.driver("decontam search", seconds, self.lin, "samples", nbytes * self.lin, req)
+        self.driver(
+            "decontam search", seconds, self.lin, "samples", nbytes * self.lin, self.decontam_requests()
+        )
+
+    def decontam_requests(self) -> dict:
+        """The search: the evaluation folders listed (each task's and its split's), the matches' marker
+        looked for, each evaluation part's features and each pool shard's read; with the copy check, each
+        evaluation tar and each pool shard's tar read once more (an upper bound: a shard without
+        candidates is not read), the matches and their marker written."""
+        fit = _shard_fit(self.probe, "decontam_eval")
+        marker = self.probe.markers.get("decontam") or {}
+        tasks = len(marker.get("tasks") or {}) or fit.shards
+        req = _add(
+            driver_requests("decontam", self.S, self.embed_bytes),
+            {
+                "get": fit.shards * _parquet_get(fit.out_bytes / max(1, fit.shards)),
+                "pool_list": 2 + 2 * tasks,
+            },
+        )
+        if "candidates_checked" in (marker.get("copy_check") or {}):
+            req = _add(req, {"pool_get": fit.shards * _stream_get(0) + self.S * _stream_get(self.tar_bytes)})
+        return req
 
     def merge(self) -> None:
         self.map("merge", "merge", "samples")
