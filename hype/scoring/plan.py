@@ -34,8 +34,9 @@ that load. Nothing is written into the run folder; the probe's folder is deleted
 Bucket requests follow the run contract (`hype.scoring.runner`, `rundir`, `stage_*`), counted per object
 operation at the price a real S3 server answers for it (measured with SeaweedFS's request counters:
 tests/test_storage.py checks each price, tests/test_storage_pipeline.py a whole run, bench/plan_requests.py
-larger pools). HEAD is billed as a GET on S3 and counted with them; `pool_get`/`pool_list` are the
-requests outside the run folder (the pool's tars, the class images, models in a bucket). The prices:
+larger pools, groups of clusters, decontamination). HEAD is billed as a GET on S3 and counted with them;
+`pool_get`/`pool_list` are the requests outside the run folder (the pool's tars, the class images and
+evaluation sets, models in a bucket). The prices:
 
     Parquet read (`_parquet_get`)  HEAD at open; pyarrow's footer read, its last 64 KiB (a smaller file
                                    is read whole by it and the read-ahead cache keeps it: 2 in all); then
@@ -49,7 +50,8 @@ requests outside the run folder (the pool's tars, the class images, models in a 
     listing                        one LIST per 1,000 names; an empty or missing folder is 2 (s3fs then
                                    lists the parent): a fresh run's stage folders are empty when listed
     model in a bucket              LIST (a folder?) + one GET into the process's cache (`cached_copy`): the
-                                   driver's copy, and each worker process's (pool of processes, Ray)
+                                   driver's copy, and each Ray worker's
+    written set                    PUT, then its size (HEAD) and its digest (streamed) for the marker
 
 What the model got wrong before it was measured (3 shards, near-duplicates on: plan 294 GET, 55 PUT,
 10 LIST against the server's 380, 68, 52): every small Parquet read was priced 3 (2 is right: the footer
@@ -57,10 +59,11 @@ read holds the file) and a large one at one GET per 4 MiB (pyarrow asks for rang
 one GET: a 40 MB file is 4, not 12); the card's reads (every stage folder looked for and listed, every
 marker read: 20% of the GETs) were priced as 8 parts; the markers a fresh run looks for before writing
 them, the empty-folder listings, the lock's DELETE, the run's own summary writes and the class images'
-listing were left out; the near-duplicate stage was not counted. Not measured yet: the decontamination
-stages (counted by the same prices, their evaluation parts' reads left out), Ray and process-pool
-workers (their per-worker set and model loads are counted, not checked), files over 100 MiB. Counts are
-of a fresh run: a resumed one reads markers that exist instead of recomputing.
+listing were left out; the near-duplicate stage was not counted, nor the decontamination search's
+evaluation folders, parts and tars. The copy check reads a pool shard's tar only when the shard has
+candidates: every shard is counted (an upper bound). Not measured: Ray workers (each actor's sets and
+models are counted once per stage), multipart uploads (files over 100 MiB). Counts are of a fresh run:
+a resumed one reads markers that exist instead of recomputing.
 """
 
 from __future__ import annotations
