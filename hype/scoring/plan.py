@@ -768,12 +768,12 @@ class _Estimate:
         fixed_only: bool = False,
         driver_s: float = 0.0,
         extra_per_sample: float = 0.0,
-        requests_as: str | None = "",
         requests: dict | None = None,
+        more_requests: dict | None = None,
     ) -> None:
         """A per-shard stage: its probe shards' fit (`_shard_fit`) extrapolated to the pool, plus its fixed
-        cost. `requests_as`: the stage whose request pattern it has ("" its own; None: not counted);
-        `requests`: its requests counted by the caller instead."""
+        cost. `requests`: its bucket requests when the caller counts them (else `stage_requests`), plus
+        `more_requests`."""
         probe, W = self.probe, self.W
         fit = _shard_fit(probe, name)
         if fit.shards == 0:
@@ -787,9 +787,10 @@ class _Estimate:
         # a tar of the pool for embed; the class and evaluation tars are not listed (one chunk each)
         per_shard_in = {"embed": self.tar_bytes, "classes": 0, "decontam_eval": 0}.get(name, self.embed_bytes)
         shards_r = fit.shards if fixed_only else self.S
-        req = requests or {}
-        if requests is None and requests_as is not None:
-            req = stage_requests(requests_as or name, shards_r, out_r / max(1, shards_r), per_shard_in, W)
+        req = requests
+        if req is None:
+            req = stage_requests(name, shards_r, out_r / max(1, shards_r), per_shard_in, W)
+        req = _add(req, more_requests or {})
         row = Row(label, scales, round(wall, 3), round(fixed, 3), round(est, 3), int(out_r), req)
         if not fixed_only:
             row.per_shard_s, row.per_sample_s = run_fit.per_shard, run_fit.per_sample
@@ -815,9 +816,7 @@ class _Estimate:
                 _stage_seconds(self.probe, "metadata"),
                 self.probe.folder_bytes.get("metadata", 0),
             )
-        self.map("embed", "embed", "samples")
-        if self.rows[-1].stage == "embed":  # each worker process loads both models
-            self.rows[-1].requests = _add(self.rows[-1].requests, self.model_copies(2, self.S))
+        self.map("embed", "embed", "samples", more_requests=self.model_copies(2, self.S))  # both models
 
     def dedup(self) -> None:
         probe = self.probe
@@ -856,15 +855,13 @@ class _Estimate:
         self.map("specificity", "specificity", "samples x M", extra_per_sample=self.m_more)
 
     def classes(self) -> None:
-        self.map("classes", "classes", "fixed", fixed_only=True)
-        if self.rows[-1].stage == "classes":  # each worker process loads CLIP
-            tasks = _shard_fit(self.probe, "classes").shards
-            self.rows[-1].requests = _add(self.rows[-1].requests, self.model_copies(1, tasks))
+        tasks = _shard_fit(self.probe, "classes").shards
+        self.map("classes", "classes", "fixed", fixed_only=True, more_requests=self.model_copies(1, tasks))
 
     def model_copies(self, models: int, tasks: int) -> dict:
-        """Models fetched by a stage's worker processes (none when it runs in the driver's process, whose
-        copies `driver_requests` counts): each a LIST (a folder?) and one GET (`cached_copy`)."""
-        if not storage.is_url(str(self.cfg.meru)) or (self.W == 1 and self.cfg.executor.kind != "ray"):
+        """Models fetched by a stage's Ray workers (none on the local executor: it runs in the driver's
+        process, whose copies the run's row counts): each a LIST (a folder?) and one GET (`cached_copy`)."""
+        if not storage.is_url(str(self.cfg.meru)) or self.cfg.executor.kind != "ray":
             return {}
         n = models * min(self.W, tasks)
         return {"pool_get": n, "pool_list": n}
@@ -936,9 +933,8 @@ class _Estimate:
             self.S, groups, split, members, self.embed_bytes, self.W, clusters=k, reuse=reuse
         )
         self.map("neardup_split", "neardup split", "samples", requests=req["split"])
-        self.map("neardup", "neardup groups", "samples", requests=req["groups"])
-        if self.rows and self.rows[-1].stage == "neardup groups":  # the driver's steps are in its time
-            self.rows[-1].requests = _add(req["groups"], req["driver"])
+        # the driver's steps (k-means, gathering) are in the groups' time
+        self.map("neardup", "neardup groups", "samples", requests=_add(req["groups"], req["driver"]))
 
     def neardup_groups(self) -> int:
         return max(1, math.ceil(self.N / self.cfg.neardup.rows_per_group))
