@@ -53,7 +53,7 @@ class S3Server:
         self.root = root
         self.data = root / "data"
         self.data.mkdir(parents=True, exist_ok=True)
-        self.ports = {name: _free_port_pair() for name in ("master", "volume", "filer", "s3")}
+        self.ports = {name: _free_port_pair() for name in ("master", "volume", "filer", "s3", "metrics")}
         self.endpoint = f"http://127.0.0.1:{self.ports['s3']}"
         config = {
             "identities": [
@@ -103,6 +103,7 @@ class S3Server:
                 "-master.telemetry=false",
                 "-volume.max=0",
                 "-master.volumeSizeLimitMB=64",
+                f"-metricsPort={self.ports['metrics']}",  # Prometheus counters: `request_counts`
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -165,6 +166,19 @@ class S3Server:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+    def request_counts(self, bucket: str) -> dict[str, int]:
+        """The S3 requests the server has answered on `bucket` so far, by its request type (`GET`, HEAD
+        included; `PUT`; `LIST`; `DELETE`; ...), every status code summed: its Prometheus counter
+        `SeaweedFS_s3_request_total`."""
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.ports['metrics']}/metrics", timeout=10).read()  # noqa: S310
+        counts: dict[str, int] = {}
+        for line in text.decode().splitlines():
+            if line.startswith("SeaweedFS_s3_request_total{") and f'bucket="{bucket}"' in line:
+                labels, value = line.rsplit(" ", 1)
+                kind = labels.split('type="', 1)[1].split('"', 1)[0]
+                counts[kind] = counts.get(kind, 0) + int(float(value))
+        return counts
 
     def bucket(self, prefix: str = "hype") -> str:
         """A fresh, empty bucket; returns its name."""

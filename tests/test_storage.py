@@ -23,6 +23,7 @@ from hype.io import (
     open_input,
     read_bytes,
     read_json,
+    read_parquet,
     storage,
     write_json,
     write_parquet,
@@ -81,6 +82,47 @@ def _kill_when_ready(s3, body: str, ready: str) -> None:
     assert proc.stdout.readline().strip() == ready
     proc.kill()
     proc.wait(10)
+
+
+def test_the_plans_price_of_each_storage_operation_is_what_the_server_counts(s3):
+    """`hype plan` counts a run's bucket requests from a price per storage operation (hype.scoring.plan);
+    each price is checked against SeaweedFS's own request counters (HEAD counts as GET there, as on S3's
+    bill), at the sizes where it changes: a Parquet file inside pyarrow's 64 KiB footer read, one of a
+    few MB, one whose columns span two 32 MiB pre-buffer ranges."""
+    from hype.scoring import plan
+
+    bucket = s3.bucket()
+    root = f"s3://{bucket}/run"
+
+    def count(op) -> dict[str, int]:
+        before = s3.request_counts(bucket)
+        op()
+        after = s3.request_counts(bucket)
+        return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+
+    rng = np.random.default_rng(0)
+    for rows, cols in ((100, 1), (20_000, 2), (2_500_000, 4)):  # ~1 KB, ~160 KB, ~40 MB
+        table = pa.table({f"c{i}": rng.standard_normal(rows, dtype=np.float32) for i in range(cols)})
+        url = f"{root}/t{rows}.parquet"
+        assert count(lambda u=url, t=table: write_parquet(u, t)) == {"PUT": 1}
+        n = storage.size(url)
+        assert count(lambda u=url: read_parquet(u)) == {"GET": plan._parquet_get(n)}, n
+    assert plan._parquet_get(1 << 10) == 2 and plan._parquet_get(45 << 20) == 4  # the three prices
+
+    assert count(lambda: write_json(f"{root}/m.json", {"k": 1})) == {"PUT": plan._put(20)}
+    assert count(lambda: read_json(f"{root}/m.json")) == {"GET": plan._JSON_GET}
+    missing = {k.upper(): v for k, v in plan._MISSING.items()}
+    assert count(lambda: read_json(f"{root}/not-yet.json")) == missing
+    assert count(lambda: storage.list_sizes(root)) == {"LIST": plan._lists(4)}
+    assert count(lambda: storage.list_sizes(f"{root}/empty")) == {"LIST": plan._lists(0)}
+    big = f"{root}/t2500000.parquet"
+    assert count(lambda: file_digest(big)) == {"GET": plan._stream_get(storage.size(big))}
+
+    def written_digest():  # the reference stage's sets: written, then their size and digest for the marker
+        write_json(f"{root}/set.json", {"k": 2})
+        assert storage.size(f"{root}/set.json") and file_digest(f"{root}/set.json")
+
+    assert count(written_digest) == {"PUT": 1, "GET": plan._written_digest(20)}
 
 
 def test_a_killed_writer_leaves_no_object(s3, tmp_path):

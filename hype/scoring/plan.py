@@ -32,14 +32,38 @@ run's K and points. The load average at the probe's start and end is recorded: t
 that load. Nothing is written into the run folder; the probe's folder is deleted.
 
 Bucket requests follow the run contract (`hype.scoring.runner`, `rundir`, `stage_*`), counted per object
-operation as s3fs performs them (`hype.io.storage`): a random-access read (a Parquet file's columns, a
-JSON marker) is one HEAD at open plus its ranged GETs (Parquet: the footer, then one GET per 4 MiB of the
-file: `open_remote`'s read-ahead block); a streamed tar is one HEAD plus one GET per 8 MiB chunk
-(`RemoteStream`), and `file_identity` HEADs it before and after; every write is one PUT (an upload of a
-finished local file: `atomic_write`; s3fs turns files over 100 MiB into multipart uploads, counted as
-1 + parts + 1); a listing is one LIST per 1,000 names (`list_sizes`). HEAD is billed as a GET on S3 and
-counted with them. A fresh run is counted: a resumed one reads markers that exist instead of recomputing.
-The near-duplicate stage's requests are not counted.
+operation at the price a real S3 server answers for it (measured with SeaweedFS's request counters:
+tests/test_storage.py checks each price, tests/test_storage_pipeline.py a whole run, bench/plan_requests.py
+larger pools, groups of clusters, decontamination). HEAD is billed as a GET on S3 and counted with them;
+`pool_get`/`pool_list` are the requests outside the run folder (the pool's tars, the class images and
+evaluation sets, models in a bucket). The prices:
+
+    Parquet read (`_parquet_get`)  HEAD at open; pyarrow's footer read, its last 64 KiB (a smaller file
+                                   is read whole by it and the read-ahead cache keeps it: 2 in all); then
+                                   one GET per pre-buffered range: column chunks coalesced up to 32 MiB
+    marker read                    HEAD + GET; a marker not written yet (every `completed` check of a fresh
+                                   run) is HEAD (404) + a LIST of `key/` (s3fs rules out a folder)
+    streamed object                HEAD (size) + one GET per 8 MiB chunk (`RemoteStream`: tars, digests);
+                                   a tar has 3 HEADs more: the driver's and the worker's `file_identity`
+                                   before, the worker's after the read
+    write                          one PUT (`atomic_write`); over 100 MiB s3fs uploads in parts: 1 + parts + 1
+    listing                        one LIST per 1,000 names; an empty or missing folder is 2 (s3fs then
+                                   lists the parent): a fresh run's stage folders are empty when listed
+    model in a bucket              LIST (a folder?) + one GET into the process's cache (`cached_copy`): the
+                                   driver's copy, and each Ray worker's
+    written set                    PUT, then its size (HEAD) and its digest (streamed) for the marker
+
+What the model got wrong before it was measured (3 shards, near-duplicates on: plan 294 GET, 55 PUT,
+10 LIST against the server's 380, 68, 52): every small Parquet read was priced 3 (2 is right: the footer
+read holds the file) and a large one at one GET per 4 MiB (pyarrow asks for ranges of up to 32 MiB, each
+one GET: a 40 MB file is 4, not 12); the card's reads (every stage folder looked for and listed, every
+marker read: 20% of the GETs) were priced as 8 parts; the markers a fresh run looks for before writing
+them, the empty-folder listings, the lock's DELETE, the run's own summary writes and the class images'
+listing were left out; the near-duplicate stage was not counted, nor the decontamination search's
+evaluation folders, parts and tars. The copy check reads a pool shard's tar only when the shard has
+candidates: every shard is counted (an upper bound). Not measured: Ray workers (each actor's sets and
+models are counted once per stage), multipart uploads (files over 100 MiB). Counts are of a fresh run:
+a resumed one reads markers that exist instead of recomputing.
 """
 
 from __future__ import annotations
@@ -62,7 +86,8 @@ PROBE_SAMPLES = 1024
 ENERGY_CALIBRATION_REFS = 20_000  # the largest reference set the L_e kernel is timed on
 ENERGY_ROWS = 256  # pool rows per timed L_e call
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
-PARQUET_BLOCK = 4 << 20  # open_remote's read-ahead block
+FOOTER_READ = 64 << 10  # pyarrow's first read of a Parquet file: its last 64 KiB
+PARQUET_RANGE = 32 << 20  # pyarrow's pre-buffer coalesces column chunks into ranges of up to 32 MiB
 STREAM_CHUNK = 8 << 20  # RemoteStream's chunk
 MULTIPART_OVER = 100 << 20  # s3fs put_file: single PUT below 2 x its 50 MiB chunk
 MULTIPART_PART = 50 << 20
@@ -224,6 +249,7 @@ class Probe:
     kmeans: dict | None = None  # k-means timed at (up to) the run's size: points, k, seconds
     energy: dict[int, float] = field(default_factory=dict)  # reference size -> seconds per pool row of L_e
     load: dict = field(default_factory=dict)  # 1-minute load average at the probe's start and end
+    card_files: dict[str, int] = field(default_factory=dict)  # files the card digests -> their bytes
 
 
 def _probe_pool(size: PoolSize, samples: int, shards: int, folder: Path) -> int:
@@ -370,6 +396,43 @@ def _device(executor, device: str) -> str:
     return resolve_device(resolve(device) if resolve is not None else device)
 
 
+def probe_from_run(run: Path, summary: dict, *, samples: int, shards: int, workers: int) -> Probe:
+    """What the estimate takes from a finished run folder on local disk (the probe's): the shards' markers,
+    the driver steps' markers, the bytes of each top-level entry and of the files the card digests.
+    Timings beyond the summary's (k-means, the L_e kernel, start-up) are left empty."""
+    from hype.scoring.rundir import RunDir
+
+    stats = {
+        d.name: [read_json(f) for f in sorted(d.glob("*_stats.json"))] for d in run.iterdir() if d.is_dir()
+    }
+    markers = {
+        "top_n": read_json(run / "reference" / "top_n.json") or {},
+        "reference": read_json(run / "reference.json") or {},
+        "clusters": read_json(run / "clusters" / "model.json") or {},
+        "decontam": read_json(run / "decontam" / "matches.json") or {},
+    }
+    folder_bytes = {
+        p.name: sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size
+        for p in run.iterdir()
+    }
+    rd = RunDir(run)
+    card_files = {
+        p.name: p.stat().st_size for p in (rd.reference, rd.centroids, rd.targets, rd.config) if p.exists()
+    }
+    return Probe(
+        samples=samples,
+        shards=shards,
+        workers=workers,
+        executor_start_s=0.0,
+        startup_s=0.0,
+        summary=summary,
+        stats=stats,
+        markers=markers,
+        folder_bytes=folder_bytes,
+        card_files=card_files,
+    )
+
+
 def run_probe(
     cfg: ScoreConfig, size: PoolSize, samples: int = PROBE_SAMPLES, *, log: Callable[[str], None] = print
 ) -> Probe:
@@ -411,39 +474,17 @@ def run_probe(
             raise PlanError(f"the probe failed: {e}") from None
         except ScoreError as e:
             raise PlanError(str(e)) from None
-        run = tmp / "run"
-        stats = {
-            d.name: [read_json(f) for f in sorted(d.glob("*_stats.json"))]
-            for d in run.iterdir()
-            if d.is_dir()
-        }
-        markers = {
-            "top_n": read_json(run / "reference" / "top_n.json") or {},
-            "reference": read_json(run / "reference.json") or {},
-            "clusters": read_json(run / "clusters" / "model.json") or {},
-        }
-        kmeans = _time_kmeans(cfg, size.total, markers["clusters"], run / "clusters" / "centroids.npy")
-        energy = _time_energy(cfg, size.total, markers, stats, run, device)
-        folder_bytes = {
-            p.name: sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
-            if p.is_dir()
-            else p.stat().st_size
-            for p in run.iterdir()
-        }
-        return Probe(
-            samples=n,
-            shards=shards,
-            workers=workers,
+        probe = probe_from_run(tmp / "run", summary, samples=n, shards=shards, workers=workers)
+        probe.kmeans = _time_kmeans(
+            cfg, size.total, probe.markers["clusters"], tmp / "run" / "clusters" / "centroids.npy"
+        )
+        probe.energy = _time_energy(cfg, size.total, probe.markers, probe.stats, tmp / "run", device)
+        return dataclasses.replace(
+            probe,
             executor_start_s=start_s,
             startup_s=_startup_seconds(),
-            summary=summary,
-            stats=stats,
-            markers=markers,
-            folder_bytes=folder_bytes,
             settings={"num_clusters": k},
             device=device,
-            kmeans=kmeans,
-            energy=energy,
             load={"start": load_start, "end": _load()},
         )
     finally:
@@ -453,59 +494,153 @@ def run_probe(
 
 # --- bucket requests (see the module docstring for how each operation is counted) ---------------------
 
+REQUEST_KINDS = ("get", "put", "list", "delete", "pool_get", "pool_list")
+
 
 def _parquet_get(nbytes: float) -> float:
-    """HEAD at open + the footer + one GET per read-ahead block."""
-    return 2 + max(1, math.ceil(nbytes / PARQUET_BLOCK))
+    """A Parquet read: HEAD at open, pyarrow's footer read (the whole file when it is at most
+    FOOTER_READ bytes: the read-ahead cache then holds it), one GET per pre-buffered range."""
+    return 2 if nbytes <= FOOTER_READ else 2 + math.ceil(nbytes / PARQUET_RANGE)
 
 
 def _put(nbytes: float) -> float:
     return 1 if nbytes <= MULTIPART_OVER else 2 + math.ceil(nbytes / MULTIPART_PART)
 
 
+def _stream_get(nbytes: float) -> float:
+    """A whole object read front to back (`RemoteStream`, `file_digest`): its size (HEAD), its chunks."""
+    return 1 + max(1, math.ceil(nbytes / STREAM_CHUNK))
+
+
+def _written_digest(nbytes: float) -> float:
+    """A set the driver wrote, then its size (HEAD) and its digest (streamed) for its marker."""
+    return 1 + _stream_get(nbytes)
+
+
 _JSON_GET = 2  # HEAD + GET of a marker
+_MISSING = {"get": 1, "list": 1}  # a marker not written yet: HEAD (404), then a LIST of `key/` (a folder?)
 
 
 def _lists(names: float) -> float:
-    return max(1, math.ceil(names / LIST_PAGE))
+    """A folder's listing: one LIST per 1,000 names; an empty one is 2 (s3fs lists the parent too)."""
+    return 2 if names <= 0 else math.ceil(names / LIST_PAGE)
+
+
+def _add(*parts: dict) -> dict:
+    out: dict = {}
+    for part in parts:
+        for k, v in part.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+# per-shard stages: upstream markers read (by the driver for the fingerprint, again by the worker), Parquet
+# files read per shard, sets loaded once per worker (top N, reference, centroids and targets)
+_MARKERS = {"reference": 1, "specificity": 1, "captions": 1, "clusters": 2, "merge": 3, "neardup_split": 3}
+_PARQUETS = {"reference": 2, "specificity": 2, "captions": 1, "clusters": 2, "merge": 3, "neardup_split": 3}
+_SETS = {"reference": 1, "specificity": 1, "clusters": 2, "neardup_split": 1}
 
 
 def stage_requests(stage: str, shards: int, out_bytes: float, in_bytes: float, workers: int) -> dict:
-    """GET (HEAD included) / PUT / LIST of one stage of a fresh run over `shards` shards: `out_bytes` its
-    output per shard, `in_bytes` what each shard reads of its main input (a tar for embed/classes, the
-    embed output otherwise). Run-folder requests only, except embed's `pool_get` (reads of the pool)."""
+    """GET (HEAD included) / PUT / LIST of one per-shard stage of a fresh run over `shards` shards:
+    `out_bytes` its output per shard, `in_bytes` what each shard reads of its main input (a tar for
+    embed/classes, the embed output otherwise). Run-folder requests, and `pool_get`/`pool_list`: reads of
+    the pool or the class images."""
     s = shards
-    put_shard = _put(out_bytes) + 1  # output, then its marker
-    if stage in ("embed", "classes"):
+    put = s * (_put(out_bytes) + 1)  # output, then its marker
+    # the stage's folder listed for finished shards: empty in a fresh run, except where a driver step wrote
+    # into it first (the top N, the k-means model)
+    lists = 1 if stage in ("reference", "clusters") else _lists(0)
+    if stage in ("embed", "classes", "decontam_eval"):
         # driver: the input's identity (HEAD) for the fingerprint; worker: identity before and after the
         # read, the size (HEAD) and the 8 MiB chunks of the stream
-        pool = s * (1 + 2 + 1 + max(1, math.ceil(in_bytes / STREAM_CHUNK)))
-        return {"get": 0, "put": s * put_shard, "list": _lists(2 * s), "pool_get": pool}
-    marker_reads = {"reference": 1, "specificity": 1, "captions": 1, "clusters": 2, "merge": 3}[stage]
-    parquet_reads = {"reference": 2, "specificity": 2, "captions": 1, "clusters": 2, "merge": 3}[stage]
-    # upstream markers read for the fingerprint by the driver and again by the worker (`upstream_digest`);
-    # the sets (top N, reference, centroids) loaded once per worker
-    get = s * (2 * marker_reads * _JSON_GET + parquet_reads * _parquet_get(in_bytes))
-    get += min(workers, s) * 2 if stage in ("reference", "specificity", "clusters") else 0
-    lists = _lists(2 * s) * (3 if stage == "merge" else 1)  # merge: merge/, scores/ and the stale-part check
-    return {"get": get, "put": s * put_shard, "list": lists}
+        req = {"put": put, "list": lists, "pool_get": s * (3 + _stream_get(in_bytes))}
+        if stage == "classes":  # the class images listed; the driver then reads every shard's features
+            req |= {"get": s * _parquet_get(out_bytes), "pool_list": _lists(0)}
+        return req
+    get = s * (2 * _MARKERS[stage] * _JSON_GET + _PARQUETS[stage] * _parquet_get(in_bytes))
+    get += min(workers, s) * _SETS.get(stage, 0) * _JSON_GET
+    if stage == "merge":  # stale parts looked for before the map; merge/ and scores/ listed in it
+        lists += 2 * _lists(0)
+    return {"get": get, "put": put, "list": lists}
 
 
-def driver_requests(step: str, shards: int, in_bytes: float) -> dict:
-    """Requests of the driver steps that stream every shard's embed output."""
+def neardup_requests(
+    shards: int,
+    groups: int,
+    split_bytes: float,
+    member_bytes: float,
+    embed_bytes: float,
+    workers: int,
+    *,
+    clusters: int,
+    reuse: bool,
+) -> dict[str, dict]:
+    """Requests of the near-duplicate stage (`hype.scoring.stage_neardup`), per part: `SplitStage` per
+    shard (`split_bytes` each), `GroupStage` per group of clusters (each reads its row group of every
+    shard: the shard's marker, then the row group when it has one: only `clusters` groups hold rows;
+    `member_bytes` written per group), and the driver (its own k-means unless it `reuse`s c_IN's;
+    groups.parquet and edges.parquet gathered)."""
+    s, g = shards, groups
+    split = stage_requests("neardup_split", s, split_bytes, embed_bytes, workers)
+    if not reuse:  # no cluster column to read: the stage's own centroids assign each row instead
+        split["get"] -= s * (2 * _JSON_GET + _parquet_get(embed_bytes))
+    filled = max(1, min(g, clusters))  # a cluster's group is `cluster % groups`
+    group = {
+        "get": g * s * _JSON_GET + filled * s * _parquet_get(split_bytes / filled),
+        "put": 3 * g,  # edges, members, marker
+        "list": 1 if not reuse else _lists(0),  # its own k-means wrote into neardup/ first
+    }
+    driver = _add(
+        _MISSING,
+        {"get": 2 * g * _parquet_get(member_bytes), "put": 3},  # both files of each group; groups.json
+    )
+    if not reuse:  # the k-means model: its marker looked for, the features sampled, centroids + marker
+        driver = _add(driver, _MISSING, {"get": s * _parquet_get(embed_bytes), "put": 2})
+    return {"split": split, "groups": group, "driver": driver}
+
+
+def driver_requests(
+    step: str, shards: int, in_bytes: float, aux_bytes: float = 0.0, sets: tuple[float, ...] = ()
+) -> dict:
+    """Requests of the driver steps that stream every shard's embed output (`in_bytes` per shard;
+    `aux_bytes`: the shard's other input, the reference candidates or the caption flags; `sets`: the
+    sizes of the sets it writes and digests, the top N and the reference)."""
     s = shards
-    if step == "dedup":  # uids of each shard; the list written, then read back
-        return {"get": s * _parquet_get(in_bytes) + _parquet_get(0), "put": 2, "list": 0}
-    if step == "reference select":  # cos θ of each shard, top-N gather; candidates; two M-row gathers
-        return {"get": s * _parquet_get(in_bytes) * 5, "put": 4, "list": 0}
-    if step == "clusters train":  # CLIP features + caption flags of each shard; centroids, targets, marker
-        return {"get": s * _parquet_get(in_bytes) * 2, "put": 3, "list": 0}
-    if step == "decontam":  # CLIP features of each shard searched; the matches and their marker
-        return {"get": s * _parquet_get(in_bytes), "put": 2, "list": 0}
-    if step == "card":  # scores parts listed, up to 8 sampled, the markers' digests
-        return {"get": 1 + 8 * _parquet_get(in_bytes), "put": 1, "list": _lists(s)}
-    # run level: the lock (conditional create + heartbeat-free), config, plan, summary twice
-    return {"get": 2, "put": 5, "list": 0}
+    if step == "dedup":  # marker looked for; uids of each shard; the list written, then read back
+        return _add(_MISSING, {"get": s * _parquet_get(in_bytes) + _parquet_get(0), "put": 2})
+    if step == "reference select":
+        # top N: its marker looked for, cos θ of each shard, the top-N gather, written and digested;
+        # the reference: its marker, the candidates of each shard, two M-row gathers, written and digested
+        get = s * (4 * _parquet_get(in_bytes) + _parquet_get(aux_bytes)) + sum(map(_written_digest, sets))
+        return _add(_MISSING, _MISSING, {"get": get, "put": 4})
+    if step == "clusters train":  # marker looked for; features + caption flags of each shard; 3 files
+        get = s * (_parquet_get(in_bytes) + _parquet_get(aux_bytes))
+        return _add(_MISSING, {"get": get, "put": 3})
+    if step == "decontam":  # marker looked for; CLIP features of each shard searched; matches + marker
+        return _add(_MISSING, {"get": s * _parquet_get(in_bytes), "put": 2})
+    # run level: the bucket checked and the folder listed; plan.json (twice) and card.json looked for; the
+    # lock (created, released), config.yaml, plan.json, summary.json (started, planned, finished); the pool
+    # listed
+    return _add(_MISSING, _MISSING, _MISSING, {"list": 4, "put": 6, "delete": 1, "pool_list": 2})
+
+
+def card_requests(folders: dict[str, int], parts: int, part_bytes: float, files: list[float]) -> dict:
+    """`hype.scoring.card.write_card`: each stage folder of SHARD_STAGES looked for (HEAD + LIST) and, when
+    there (`folders`: stage -> markers), listed and every marker read; up to SAMPLE_PARTS scores parts
+    read; the digest of each optional file (reference, centroids, targets, config: `files`, their sizes)."""
+    from hype.scoring.card import SAMPLE_PARTS
+    from hype.scoring.rundir import SHARD_STAGES
+
+    req = {"get": 0.0, "put": 1, "list": 0.0}
+    for stage in (*SHARD_STAGES, "scores"):
+        n = parts if stage == "scores" else folders.get(stage, 0)
+        there = n > 0
+        req["get"] += 1 + (_JSON_GET * n if stage != "scores" else 0)
+        req["list"] += 1 + (_lists(2 * n if stage != "scores" else n) if there else 0)
+    req["get"] += min(SAMPLE_PARTS, parts) * _parquet_get(part_bytes)
+    req["get"] += sum(1 + _stream_get(b) for b in files)  # is_file (HEAD), then streamed
+    return req
 
 
 # --- the estimate ---------------------------------------------------------------------------------
@@ -614,8 +749,12 @@ class _Estimate:
         self.k_r = self.k_p if cfg.clusters.centroids else self.k_r
         self.pts_p = int(self.cl.get("train_points") or 1)
         self.tar_bytes = sum(size.tar_bytes) / max(1, self.S)
-        self.embed_bytes = _shard_fit(probe, "embed").out_bytes / max(1, n) * self.N / max(1, self.S)
+        self.embed_bytes = self.shard_bytes("embed")
         self.rows: list[Row] = []
+
+    def shard_bytes(self, stage: str) -> float:
+        """A per-shard stage's output bytes per shard of the run (its probe shards' bytes per sample)."""
+        return _shard_fit(self.probe, stage).out_bytes / max(1, self.probe.samples) * self.N / max(1, self.S)
 
     # --- rows of the three kinds ------------------------------------------------------------------
 
@@ -629,10 +768,12 @@ class _Estimate:
         fixed_only: bool = False,
         driver_s: float = 0.0,
         extra_per_sample: float = 0.0,
-        requests_as: str | None = "",
+        requests: dict | None = None,
+        more_requests: dict | None = None,
     ) -> None:
         """A per-shard stage: its probe shards' fit (`_shard_fit`) extrapolated to the pool, plus its fixed
-        cost. `requests_as`: the stage whose request pattern it has ("" its own; None: not counted)."""
+        cost. `requests`: its bucket requests when the caller counts them (else `stage_requests`), plus
+        `more_requests`."""
         probe, W = self.probe, self.W
         fit = _shard_fit(probe, name)
         if fit.shards == 0:
@@ -643,11 +784,13 @@ class _Estimate:
         run_fit = dataclasses.replace(fit, per_sample=per_sample)
         est = wall if fixed_only else fixed + run_fit.seconds(self.S, self.N) / self.par
         out_r = fit.out_bytes if fixed_only else fit.out_bytes * self.lin
-        per_shard_in = self.tar_bytes if name == "embed" else self.embed_bytes
+        # a tar of the pool for embed; the class and evaluation tars are not listed (one chunk each)
+        per_shard_in = {"embed": self.tar_bytes, "classes": 0, "decontam_eval": 0}.get(name, self.embed_bytes)
         shards_r = fit.shards if fixed_only else self.S
-        req = {}
-        if requests_as is not None:
-            req = stage_requests(requests_as or name, shards_r, out_r / max(1, shards_r), per_shard_in, W)
+        req = requests
+        if req is None:
+            req = stage_requests(name, shards_r, out_r / max(1, shards_r), per_shard_in, W)
+        req = _add(req, more_requests or {})
         row = Row(label, scales, round(wall, 3), round(fixed, 3), round(est, 3), int(out_r), req)
         if not fixed_only:
             row.per_shard_s, row.per_sample_s = run_fit.per_shard, run_fit.per_sample
@@ -673,7 +816,7 @@ class _Estimate:
                 _stage_seconds(self.probe, "metadata"),
                 self.probe.folder_bytes.get("metadata", 0),
             )
-        self.map("embed", "embed", "samples")
+        self.map("embed", "embed", "samples", more_requests=self.model_copies(2, self.S))  # both models
 
     def dedup(self) -> None:
         probe = self.probe
@@ -698,7 +841,11 @@ class _Estimate:
         # the L_e kernel timed at the probe's and the run's N: only the difference is added per row
         more = energy_per_row(probe.energy, self.top_r) - energy_per_row(probe.energy, self.top_p)
         self.map("reference", "reference cands", "samples x N", driver_s=drv, extra_per_sample=more)
-        req = driver_requests("reference select", self.S, self.embed_bytes)
+        top_n = float((probe.markers["top_n"].get("output") or {}).get("bytes", 0))
+        sets = (top_n * self.top_r / max(1, self.top_p), ref_bytes * self.m_r / max(1, self.m_p))
+        req = driver_requests(
+            "reference select", self.S, self.embed_bytes, self.shard_bytes("reference"), sets
+        )
         self.driver(
             "reference select", drv, self.lin, "samples", ref_bytes * self.m_r / max(1, self.m_p), req
         )
@@ -708,7 +855,16 @@ class _Estimate:
         self.map("specificity", "specificity", "samples x M", extra_per_sample=self.m_more)
 
     def classes(self) -> None:
-        self.map("classes", "classes", "fixed", fixed_only=True)
+        tasks = _shard_fit(self.probe, "classes").shards
+        self.map("classes", "classes", "fixed", fixed_only=True, more_requests=self.model_copies(1, tasks))
+
+    def model_copies(self, models: int, tasks: int) -> dict:
+        """Models fetched by a stage's Ray workers (none on the local executor: it runs in the driver's
+        process, whose copies the run's row counts): each a LIST (a folder?) and one GET (`cached_copy`)."""
+        if not storage.is_url(str(self.cfg.meru)) or self.cfg.executor.kind != "ray":
+            return {}
+        n = models * min(self.W, tasks)
+        return {"pool_get": n, "pool_list": n}
 
     def captions(self) -> None:
         self.map("captions", "captions", "samples")
@@ -728,24 +884,69 @@ class _Estimate:
                 if self.cfg.clusters.centroids
                 else (self.k_r * self.pts_r) / max(1, self.k_p * self.pts_p)
             )
-        req = driver_requests("clusters train", self.S, self.embed_bytes)
+        req = driver_requests("clusters train", self.S, self.embed_bytes, self.shard_bytes("captions"))
         self.driver("clusters train", train_s, k_scale, "K x points", 0, req)
         self.map("clusters", "clusters assign", "samples x K", self.k_r / max(1, self.k_p), driver_s=train_s)
 
     def decontam(self) -> None:
         # the evaluation set does not grow with the pool; the search does (every pool image against it)
-        self.map("decontam_eval", "decontam eval", "fixed", fixed_only=True, requests_as="classes")
+        self.map("decontam_eval", "decontam eval", "fixed", fixed_only=True)
         seconds, nbytes = _stage_seconds(self.probe, "decontam"), self.probe.folder_bytes.get("decontam", 0)
-        req = driver_requests("decontam", self.S, self.embed_bytes)
-        self.driver("decontam search", seconds, self.lin, "samples", nbytes * self.lin, req)
+        self.driver(
+            "decontam search", seconds, self.lin, "samples", nbytes * self.lin, self.decontam_requests()
+        )
+
+    def decontam_requests(self) -> dict:
+        """The search: the evaluation folders listed (each task's and its split's), the matches' marker
+        looked for, each evaluation part's features and each pool shard's read; with the copy check, each
+        evaluation tar and each pool shard's tar read once more (an upper bound: a shard without
+        candidates is not read), the matches and their marker written."""
+        fit = _shard_fit(self.probe, "decontam_eval")
+        marker = self.probe.markers.get("decontam") or {}
+        tasks = len(marker.get("tasks") or {}) or fit.shards
+        req = _add(
+            driver_requests("decontam", self.S, self.embed_bytes),
+            {
+                "get": fit.shards * _parquet_get(fit.out_bytes / max(1, fit.shards)),
+                "pool_list": 2 + 2 * tasks,
+            },
+        )
+        if "candidates_checked" in (marker.get("copy_check") or {}):
+            req = _add(req, {"pool_get": fit.shards * _stream_get(0) + self.S * _stream_get(self.tar_bytes)})
+        return req
 
     def merge(self) -> None:
         self.map("merge", "merge", "samples")
 
     def neardup(self) -> None:
+        from hype.scoring.clusters import default_num_clusters
+
         # groups of clusters hold `rows_per_group` rows each: their number grows with the pool
-        self.map("neardup_split", "neardup split", "samples", requests_as=None)
-        self.map("neardup", "neardup groups", "samples", requests_as=None)
+        groups = self.neardup_groups()
+        nc = self.cfg.neardup
+        reuse = bool(self.cl) and nc.reuse_clusters
+        k = self.k_r if reuse else nc.num_clusters or default_num_clusters(self.N)
+        fit = _shard_fit(self.probe, "neardup")
+        members = fit.out_bytes / max(1, self.probe.samples) * self.N / groups
+        split = self.shard_bytes("neardup_split")
+        req = neardup_requests(
+            self.S, groups, split, members, self.embed_bytes, self.W, clusters=k, reuse=reuse
+        )
+        self.map("neardup_split", "neardup split", "samples", requests=req["split"])
+        # the driver's steps (k-means, gathering) are in the groups' time
+        self.map("neardup", "neardup groups", "samples", requests=_add(req["groups"], req["driver"]))
+
+    def neardup_groups(self) -> int:
+        return max(1, math.ceil(self.N / self.cfg.neardup.rows_per_group))
+
+    def card_requests(self) -> dict:
+        """The card's reads of the run folder the run will leave (`card_requests`)."""
+        per_stage = {"classes": _shard_fit(self.probe, "classes").shards, "neardup": self.neardup_groups()}
+        folders = {k: per_stage.get(k, self.S) for k, v in self.probe.stats.items() if v}
+        scale = {"reference.safetensors": self.m_r / max(1, self.m_p), "centroids.npy": self.k_r / self.k_p}
+        files = [b * scale.get(name, 1.0) for name, b in self.probe.card_files.items()]
+        part_bytes = self.probe.folder_bytes.get("scores", 0) * self.lin / max(1, self.S)
+        return card_requests(folders, self.S, part_bytes, files)
 
 
 # The rows of each stage of `hype score`, in the order of `hype.scoring.runner.STAGES` (a test holds them
@@ -776,12 +977,15 @@ def estimate(cfg: ScoreConfig, size: PoolSize, probe: Probe) -> dict:
     for spec in STAGES:
         if spec.when(cfg):
             STAGE_ROWS[spec.name](est)
-    req = driver_requests("card", est.S, est.embed_bytes)
-    est.fixed("card", _stage_seconds(probe, "card"), probe.folder_bytes.get("card.json", 0), req)
+    est.fixed(
+        "card", _stage_seconds(probe, "card"), probe.folder_bytes.get("card.json", 0), est.card_requests()
+    )
     other = float(probe.summary.get("seconds", 0.0)) - sum(
         _stage_seconds(probe, k) for k in probe.summary.get("stages", {})
     )
-    est.fixed("driver other", max(0.0, other), 0, driver_requests("run", est.S, 0))
+    models = sum(storage.is_url(str(m)) for m in (cfg.meru, cfg.clip) if m)
+    req = _add(driver_requests("run", est.S, 0), {"pool_get": models, "pool_list": models})
+    est.fixed("driver other", max(0.0, other), 0, req)
     return _plan_dict(cfg, size, probe, est)
 
 
@@ -789,7 +993,7 @@ def _plan_dict(cfg: ScoreConfig, size: PoolSize, probe: Probe, est: _Estimate) -
     rows, W, par = est.rows, est.W, est.par
     total_s = sum(r.estimate_s for r in rows)
     fixed_s = sum(r.fixed_s for r in rows)
-    requests = {k: int(sum(r.requests.get(k, 0) for r in rows)) for k in ("get", "put", "list", "pool_get")}
+    requests = {k: int(sum(r.requests.get(k, 0) for r in rows)) for k in REQUEST_KINDS}
     device = probe.device
     gpus = 0
     if str(device).startswith("cuda"):
@@ -898,6 +1102,7 @@ def format_plan(plan: dict) -> str:
         f"  total: {_fmt_s(t['seconds'])} (fixed {_fmt_s(t['fixed_seconds'])}), {hours}, "
         f"{_fmt_b(t['output_bytes'])} written",
         f"  bucket requests (fresh run): run folder {q['get']:,} GET/HEAD, {q['put']:,} PUT, "
-        f"{q['list']:,} LIST; pool {q['pool_get']:,} GET/HEAD",
+        f"{q['list']:,} LIST, {q['delete']:,} DELETE; pool {q['pool_get']:,} GET/HEAD, "
+        f"{q['pool_list']:,} LIST",
     ]
     return "\n".join(lines)
