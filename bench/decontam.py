@@ -5,8 +5,8 @@
 
 On the synthetic world (`hype synth`, the demo's sizes): the pool is the world's pool (clean: no copy of
 an evaluation image) plus, for `--per-task` evaluation images of each of the 7 tasks, one copy of each
-kind (`hype.synth.contaminate`: exact, JPEG re-encoded, resized to 75%, cropped by 10%). Two `hype score
---decontaminate WORLD/eval` calls on one run (the second reuses every stage but the matches):
+kind (`hype.synth.contaminate`: exact, JPEG re-encoded, resized to 75%, cropped by 10%). `hype score
+--decontaminate WORLD/eval` calls on one run (each after the first reuses every stage but the matches):
     CLIP only         `--no-copy-check decontam.threshold=-1`: every pool sample's nearest image of every
                       task; the table's threshold is the cosine;
     CLIP (k) + copy check  `--copy-threshold -1 decontam.candidates=k`, for each k of `--candidates`:
@@ -20,18 +20,16 @@ task (`candidate_recall`): the copy check can only confirm a candidate, so this 
 
 The CLIP is the demo's scorer (`hype train --config tiny-clip` on the world's clean set, 6,400 samples
 seen, as configs/workflows/demo.yaml trains it) unless `--clip` gives one. Measured 2026-11-27 (2 CPU
-cores shared with 5 other agents; bench/RESULTS.md has the table): CLIP alone flags 1,985 of the 2,000
+cores shared with other agents; bench/RESULTS.md has the tables): CLIP alone flags 1,985 of the 2,000
 clean samples at cosine 0.95 (the tiny CLIP puts the median clean sample at cosine 0.9992 from its nearest
 evaluation image: the world's evaluation scenes come from the pool's small scene grammar). The copy check
-at 0.85 flags 165 (8%) and keeps every exact, JPEG and resized copy, but 10%-crops only at 0.75: their
-source is among the tiny CLIP's 3 nearest images of the task for 73% of them (nearest: 46%; 30 nearest:
-98%); with `decontam.candidates=30` (a run beside this one) crop10 recall is 0.977 at 0.85 and 274
-clean samples pass. Given the source (`source_similarity`, no CLIP), every one of the 1,400 copies
-scores >= 0.85 (lowest: crop10 0.853, resized 0.896, JPEG 0.963; crop10's 1st percentile 0.894). The
-clean samples it still passes are scenes that are, in pixels, nearly a crop of an evaluation scene
-(one object of the same shape, colour and place on the same flat background). The copy check took 859 s
-for 71,400 candidate pairs here (747 s for 714,000 with 30 candidates: the evaluation images' windows,
-recomputed for each pool shard, dominate); with a real CLIP a pool sample has few candidates.
+at 0.85 keeps every exact, JPEG and resized copy with any candidate count; 10%-crops need their source
+among the candidates (the tiny CLIP's 1 / 3 / 10 / 30 / 100 nearest: 46 / 73 / 90 / 98 / 100%): crop
+recall 0.749 / 0.977 / 1.0 with 3 / 30 / 100 candidates, clean samples flagged 165 / 274 / 333. Given the
+source (`source_similarity`, no CLIP), every one of the 1,400 copies scores >= 0.85 (lowest: crop10
+0.853). The clean samples it still passes are scenes that are, in pixels, nearly a crop of an evaluation
+scene (one object of the same shape, colour and place on the same flat background). The check took 57 /
+90 / 226 s for 71,291 / 706,257 / 2,082,121 candidate pairs.
 """
 
 from __future__ import annotations
