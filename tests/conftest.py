@@ -29,10 +29,10 @@ def cuda_device():
 # values as `hype run demo` variables.
 DEMO_OPTIONS = [
     "--size", "300", "--clean-size", "300", "--eval-size", "40", "--scorer-samples", "256",
-    "--subset-samples", "192", "--num-clusters", "8", "--no-progress",
+    "--subset-samples", "128", "--num-clusters", "8", "--no-progress",
 ]  # fmt: skip
 DEMO_VARS = [
-    "size=300", "clean_size=300", "eval_size=40", "scorer_samples=256", "subset_samples=192",
+    "size=300", "clean_size=300", "eval_size=40", "scorer_samples=256", "subset_samples=128",
     "num_clusters=8", "references=150",
 ]  # fmt: skip
 

@@ -62,8 +62,12 @@ def ray_env(temp_dir: str = "") -> dict:
     return dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled", HYPE_TEST_RAY=temp_dir)
 
 
-@pytest.fixture
-def ray_cluster(monkeypatch):
+@pytest.fixture(scope="session")
+def _ray_cluster_of_the_session():
+    """The cluster, started once per session (a start and a stop cost ~12 s on 2 cores idle, ~50 s loaded):
+    each test's drivers are their own Ray jobs, whose actors end with them; a test that kills a worker
+    kills an actor, not a node. Its address file is in its private temp dir, so a `ray.init()` without an
+    address elsewhere in the session still starts its own local Ray instead of joining this one."""
     temp_dir = tempfile.mkdtemp(prefix="hray", dir="/tmp")  # short: Ray's socket paths must fit 107 chars
     port = _free_port()
     env = ray_env(temp_dir)
@@ -84,12 +88,19 @@ def ray_cluster(monkeypatch):
         ):
             done = subprocess.run([*cmd, *common], env=env, capture_output=True, text=True, timeout=120)
             assert done.returncode == 0, f"{' '.join(cmd)}:\n{done.stdout}\n{done.stderr}"
-        # A driver in this process (RayExecutor, the download's Ray distributor) must join with the
-        # cluster's settings: `ray.init` leaves RAY_AUTH_MODE=token in os.environ, and a later driver in
-        # token mode saw every actor it started on this auth-less cluster die at once.
-        for name in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED"):
-            monkeypatch.setenv(name, env[name])
-        yield f"127.0.0.1:{port}"
+        yield f"127.0.0.1:{port}", env
     finally:
         _stop_cluster(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def ray_cluster(_ray_cluster_of_the_session, monkeypatch):
+    """The address of the session's two-node Ray cluster (127.0.0.1, one CPU per node)."""
+    address, env = _ray_cluster_of_the_session
+    # A driver in this process (RayExecutor, the download's Ray distributor) must join with the
+    # cluster's settings: `ray.init` leaves RAY_AUTH_MODE=token in os.environ, and a later driver in
+    # token mode saw every actor it started on this auth-less cluster die at once.
+    for name in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED"):
+        monkeypatch.setenv(name, env[name])
+    return address

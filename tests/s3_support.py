@@ -147,10 +147,13 @@ class S3Server:
         except Exception:  # noqa: BLE001 - not up yet
             return False
 
-    def stop(self) -> None:
+    def stop(self, term_s: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL after `term_s` (weed takes 15-25 s to exit on SIGTERM, so the outage a
+        test makes with it lasts `term_s`); `term_s=0`: SIGKILL at once, for a server being thrown away."""
         if self.proc is None:
             return
-        for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        steps = ((signal.SIGTERM, term_s),) if term_s > 0 else ()
+        for sig, grace in (*steps, (signal.SIGKILL, 5.0)):
             if self.proc.poll() is not None:
                 break
             try:
@@ -204,7 +207,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory):
     try:
         yield server
     finally:
-        server.stop()
+        server.stop(term_s=0)
 
 
 @pytest.fixture

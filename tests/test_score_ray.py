@@ -126,7 +126,9 @@ class _HangsOnce:
 
 
 def test_a_hung_task_times_out_and_is_retried_on_a_fresh_worker(ray_cluster, tmp_path):
-    result = _map_in_a_fresh_process(ray_cluster, _HangsOnce(tmp_path), [2, 3], task_timeout=20)
+    # The clock starts once a worker is set up, so the timeout only has to cover an instant task's round
+    # trip on a loaded machine; every second of it is waited out once by the hung attempts.
+    result = _map_in_a_fresh_process(ray_cluster, _HangsOnce(tmp_path), [2, 3], task_timeout=10)
     assert [r["square"] for r in result.results] == [4, 9] and not result.failures
     assert result.retries == 2 and result.ran == 2  # each task timed out once, then ran on a fresh worker
     hung = [int((tmp_path / f"{task}.started").read_text()) for task in (2, 3)]
@@ -142,7 +144,7 @@ class _SlowSetup:
     name = "slow-setup"
 
     def setup(self) -> None:
-        time.sleep(12)
+        time.sleep(7)  # longer than the task timeout (6 s): a clock started at submission ran out
 
     def run(self, task: int) -> dict:
         return {"task": task, "square": task * task}

@@ -300,7 +300,7 @@ def test_a_server_restart_mid_stream_is_retried_and_counted(tmp_path):
         assert storage.retry_count() > before
     finally:
         storage.configure(None)
-        server.stop()
+        server.stop(term_s=0)
 
 
 def test_errors_name_the_url_and_the_fix(s3):

@@ -298,7 +298,7 @@ def test_a_server_stopped_mid_run_fails_cleanly_or_retries_and_a_rerun_completes
         assert digest_list(f"{out}/embed", ".parquet") == digest_list(base / "embed", ".parquet")
     finally:
         storage.configure(None)
-        server.stop()
+        server.stop(term_s=0)
 
 
 # --- bad input ----------------------------------------------------------------------------------------
