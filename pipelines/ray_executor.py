@@ -9,6 +9,8 @@ and hands out the next as each finishes.
 Actors are sized from the stage's declared `resources()` (CPUs and GPUs per actor where it names them,
 else this executor's settings; the environment the actor process starts with) and told their CPU budget
 through the stage's `prepare_process(cpus)`; a stage that declares other resources gets a fresh pool.
+Actors run at the driver's scheduling priority, as the local executor's workers do: Ray's default
+(niceness 15) let any ordinary process on a node (the driver, another job) take the CPU from them.
 
 Failures: a shard whose actor dies (killed, out of memory, node lost) is given to a fresh actor; a shard
 whose run raises is retried on the same actor; a shard still running `task_timeout` seconds after its
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 import uuid
 from typing import Any
@@ -197,7 +200,8 @@ class RayExecutor(Executor):
             num_gpus=gpus,
             max_restarts=0,
             max_task_retries=0,
-            runtime_env={"env_vars": dict(env)},  # set before the actor process imports torch
+            # Set before the actor process imports torch; Ray reads the niceness when the process starts.
+            runtime_env={"env_vars": {**dict(env), "RAY_worker_niceness": str(max(0, os.nice(0)))}},
         )(_Worker)
         return cls.remote(cpus)
 

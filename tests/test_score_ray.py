@@ -159,6 +159,24 @@ def test_a_slow_setup_does_not_count_against_the_task_timeout(ray_cluster):
     assert [r["square"] for r in result.results] == [4, 9]
 
 
+class _Niceness:
+    """A stage that reports the scheduling priority (niceness) its worker process runs at."""
+
+    name = "niceness"
+
+    def run(self, task: int) -> dict:
+        return {"task": task, "nice": os.nice(0)}
+
+
+def test_workers_run_at_the_drivers_priority(ray_cluster):
+    """Before: Ray starts its workers at niceness 15, so any ordinary process on a node (the driver, another
+    job, a test's CPU burners) took the CPU from them: the bucket test's Ray run took 10x the local run's
+    time under load and hit its 600 s limit. The local executor's workers run at the driver's priority."""
+    result = _map_in_a_fresh_process(ray_cluster, _Niceness(), [1, 2], task_timeout=0)
+    assert not result.failures
+    assert [r["nice"] for r in result.results] == [os.nice(0)] * 2
+
+
 def _alive(pid: int) -> bool:
     try:
         return "zombie" not in Path(f"/proc/{pid}/status").read_text()
