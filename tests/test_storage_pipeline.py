@@ -24,6 +24,7 @@ from ray_support import needs_ray, ray_env
 from s3_support import ACCESS_KEY, SECRET_KEY, S3Server
 from test_score_support import BASE_OVERRIDES, baseline, cli_command, kill9, models, wait_for, world
 
+from hype.io import files as hype_files
 from hype.io import read_bytes, storage
 
 pytestmark = pytest.mark.slow
@@ -335,7 +336,9 @@ def test_missing_bucket_wrong_credentials_and_missing_object_are_clear_errors(ch
 REQUEST_TOLERANCE = 0.05
 
 
-def test_the_plans_bucket_requests_are_what_the_server_counts_for_the_run(chain, opts, tmp_path_factory):
+def test_the_plans_bucket_requests_are_what_the_server_counts_for_the_run(
+    chain, opts, tmp_path_factory, monkeypatch
+):
     """A fresh run (near-duplicate stage included) in a bucket of its own, counted by SeaweedFS's request
     counters, against `hype plan`'s estimate from a probe of the same size: the same world scored on local
     disk, so the plan's request model is checked without extrapolation (bench/plan_requests.py runs the
@@ -347,6 +350,9 @@ def test_the_plans_bucket_requests_are_what_the_server_counts_for_the_run(chain,
     from hype.scoring.plan import estimate, pool_size, probe_from_run
 
     local = neardup_run(tmp_path_factory)
+    # A `hype score` process starts without models fetched; in this test process, earlier tests fetched the
+    # same model URLs into `cached_copy`'s cache (2 pool LISTs and GETs fewer in a full suite run).
+    monkeypatch.setattr(hype_files, "_CACHED", {})
     run_bucket = chain.server.bucket("run")
     before = chain.server.request_counts(run_bucket), chain.server.request_counts(chain.bucket[5:])
     r = hype(opts, *chain.score(f"s3://{run_bucket}/run", *NEARDUP_OVERRIDES))
