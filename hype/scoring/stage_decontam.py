@@ -303,6 +303,10 @@ class _Block:
             self.images += images.values()
             pool_slot = np.array([slot.get(keys[r], -1) for r in cands.row.tolist()], dtype=np.int64)
             cands = cands.take(pool_slot >= 0)
+            # keep only the candidates' uid and key (not the shard's features): memory grows with pairs
+            rows = np.unique(cands.row)
+            t = t.select(["uid", "key"]).take(pa.array(rows))
+            cands.row = np.searchsorted(rows, cands.row)
             self.shards.append((task, t, cands, pool_slot[pool_slot >= 0]))
             self.pairs += len(cands.row)
         return len(self.images) >= BLOCK_IMAGES or self.pairs >= BLOCK_PAIRS
