@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -19,6 +20,7 @@ from s3_support import S3Server
 
 from hype.io import (
     atomic_write,
+    cached_copy,
     file_digest,
     open_input,
     read_bytes,
@@ -181,6 +183,7 @@ def test_an_unfinished_streaming_upload_leaves_no_object(s3, how):
     else:  # a program that ends without committing: the finalizers that run at exit must not complete it
         code = f"""
 import time
+from pathlib import Path
 from hype.io import storage
 storage.configure({s3.options!r})
 upload = storage.StreamingUpload(storage.location({url!r}), part_size=5 << 20)
@@ -301,6 +304,27 @@ def test_a_server_restart_mid_stream_is_retried_and_counted(tmp_path):
     finally:
         storage.configure(None)
         server.stop(term_s=0)
+    # The killed server's unix sockets (weed names them by port in /tmp) went with it; its logs were its own.
+    ports = {str(p) for port in server.ports.values() for p in (port, port + 10000)}
+    assert not [s for s in Path("/tmp").glob("seaweedfs-*.sock") if s.stem.rsplit("-", 1)[1] in ports]
+    assert list((tmp_path / "server").glob("weed.*INFO*"))
+
+
+def test_a_cached_copy_is_of_the_url_read_with_these_storage_options(s3, monkeypatch):
+    from hype.io import files
+
+    monkeypatch.setattr(files, "_CACHED", {})
+    url = f"s3://{s3.bucket()}/models/m.bin"
+    write_json(url, {"v": 1})
+    first = cached_copy(url)
+    assert read_json(first) == {"v": 1} and cached_copy(url) == first  # downloaded once
+    # The same name read with other options (another endpoint, other credentials) is not that copy: with a
+    # wrong secret it is refused, not answered from the cache (it was, when the URL alone was the key).
+    storage.configure({**s3.options, "secret": "wrong"})
+    with pytest.raises(storage.StorageError, match="access refused"):
+        cached_copy(url)
+    storage.configure(s3.options)
+    assert cached_copy(url) == first
 
 
 def test_errors_name_the_url_and_the_fix(s3):

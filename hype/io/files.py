@@ -76,17 +76,20 @@ def local_file(path: str | PathLike | storage.AnyPath) -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-_CACHED: dict[str, Path] = {}
+_CACHED: dict[tuple[str, str], Path] = {}
 
 
 def cached_copy(path: str | PathLike | storage.AnyPath) -> Path:
     """`path` as a local file or folder that stays for the life of this process: a local path as it is;
     a URL (a checkpoint, an open_clip folder) downloaded once per process into a private temporary
-    folder, removed at exit. For inputs several steps open by name (model config, digest, weights)."""
+    folder, removed at exit. For inputs several steps open by name (model config, digest, weights).
+    Keyed by the URL and the storage options it is read with: the same name on another endpoint (or
+    with other credentials) is another object."""
     p = storage.location(path)
     if not storage.is_url(p):
         return p
-    key = str(p)
+    # In memory only; the options (credentials too) are never written anywhere from here.
+    key = (str(p), json.dumps(storage.options_for(p.protocol), sort_keys=True, default=repr))
     if key not in _CACHED or not _CACHED[key].exists():
         folder = Path(tempfile.mkdtemp(prefix=".hype-cache-"))
         atexit.register(shutil.rmtree, folder, ignore_errors=True)
