@@ -108,6 +108,7 @@ class S3Server:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env={**os.environ, "TMPDIR": str(self.root)},  # its log files (glog) here, not in /tmp
         )
         log.close()
         deadline = time.monotonic() + timeout
@@ -165,6 +166,17 @@ class S3Server:
             except subprocess.TimeoutExpired:
                 continue
         self.proc = None
+        self._remove_sockets()
+
+    def _remove_sockets(self) -> None:
+        """weed makes unix sockets `/tmp/seaweedfs-<part>-<port>.sock` (not movable, not removed when it is
+        killed) for its HTTP and gRPC ports: ours go with the process."""
+        for port in self.ports.values():
+            for sock in (
+                *Path("/tmp").glob(f"seaweedfs-*-{port}.sock"),
+                *Path("/tmp").glob(f"seaweedfs-*-{port + 10000}.sock"),
+            ):
+                sock.unlink(missing_ok=True)
 
     def restart(self) -> None:
         self.stop()
