@@ -1,12 +1,14 @@
 """Fixtures shared by several test files."""
 
 import os
-import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from background import _background_runs, background_run, readers_last, waited  # noqa: F401 - a fixture
 
 # s3_server / s3: a SeaweedFS S3 server on 127.0.0.1 (per session); ray_cluster: a two-node Ray cluster.
+# _background_runs: the long runs some tests read, started when the session begins (tests/background.py).
 pytest_plugins = ["s3_support", "ray_support"]
 
 
@@ -37,10 +39,19 @@ DEMO_VARS = [
 ]  # fmt: skip
 
 
+@background_run("demo_run", timeout=900)
+def _demo_command(folder: Path) -> list[str]:
+    return [sys.executable, "-m", "hype.cli", "demo", "--out", str(folder / "demo"), *DEMO_OPTIONS]
+
+
 @pytest.fixture(scope="session")
-def demo_run(tmp_path_factory):
-    """One `hype demo` at the small sizes (Ray scoring, every step), made once per session: test_demo
-    checks it and its resume, test_workflow's kill test compares its interrupted runs with it."""
-    out = tmp_path_factory.mktemp("demo-run") / "demo"
-    cmd = [sys.executable, "-m", "hype.cli", "demo", "--out", str(out), *DEMO_OPTIONS]
-    return out, subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+def demo_run(request):
+    """One `hype demo` at the small sizes (Ray scoring, every step), made once per session in the background
+    (tests/background.py): test_demo checks it and its resume, test_workflow's kill test compares its
+    interrupted runs with it. (its folder, its completed process)"""
+    folder, done = waited(request, "demo_run")
+    return folder / "demo", done
+
+
+def pytest_collection_modifyitems(items):
+    readers_last(items)

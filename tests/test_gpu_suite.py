@@ -11,22 +11,22 @@ import sys
 from pathlib import Path
 
 import pytest
+from background import background_run, waited
 
 REPO = Path(__file__).resolve().parents[1]
 SUITE = REPO / "bench" / "gpu_suite.py"
 
 
+@background_run("gpu_smoke", timeout=3000)  # bounded, far above the idle ~2 min: CI machines can be loaded
+def _smoke_command(folder: Path) -> list[str]:
+    return [sys.executable, str(SUITE), "--smoke", "--out", str(folder / "out")]
+
+
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
-    out = tmp_path_factory.mktemp("gpu-suite")
-    p = subprocess.run(
-        [sys.executable, str(SUITE), "--smoke", "--out", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=3000,  # bounded, but far above the idle ~150 s: CI machines can be loaded
-    )
-    return p, out
+def gpu_smoke(request) -> tuple[subprocess.CompletedProcess, Path]:
+    """The smoke run, started in the background when the session began (tests/background.py)."""
+    folder, done = waited(request, "gpu_smoke")
+    return done, folder / "out"
 
 
 def _finite(*values) -> bool:
@@ -34,8 +34,8 @@ def _finite(*values) -> bool:
 
 
 @pytest.mark.slow
-def test_smoke_runs_every_section_and_writes_every_figure(smoke):
-    p, out = smoke
+def test_smoke_runs_every_section_and_writes_every_figure(gpu_smoke):
+    p, out = gpu_smoke
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     report = json.loads((out / "gpu_suite.json").read_text())
     assert report["mode"].startswith("smoke")
