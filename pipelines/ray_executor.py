@@ -9,8 +9,11 @@ and hands out the next as each finishes.
 Actors are sized from the stage's declared `resources()` (CPUs and GPUs per actor where it names them,
 else this executor's settings; the environment the actor process starts with) and told their CPU budget
 through the stage's `prepare_process(cpus)`; a stage that declares other resources gets a fresh pool.
-Actors run at the driver's scheduling priority, as the local executor's workers do: Ray's default
-(niceness 15) let any ordinary process on a node (the driver, another job) take the CPU from them.
+Actors are asked to exit at the end of a run (and before a stage that needs a fresh pool), so that their
+exit handlers remove their temporary files (a model downloaded from a bucket); one that does not end in
+`STOP_GRACE_S` is killed. Actors run at the driver's scheduling priority, as the local executor's workers
+do: Ray's default (niceness 15) let any ordinary process on a node (the driver, another job) take the CPU
+from them.
 
 Failures: a shard whose actor dies (killed, out of memory, node lost) is given to a fresh actor; a shard
 whose run raises is retried on the same actor; a shard still running `task_timeout` seconds after its
@@ -48,6 +51,7 @@ from hype.executor import (
 )
 
 SETUP_LIMIT_S = 600.0  # a worker that has not set a stage up after this long is hung (with a task timeout)
+STOP_GRACE_S = 30.0  # how long actors asked to exit get before they are killed
 
 
 def _reason(error: BaseException, limit: int = 300) -> str:
@@ -168,13 +172,21 @@ class RayExecutor(Executor):
         return device if device != "auto" else "cuda" if self.gpus else "cpu"  # where the actors run
 
     def close(self) -> None:
-        self._kill_workers()
+        self._stop_workers()
         if self._started_here and self.ray.is_initialized():
             self.ray.shutdown()
 
-    def _kill_workers(self) -> None:
+    def _stop_workers(self) -> None:
+        """End the actors. Asked to exit first, so that their exit handlers run: what a worker downloaded
+        into a temporary folder (a model from a bucket: `cached_copy`, gigabytes for an L/14) goes with it,
+        where a kill left it on the node's disk after every run. One that has not ended within
+        `STOP_GRACE_S` (stuck in a call) is killed."""
+        ray = self.ray
+        ending = [worker.__ray_terminate__.remote() for worker in self._workers]
+        if ending:
+            ray.wait(ending, num_returns=len(ending), timeout=STOP_GRACE_S)
         for worker in self._workers:
-            self.ray.kill(worker, no_restart=True)
+            ray.kill(worker, no_restart=True)  # nothing to do for one that has ended
         self._workers = []
 
     def _spec_of(self, stage) -> tuple[float, float, tuple]:
@@ -217,7 +229,7 @@ class RayExecutor(Executor):
         ray = self.ray
         spec = self._spec_of(stage)
         if spec != self._spec:
-            self._kill_workers()
+            self._stop_workers()
             self._spec = spec
         want = min(len(tally), self.workers or self.capacity(spec))
         while len(self._workers) < want:

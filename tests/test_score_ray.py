@@ -177,6 +177,38 @@ def test_workers_run_at_the_drivers_priority(ray_cluster):
     assert [r["nice"] for r in result.results] == [os.nice(0)] * 2
 
 
+class _CopiesAModel:
+    """A stage whose set-up copies a model from a bucket into the worker's cache (as `load_scorer` does)."""
+
+    name = "copies-a-model"
+
+    def __init__(self, url: str, options: dict):
+        self.url, self.options = url, options
+
+    def setup(self) -> None:
+        from hype.io import cached_copy, storage
+
+        storage.configure(self.options)
+        self.copy = cached_copy(self.url)
+
+    def run(self, task: int) -> dict:
+        return {"task": task, "copy": str(self.copy), "held": self.copy.is_file()}
+
+
+def test_a_finished_run_leaves_no_downloaded_model_on_the_workers(ray_cluster, s3):
+    """Before: the actors were killed at the end of a run, so their exit handlers never ran and each left
+    its copy of every model it had read from a bucket in the node's /tmp (an L/14 is gigabytes), run after
+    run. They are now asked to exit."""
+    from hype.io import write_bytes
+
+    url = f"s3://{s3.bucket()}/models/weights.bin"
+    write_bytes(url, os.urandom(1 << 16))
+    result = _map_in_a_fresh_process(ray_cluster, _CopiesAModel(url, s3.options), [1, 2], task_timeout=0)
+    assert not result.failures and all(r["held"] for r in result.results)
+    copies = {Path(r["copy"]) for r in result.results}
+    assert copies and not [c for c in copies if c.exists() or c.parent.exists()]
+
+
 def _alive(pid: int) -> bool:
     try:
         return "zombie" not in Path(f"/proc/{pid}/status").read_text()
