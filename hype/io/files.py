@@ -16,10 +16,10 @@ final name (object stores have no rename), so the guarantee is the same: the old
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import io
 import json
+import multiprocessing.util
 import os
 import shutil
 import tempfile
@@ -92,7 +92,10 @@ def cached_copy(path: str | PathLike | storage.AnyPath) -> Path:
     key = (str(p), json.dumps(storage.options_for(p.protocol), sort_keys=True, default=repr))
     if key not in _CACHED or not _CACHED[key].exists():
         folder = Path(tempfile.mkdtemp(prefix=".hype-cache-"))
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        # Removed at exit: multiprocessing's exit hook runs in this process at exit and also in a process
+        # pool's worker, which ends without atexit (an atexit handler left every worker's copy behind).
+        remove = {"ignore_errors": True}
+        multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder,), kwargs=remove, exitpriority=0)
         local = folder / p.name
         if storage.is_dir(p):
             storage.download_tree(p, local)
