@@ -228,7 +228,9 @@ def test_a_killed_run_leaves_no_partial_object_and_a_rerun_is_identical(
 ):
     base = baseline(tmp_path_factory)
     out, pids = f"{chain.bucket}/run-killed", tmp_path / "pids"
-    env = {**os.environ, "HYPE_STORAGE_OPTIONS": json.dumps(opts)}
+    # TMPDIR: the killed process cannot remove its copies of the bucket's models; they stay in pytest's folder
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "HYPE_STORAGE_OPTIONS": json.dumps(opts), "TMPDIR": str(tmp_path / "tmp")}
     args = chain.score(out, f"debug.pid_dir={pids}", "debug.hold_s=3")[1:]
     proc = subprocess.Popen(
         cli_command(args), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
