@@ -210,6 +210,25 @@ class S3Server:
         return name
 
 
+class CopiesAModel:
+    """A stage whose set-up copies a model from a bucket into the worker's cache (as `load_scorer` does):
+    for the tests that the copies go when a worker ends (a process-pool worker, a Ray actor)."""
+
+    name = "copies-a-model"
+
+    def __init__(self, url: str, options: dict):
+        self.url, self.options = url, options
+
+    def setup(self) -> None:
+        from hype.io import cached_copy, storage
+
+        storage.configure(self.options)  # a worker in a process that never saw the test's settings
+        self.copy = cached_copy(self.url)
+
+    def run(self, task: int) -> dict:
+        return {"task": task, "copy": str(self.copy), "held": self.copy.is_file()}
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory):
     if not WEED.exists():

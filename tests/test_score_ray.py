@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import yaml
 from ray_support import needs_ray, ray_env
+from s3_support import CopiesAModel
 from test_score_support import (
     NEARDUP_OVERRIDES,
     POOL_SIZE,
@@ -93,7 +94,8 @@ def _map(address: str, stage, tasks: list, task_timeout: float):
 
     from pipelines.ray_executor import RayExecutor
 
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import tests/
+    for module in {__name__, type(stage).__module__}:  # the workers cannot import tests/
+        ray.cloudpickle.register_pickle_by_value(sys.modules[module])
     with RayExecutor(address, device="cpu", cpus_per_worker=1, retries=1, task_timeout=task_timeout) as ex:
         return ex.map(stage, tasks)
 
@@ -177,24 +179,6 @@ def test_workers_run_at_the_drivers_priority(ray_cluster):
     assert [r["nice"] for r in result.results] == [os.nice(0)] * 2
 
 
-class _CopiesAModel:
-    """A stage whose set-up copies a model from a bucket into the worker's cache (as `load_scorer` does)."""
-
-    name = "copies-a-model"
-
-    def __init__(self, url: str, options: dict):
-        self.url, self.options = url, options
-
-    def setup(self) -> None:
-        from hype.io import cached_copy, storage
-
-        storage.configure(self.options)
-        self.copy = cached_copy(self.url)
-
-    def run(self, task: int) -> dict:
-        return {"task": task, "copy": str(self.copy), "held": self.copy.is_file()}
-
-
 def test_a_finished_run_leaves_no_downloaded_model_on_the_workers(ray_cluster, s3):
     """Before: the actors were killed at the end of a run, so their exit handlers never ran and each left
     its copy of every model it had read from a bucket in the node's /tmp (an L/14 is gigabytes), run after
@@ -203,7 +187,7 @@ def test_a_finished_run_leaves_no_downloaded_model_on_the_workers(ray_cluster, s
 
     url = f"s3://{s3.bucket()}/models/weights.bin"
     write_bytes(url, os.urandom(1 << 16))
-    result = _map_in_a_fresh_process(ray_cluster, _CopiesAModel(url, s3.options), [1, 2], task_timeout=0)
+    result = _map_in_a_fresh_process(ray_cluster, CopiesAModel(url, s3.options), [1, 2], task_timeout=0)
     assert not result.failures and all(r["held"] for r in result.results)
     copies = {Path(r["copy"]) for r in result.results}
     assert copies and not [c for c in copies if c.exists() or c.parent.exists()]

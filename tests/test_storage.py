@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from s3_support import S3Server
+from s3_support import CopiesAModel, S3Server
 
 from hype.io import (
     atomic_write,
@@ -183,7 +183,6 @@ def test_an_unfinished_streaming_upload_leaves_no_object(s3, how):
     else:  # a program that ends without committing: the finalizers that run at exit must not complete it
         code = f"""
 import time
-from pathlib import Path
 from hype.io import storage
 storage.configure({s3.options!r})
 upload = storage.StreamingUpload(storage.location({url!r}), part_size=5 << 20)
@@ -327,21 +326,6 @@ def test_a_cached_copy_is_of_the_url_read_with_these_storage_options(s3, monkeyp
     assert cached_copy(url) == first
 
 
-class _CopiesAModel:
-    """A stage whose set-up copies a model from a bucket into the worker's cache (as `load_scorer` does)."""
-
-    name = "copies-a-model"
-
-    def __init__(self, url: str):
-        self.url = url
-
-    def setup(self) -> None:
-        self.copy = cached_copy(self.url)
-
-    def run(self, task: int) -> dict:
-        return {"task": task, "copy": str(self.copy), "held": self.copy.is_file()}
-
-
 def test_pool_workers_remove_their_downloaded_models_when_they_end(s3, tmp_path, monkeypatch):
     # Before: the copies were removed by atexit handlers, which a process pool's worker never runs (it
     # ends with os._exit), so `hype score --workers N` left N copies of every model in a bucket in /tmp.
@@ -352,7 +336,7 @@ def test_pool_workers_remove_their_downloaded_models_when_they_end(s3, tmp_path,
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the workers' temporary folder (forked)
     url = f"s3://{s3.bucket()}/models/weights.bin"
     write_json(url, {"weights": list(range(100))})
-    result = PoolExecutor(2, start_method="fork").map(_CopiesAModel(url), [1, 2, 3, 4])
+    result = PoolExecutor(2, start_method="fork").map(CopiesAModel(url, s3.options), [1, 2, 3, 4])
     assert not result.failures and all(r["held"] for r in result.results)
     assert {Path(r["copy"]).parent.parent for r in result.results} == {tmp_path}
     assert not list(tmp_path.glob(".hype-cache-*"))  # both workers' copies are gone
