@@ -30,7 +30,6 @@ class BackgroundRun:
         self.out, self.err = folder / "stdout.log", folder / "stderr.log"
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=REPO, start_new_session=True)
-        self.cmd = cmd
 
     def result(self) -> subprocess.CompletedProcess:
         """Wait for the run (at most `timeout` seconds from now) and return it as `subprocess.run` would."""
@@ -40,7 +39,7 @@ class BackgroundRun:
             self.stop()
             raise
         text = (p.read_text(errors="replace") for p in (self.out, self.err))
-        return subprocess.CompletedProcess(self.cmd, self.proc.returncode, *text)
+        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, *text)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -70,14 +69,16 @@ def readers_last(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: bool(RUNS.keys() & set(getattr(item, "fixturenames", ()))))
 
 
+def _start(name: str, tmp_path_factory: pytest.TempPathFactory) -> BackgroundRun:
+    cmd, timeout = RUNS[name]
+    folder = tmp_path_factory.mktemp(name)
+    return BackgroundRun(cmd(folder), folder, timeout)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _background_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     wanted = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
-    runs = {}
-    for name in sorted(wanted & RUNS.keys()):
-        cmd, timeout = RUNS[name]
-        folder = tmp_path_factory.mktemp(name)
-        runs[name] = BackgroundRun(cmd(folder), folder, timeout)
+    runs = {name: _start(name, tmp_path_factory) for name in sorted(wanted & RUNS.keys())}
     try:
         yield runs
     finally:
@@ -89,7 +90,5 @@ def waited(request: pytest.FixtureRequest, name: str) -> tuple[Path, subprocess.
     """For fixture `name`: its run's output folder and its completed process (waiting for it)."""
     runs = request.getfixturevalue("_background_runs")
     if name not in runs:  # asked for by a test the session did not see at its start: start it now
-        cmd, timeout = RUNS[name]
-        folder = request.getfixturevalue("tmp_path_factory").mktemp(name)
-        runs[name] = BackgroundRun(cmd(folder), folder, timeout)
+        runs[name] = _start(name, request.getfixturevalue("tmp_path_factory"))
     return runs[name].folder, runs[name].result()
