@@ -307,7 +307,7 @@ def section_agreement(ctx: dict) -> dict:
     result: dict = {"pool": size, "models": list(ctx["sizes"]["agree_models"]), "seconds": timings}
     for name in list(runs)[1:]:
         other = tables[name]
-        everything = base["1"].join(other["1"], rsuffix="_dev", how="inner")
+        everything = base["1"].merge(other["1"], left_index=True, right_index=True, suffixes=("", "_dev"))
         cols = [c for c in ("eps_i", "eps_t", "neg_d_l", "cos_theta", "c_in", "score") if c in base["1"]]
         diff = {c: float(np.abs(everything[c] - everything[f"{c}_dev"]).max()) for c in cols}
         kept_cpu, kept_dev = set(base["0.2"].index), set(other["0.2"].index)

@@ -78,7 +78,7 @@ def test_a_writer_killed_mid_write_leaves_the_old_file_or_nothing(tmp_path, old)
     target = tmp_path / "out.bin"
     if old is not None:
         target.write_bytes(old)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     child = subprocess.Popen(
         [sys.executable, "-c", _KILLED_WRITER, str(target)], stdout=subprocess.PIPE, env=env
     )
@@ -418,7 +418,7 @@ def test_the_io_layer_imports_no_torch_and_no_command_package():
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])},
         capture_output=True,
         text=True,
     )

@@ -100,7 +100,7 @@ def test_every_command_refuses_an_output_another_holds(tmp_path, case):
 def _reshard(shards: Path, subset: Path, out: Path) -> subprocess.Popen:
     args = ["reshard", "--pool", str(shards), "--subset", str(subset), "--out", str(out)]
     args += ["--workers", "1", "--no-progress", "--json"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen(
         [sys.executable, "-m", "hype.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
     )

@@ -38,7 +38,11 @@ def test_fingerprint_is_the_same_in_another_process():
         "import json, sys; from pathlib import Path; from hype.io.runs import fingerprint; "
         "o = json.loads(sys.argv[1]); o['path'] = Path(o['path']); print(fingerprint(o))"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "12345"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONHASHSEED": "12345",
+    }
     arg = json.dumps({**obj, "path": "/p"})
     other = subprocess.run([sys.executable, "-c", code, arg], env=env, capture_output=True, text=True)
     assert other.returncode == 0, other.stderr
