@@ -26,8 +26,9 @@ COPY pyproject.toml README.md ./
 COPY hype hype
 COPY pipelines pipelines
 COPY filters filters
-# faiss: faiss-gpu-cu12 is the only GPU build on PyPI and torch here is CUDA 13, so the image keeps
-# faiss-cpu (k-means for c_IN runs on the CPU; clusters.gpu must stay false).
+# faiss: PyPI's GPU builds (faiss-gpu 1.15.1, faiss-gpu-cu12 1.14.1; checked 2026-11-27) are CUDA 12
+# (a 135 MB wheel plus the nvidia-*-cu12 runtime beside torch's CUDA 13), so the image keeps faiss-cpu and
+# c_IN's k-means runs on the GPU through torch: `clusters.backend=torch` (clusters.gpu stays false).
 RUN pip install -c docker/constraints.txt '.[s3,cluster]'
 
 # ---------------------------------------------------------------------------------------------------

@@ -5,14 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hype.config import ConfigError
+from hype.scoring import clusters
 from hype.scoring.clusters import (
     C_IN_VALUE,
+    SPLIT_EPS,
     c_in,
     default_num_clusters,
     kmeans_centroids,
     nearest_centroid,
     target_centroids,
+    torch_kmeans,
 )
+from hype.scoring.config import load_score_config
 
 
 def _blobs(rng, centers, n_per, noise=0.05):
@@ -32,11 +37,15 @@ def test_kmeans_is_deterministic_and_finds_separated_blobs():
     assert all(len(s) == 1 for s in per_blob) and len(set.union(*per_blob)) == 6
 
 
-def test_assignment_is_inner_product_argmax_like_datacomp():
+def test_assignment_is_inner_product_argmax_like_datacomp(monkeypatch):
     rng = np.random.default_rng(1)
     feats, cents = rng.normal(size=(300, 8)).astype(np.float32), rng.normal(size=(7, 8)).astype(np.float32)
-    expected = np.argmax(feats @ cents.T, axis=1)
+    expected = np.argmax(feats.astype(np.float64) @ cents.T.astype(np.float64), axis=1)
     assert np.array_equal(nearest_centroid(feats, cents, batch=64), expected)
+    assert np.array_equal(nearest_centroid(feats, cents, backend="torch"), expected)
+    monkeypatch.setattr(clusters, "TORCH_BLOCK_BYTES", 4 * 7 * 64)  # 64 points per block: 5 blocks
+    assert np.array_equal(nearest_centroid(feats, cents, backend="torch"), expected)
+    assert nearest_centroid(feats[:0], cents, backend="torch").dtype == np.int64
     # Not L2: with unnormalized centroids the two rules disagree somewhere.
     l2 = np.argmin(((feats[:, None] - cents[None]) ** 2).sum(-1), axis=1)
     assert (l2 != expected).any()
@@ -113,3 +122,96 @@ def test_centroids_files_in_every_released_form_and_clear_errors(tmp_path):
         read_centroids_file(tmp_path / "nan.npy", 8)
     with pytest.raises(ClustersError, match="not found"):
         read_centroids_file(tmp_path / "absent.npy", 8)
+
+
+def _lloyd_float64(x: np.ndarray, k: int, niter: int, seed: int) -> np.ndarray:
+    """An independent reference of the torch backend in float64: the same initial draw (torch's seeded
+    permutation), argmin of the squared distance, the mean, faiss's split of an empty cluster."""
+    import torch
+
+    x = x.astype(np.float64)
+    c = x[torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))[:k].numpy()]
+    sign = np.where(np.arange(x.shape[1]) % 2 == 0, 1.0, -1.0)
+    for _ in range(niter):
+        labels = np.argmin(((x[:, None, :] - c[None]) ** 2).sum(-1), axis=1)
+        counts = np.bincount(labels, minlength=k)
+        c = np.stack([x[labels == j].mean(0) if counts[j] else np.zeros(x.shape[1]) for j in range(k)])
+        for i in np.nonzero(counts == 0)[0]:
+            j = int(np.argmax(counts))
+            c[i], c[j] = c[j] * (1 + SPLIT_EPS * sign), c[j] * (1 - SPLIT_EPS * sign)
+            counts[i] = counts[j] // 2
+            counts[j] -= counts[i]
+    return c
+
+
+def test_torch_kmeans_matches_a_float64_reference_and_repeats_its_bytes():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(600, 8)).astype(np.float32)
+    got = torch_kmeans(x, 12, niter=6, seed=4)
+    np.testing.assert_allclose(got, _lloyd_float64(x, 12, 6, 4), atol=1e-5)
+    assert got.dtype == np.float32 and np.isfinite(got).all()
+    assert torch_kmeans(x, 12, niter=6, seed=4).tobytes() == got.tobytes()
+    assert not np.array_equal(torch_kmeans(x, 12, niter=6, seed=5), got)  # the seed draws the start
+
+
+def test_torch_kmeans_splits_empty_clusters_as_faiss_does():
+    """Six clusters over three distinct points: three start empty or fall empty; each takes half of the
+    largest, so every centroid is finite and every point keeps a centroid at (almost) its place."""
+    points = np.array([[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]], np.float32)
+    x = np.repeat(points, [50, 30, 20], axis=0)
+    got = torch_kmeans(x, 6, niter=4, seed=0)
+    np.testing.assert_allclose(got, _lloyd_float64(x, 6, 4, 0), atol=1e-6)
+    assert np.isfinite(got).all()
+    assert np.abs(got[:, None, :] - points[None]).max(-1).min(0).max() <= 2 * SPLIT_EPS
+
+
+def test_both_backends_find_the_same_blobs():
+    """Lloyd's iterations from k random points (both backends) keep a blob split when two start in it, so
+    the torch run takes the first seed whose draw starts one centroid in each blob (faiss's seed 0 does)."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    x = _blobs(rng, np.eye(6, 16) * 3, 50)
+    draw = lambda s: torch.randperm(300, generator=torch.Generator().manual_seed(s))[:6].numpy()  # noqa: E731
+    seed = next(s for s in range(100) if len(set(draw(s) // 50)) == 6)
+    faiss_c, torch_c = kmeans_centroids(x, 6), kmeans_centroids(x, 6, seed=seed, backend="torch")
+    for cents in (faiss_c, torch_c):
+        labels = nearest_centroid(x, cents, backend="torch")
+        assert all(len(set(labels[i * 50 : (i + 1) * 50])) == 1 for i in range(6)) and len(set(labels)) == 6
+    # The same six blob means, in another order.
+    order = nearest_centroid(torch_c, faiss_c)
+    assert sorted(order) == list(range(6))
+    np.testing.assert_allclose(torch_c, faiss_c[order], atol=1e-5)
+
+
+def test_torch_kmeans_keeps_faiss_subsample_of_256_points_per_centroid():
+    """More than 256·K points: both backends train on a seeded sample of 256·K (not all of them); the
+    torch sample is the one its seed draws, so training on exactly those rows gives the same bytes."""
+    import torch
+
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(256 * 2 + 100, 4)).astype(np.float32)
+    got = torch_kmeans(x, 2, niter=3, seed=1)
+    g = torch.Generator().manual_seed(1)
+    sample = x[np.sort(torch.randperm(len(x), generator=g)[: 256 * 2].numpy())]
+    np.testing.assert_allclose(got, _lloyd_float64_after(sample, 2, 3, g), atol=1e-5)
+
+
+def _lloyd_float64_after(x: np.ndarray, k: int, niter: int, g) -> np.ndarray:
+    """`_lloyd_float64` whose initial draw continues generator `g` (after the subsample's draw)."""
+    x64 = x.astype(np.float64)
+    import torch
+
+    c = x64[torch.randperm(len(x), generator=g)[:k].numpy()]
+    for _ in range(niter):
+        labels = np.argmin(((x64[:, None, :] - c[None]) ** 2).sum(-1), axis=1)
+        c = np.stack([x64[labels == j].mean(0) for j in range(k)])
+    return c
+
+
+def test_the_backend_is_checked_in_the_config():
+    assert load_score_config(None, ["clusters.backend=torch"]).clusters.backend == "torch"
+    with pytest.raises(ConfigError, match=r"clusters\.backend: must be one of faiss, torch; got 'cuda'"):
+        load_score_config(None, ["clusters.backend=cuda"])
+    with pytest.raises(ConfigError, match=r"clusters\.gpu: faiss-gpu's switch"):
+        load_score_config(None, ["clusters.backend=torch", "clusters.gpu=true"])

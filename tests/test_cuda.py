@@ -18,6 +18,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from reference import r_aper, r_dist, r_ext_law_of_cosines
+from test_clusters import _lloyd_float64
 from test_geometry import LORENTZ_FNS, _edge_inputs
 from test_score_support import baseline, models, run_cli, score_args, world
 from test_train_step import batch, grads_for, micro
@@ -25,6 +26,7 @@ from test_train_step import batch, grads_for, micro
 from hype.geometry import lorentz
 from hype.losses import ContrastiveEntailmentLoss
 from hype.models import create_model
+from hype.scoring import clusters
 from hype.scoring.specificity import image_specificity, text_specificity
 from hype.train.step import autocast_for
 
@@ -176,3 +178,26 @@ def test_hype_train_and_eval_on_the_device(cuda_device, tmp_path_factory):
         assert result.exit_code == 0, result.output
         accs[dev] = [json.loads(line)["metrics"]["acc1"] for line in res.read_text().splitlines()]
     assert np.allclose(accs[str(cuda_device)], accs["cpu"], atol=0.05), accs
+
+
+def test_torch_kmeans_and_assignment_on_the_device_match_float64(cuda_device, monkeypatch):
+    """`clusters.backend=torch` on the device: k-means against the float64 reference (tests/test_clusters.py)
+    and the same bytes twice (float64 sums in a fixed order); the inner-product assignment, in several
+    blocks, against float64's argmax wherever the best two products differ by more than fp32 rounding."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3000, 32)).astype(np.float32)
+    got = clusters.torch_kmeans(x, 40, niter=5, seed=0, device=str(cuda_device))
+    np.testing.assert_allclose(got, _lloyd_float64(x, 40, 5, 0), atol=1e-4)
+    assert clusters.torch_kmeans(x, 40, niter=5, seed=0, device=str(cuda_device)).tobytes() == got.tobytes()
+
+    feats, cents = (
+        rng.normal(size=(20_000, 64)).astype(np.float32),
+        rng.normal(size=(3000, 64)).astype(np.float32),
+    )
+    monkeypatch.setattr(clusters, "TORCH_BLOCK_BYTES", 4 * 3000 * 4096)  # 5 blocks of 4,096 points
+    near = clusters.nearest_centroid(feats, cents, backend="torch", device=str(cuda_device))
+    products = feats.astype(np.float64) @ cents.T.astype(np.float64)
+    top2 = np.sort(products, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 1e-4
+    assert clear.mean() > 0.99
+    np.testing.assert_array_equal(near[clear], products.argmax(1)[clear])

@@ -67,7 +67,10 @@ def test_smoke_runs_every_section_and_writes_every_figure(gpu_smoke):
 
     km = r["kmeans"]
     assert km["points_per_s"]["fp32"] > 0 and km["faiss_cpu_points_per_s"] > 0
-    assert 0 <= km["bf16_assignment_changes"] < 0.5 and km["model_training_s"]["small"] > 0
+    assert 0 <= km["bf16_assignment_changes"] < 0.5 and km["model_training_s_hype"]["small"] > 0
+    hype_km = km["hype_torch_backend"]  # hype's own clusters.backend=torch, not only bare matmuls
+    assert hype_km["kmeans_iteration_points_per_s"] > 0 and hype_km["assign_points_per_s"] > 0
+    assert _finite(hype_km["vs_fp32_matmul"], km["model_training_s_faiss_cpu"]["medium"])
 
     b32 = r["train"]["b32_vs_open_clip"]
     assert _finite(b32["hype_samples_per_s"], b32["open_clip_samples_per_s"], b32["ratio"])

@@ -312,8 +312,8 @@ def test_released_centroids_give_datacomp_image_based_baseline_exactly(tmp_path_
 
     run = tmp_path / "run"
 
-    def score(centroids_file):
-        extra = ("--class-features", str(tmp_path / "classes.npy"), "--centroids", str(centroids_file))
+    def score(centroids_file, *more):
+        extra = ("--class-features", str(tmp_path / "classes.npy"), "--centroids", str(centroids_file), *more)
         result = run_cli(_metadata_args(w, meru, meta, run, *extra))
         assert result.exit_code == 0, result.output
         return _scores(run).to_pandas(), _summary(run)
@@ -340,6 +340,49 @@ def test_released_centroids_give_datacomp_image_based_baseline_exactly(tmp_path_
     assert s["stages"]["embed"]["shards_run"] == 0 and s["stages"]["clusters"]["shards_run"] == 3
     np.testing.assert_array_equal(df.c_in.to_numpy(), datacomp_image_based(df, other))
     assert not np.array_equal(df.c_in.to_numpy(), expected)
+
+    # The torch backend (on the run's device: the CPU here) assigns as DataComp does too; the backend keys
+    # the clusters stage, so switching to it recomputes that stage and nothing before it.
+    df, s = score(tmp_path / "centroids.npy", "clusters.backend=torch")
+    assert s["stages"]["embed"]["shards_run"] == 0 and s["stages"]["clusters"]["shards_run"] == 3
+    np.testing.assert_array_equal(df.c_in.to_numpy(), datacomp_image_based(df, other))
+
+
+def test_torch_kmeans_backend_trains_the_clusters_the_flags_follow_and_a_rerun_reuses_them(
+    tmp_path_factory, tmp_path
+):
+    from hype.scoring.clusters import c_in, nearest_centroid
+
+    w = world(tmp_path_factory)
+    meru, _ = models(tmp_path_factory)
+    meta = tmp_path / "metadata"
+    _npz_metadata(w, meta, missing=set())
+    np.save(tmp_path / "classes.npy", np.random.default_rng(1).normal(size=(20, 32)).astype(np.float32))
+    run = tmp_path / "run"
+    args = _metadata_args(w, meru, meta, run, "--class-features", str(tmp_path / "classes.npy"))
+    args += ["--num-clusters", "4", "clusters.backend=torch"]
+    result = run_cli(args)
+    assert result.exit_code == 0, result.output
+    model = json.loads((run / "clusters" / "model.json").read_text())
+    assert (model["backend"], model["device"], model["k"]) == ("torch", "cpu", 4)
+    centroids = np.load(run / "clusters" / "centroids.npy")
+    assert centroids.shape == (4, 32) and np.isfinite(centroids).all()
+
+    # Every sample's flag is its nearest centroid's (a target or not) and its caption's.
+    targets = np.load(run / "clusters" / "targets.npy")
+    parts = sorted((run / "clusters").glob("0*.parquet"))
+    assert len(parts) == 3
+    for part in parts:
+        t = pq.read_table(part).to_pandas()
+        embed = pq.read_table(run / "embed" / part.name, columns=["clip_img"])
+        nearest = nearest_centroid(embed_format.fixed_list_to_numpy(embed.column("clip_img")), centroids)
+        np.testing.assert_array_equal(t.cluster.to_numpy(), nearest)
+        np.testing.assert_array_equal(t.c_in.to_numpy(), c_in(nearest, targets, t.caption_ok.to_numpy()))
+
+    again = run_cli(args)
+    assert again.exit_code == 0, again.output
+    assert _summary(run)["stages"]["clusters"]["shards_run"] == 0
+    assert np.load(run / "clusters" / "centroids.npy").tobytes() == centroids.tobytes()
 
 
 def test_parquet_only_metadata_with_clip_scores_like_no_metadata(tmp_path_factory, tmp_path):

@@ -173,7 +173,7 @@ def score(
     with the run's frozen reference sets, centroids and models (others are refused); the result equals a
     run over all shards given `--reference RUN/reference.safetensors --centroids RUN/clusters/centroids.npy`.
 
-    KEY=VALUE overrides any config field (reference.n_top=5000, executor.workers=8, clusters.gpu=true, ...).
+    KEY=VALUE overrides any config field (reference.n_top=5000, executor.workers=8, clusters.backend=torch).
     """
     from hype.scoring.decode import share_cores_with_decoders
 

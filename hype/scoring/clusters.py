@@ -14,6 +14,11 @@ C_IN_VALUE = 10.0
 DATACOMP_K = 100_000
 DATACOMP_POOL_PER_CENTROID = 128  # 12.8M-sample small pool / 100,000 centroids
 ASSIGN_BATCH = 1 << 16
+# k-means and assignment: faiss (CPU; faiss-gpu with `gpu`), or torch on a device (`clusters.backend`).
+BACKENDS = ("faiss", "torch")
+FAISS_MAX_POINTS_PER_CENTROID = 256  # faiss.Kmeans's default subsample, kept by the torch backend
+SPLIT_EPS = 1.0 / 1024  # faiss's perturbation when an empty cluster takes half of a large one
+TORCH_BLOCK_BYTES = 1 << 30  # the (points, K) fp32 distance block of one torch assignment step
 
 
 def default_num_clusters(pool_size: int) -> int:
@@ -22,26 +27,46 @@ def default_num_clusters(pool_size: int) -> int:
 
 
 def kmeans_centroids(
-    features: np.ndarray, k: int, *, niter: int = 20, seed: int = 0, gpu: bool = False
+    features: np.ndarray,
+    k: int,
+    *,
+    niter: int = 20,
+    seed: int = 0,
+    gpu: bool = False,
+    backend: str = "faiss",
+    device: str = "cpu",
 ) -> np.ndarray:
-    """L2 k-means centroids (k, d). faiss subsamples to 256 points per centroid with the same seed."""
-    import faiss
-
+    """L2 k-means centroids (k, d): faiss.Kmeans (`gpu`: faiss-gpu), or `torch_kmeans` on `device`. Both
+    subsample to 256 points per centroid with `seed`; they draw differently, so their centroids differ."""
     x = _as_f32(features)
     if k < 1 or k > x.shape[0]:
         raise ValueError(f"number of clusters must be in [1, {x.shape[0]}] for {x.shape[0]} points, got {k}")
+    if backend == "torch":
+        return torch_kmeans(x, k, niter=niter, seed=seed, device=device)
+    import faiss
+
     km = faiss.Kmeans(x.shape[1], k, niter=niter, seed=seed, gpu=gpu, verbose=False)
     km.train(x)
     return np.ascontiguousarray(km.centroids, dtype=np.float32)
 
 
-def nearest_centroid(features: np.ndarray, centroids: np.ndarray, batch: int = ASSIGN_BATCH) -> np.ndarray:
-    """Index of the centroid with the largest inner product, for every row (batched, exact)."""
+def nearest_centroid(
+    features: np.ndarray,
+    centroids: np.ndarray,
+    batch: int = ASSIGN_BATCH,
+    *,
+    backend: str = "faiss",
+    device: str = "cpu",
+) -> np.ndarray:
+    """Index of the centroid with the largest inner product, for every row (batched, exact in fp32; the
+    two backends differ only where two products tie to fp32 rounding)."""
+    x, c = _as_f32(features), _as_f32(centroids)
+    if backend == "torch":
+        return _torch_nearest(x, c, device, l2=False)
     import faiss
 
-    index = faiss.IndexFlatIP(centroids.shape[1])
-    index.add(_as_f32(centroids))
-    x = _as_f32(features)
+    index = faiss.IndexFlatIP(c.shape[1])
+    index.add(c)
     out = np.empty(x.shape[0], dtype=np.int64)
     for start in range(0, x.shape[0], batch):
         _, ids = index.search(x[start : start + batch], 1)
@@ -49,9 +74,89 @@ def nearest_centroid(features: np.ndarray, centroids: np.ndarray, batch: int = A
     return out
 
 
-def target_centroids(reference_features: np.ndarray, centroids: np.ndarray) -> np.ndarray:
-    """Sorted unique centroids that some reference image is nearest to."""
-    return np.unique(nearest_centroid(reference_features, centroids))
+def torch_kmeans(x: np.ndarray, k: int, *, niter: int = 20, seed: int = 0, device: str = "cpu") -> np.ndarray:
+    """Lloyd's k-means in torch on `device`: on a GPU, K = 100,000 over DataComp small's pool takes minutes
+    where faiss-cpu takes hours (bench/gpu_suite.py `kmeans`). faiss.Kmeans's algorithm, not its random
+    draws: at most 256 points per centroid and the k initial centroids are drawn with `seed`; each
+    iteration assigns every point to its nearest centroid (L2, fp32 products, TF32 off) and moves each
+    centroid to the mean of its points (sums in float64, accumulated in a fixed order: the same input and
+    seed give the same bytes); an empty cluster takes half of the largest one, as faiss splits it. Points
+    stream from host memory in blocks: the device holds the centroids and one (block, K) distance block."""
+    import torch
+
+    x = _as_f32(x)
+    g = torch.Generator().manual_seed(seed)
+    if x.shape[0] > FAISS_MAX_POINTS_PER_CENTROID * k:
+        x = x[np.sort(torch.randperm(x.shape[0], generator=g)[: FAISS_MAX_POINTS_PER_CENTROID * k].numpy())]
+    dev = torch.device(device)
+    c = torch.from_numpy(x[torch.randperm(x.shape[0], generator=g)[:k].numpy()]).to(dev)
+    with _ieee_fp32():
+        for _ in range(niter):
+            sums = torch.zeros(k, x.shape[1], dtype=torch.float64, device=dev)
+            counts = torch.zeros(k, dtype=torch.int64, device=dev)
+            for block, nearest in _torch_blocks(x, c, dev, l2=True):
+                sums.index_put_((nearest,), block.double(), accumulate=True)
+                counts += torch.bincount(nearest, minlength=k)
+            c = _split_empty((sums / counts.clamp(min=1)[:, None]).float(), counts.cpu())
+    return np.ascontiguousarray(c.cpu().numpy(), dtype=np.float32)
+
+
+def _split_empty(c, counts):
+    """faiss's rule for empty clusters: each takes the centroid of the largest cluster, the two moved
+    apart by ±SPLIT_EPS of every coordinate, and half its points."""
+    import torch
+
+    sign = torch.ones(c.shape[1], device=c.device)
+    sign[1::2] = -1
+    for i in torch.nonzero(counts == 0).flatten().tolist():
+        j = int(counts.argmax())
+        c[i], c[j] = c[j] * (1 + SPLIT_EPS * sign), c[j] * (1 - SPLIT_EPS * sign)
+        counts[i] = counts[j] // 2
+        counts[j] -= counts[i]
+    return c
+
+
+def _torch_nearest(x: np.ndarray, c: np.ndarray, device: str, *, l2: bool) -> np.ndarray:
+    import torch
+
+    dev = torch.device(device)
+    with _ieee_fp32():
+        ct = torch.from_numpy(c).to(dev)
+        return torch.cat(
+            [n.cpu() for _, n in _torch_blocks(x, ct, dev, l2=l2)] or [torch.zeros(0, dtype=torch.int64)]
+        ).numpy()
+
+
+def _torch_blocks(x: np.ndarray, c, dev, *, l2: bool):
+    """(points block on `dev`, index of each point's nearest centroid): largest inner product, or with `l2`
+    smallest L2 distance (largest x·c - |c|²/2)."""
+    import torch
+
+    rows = max(1, TORCH_BLOCK_BYTES // (4 * c.shape[0]))
+    half = 0.5 * (c * c).sum(1) if l2 else None
+    for start in range(0, x.shape[0], rows):
+        block = torch.from_numpy(x[start : start + rows]).to(dev)
+        scores = block @ c.T
+        yield block, (scores.sub_(half) if l2 else scores).argmax(1)
+
+
+class _ieee_fp32:
+    """fp32 matmuls in full fp32 on CUDA (TF32 off) inside; the caller's setting restored after."""
+
+    def __enter__(self):
+        import torch
+
+        self._matmul = torch.backends.cuda.matmul
+        self._saved = self._matmul.allow_tf32
+        self._matmul.allow_tf32 = False
+
+    def __exit__(self, *exc):
+        self._matmul.allow_tf32 = self._saved
+
+
+def target_centroids(reference_features: np.ndarray, centroids: np.ndarray, **where) -> np.ndarray:
+    """Sorted unique centroids that some reference image is nearest to (`where`: backend, device)."""
+    return np.unique(nearest_centroid(reference_features, centroids, **where))
 
 
 def faiss_index_vectors(path: str) -> np.ndarray:

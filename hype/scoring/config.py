@@ -36,6 +36,7 @@ from hype.config import (
     to_dict,
 )
 from hype.executor import ExecutorConfig
+from hype.scoring.clusters import BACKENDS
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
@@ -90,12 +91,21 @@ class ClustersConfig:
     points_per_centroid: int = 256  # k-means trains on at most this many points per centroid
     max_train_points: int | None = None  # optional hard cap on k-means training points (memory)
     gpu: bool = False  # faiss-gpu k-means (GPU nodes with faiss-gpu installed)
+    # faiss (CPU, DataComp's tool) | torch: k-means and assignments on the run's device (a GPU: minutes
+    # instead of hours at K = 100,000; other centroids than faiss's, so c_IN differs from a faiss run)
+    backend: str = "faiss"
     caption_filter: bool = True  # DataComp's baseline also requires English, > 1 word, > 5 chars
 
     def __post_init__(self) -> None:
         if self.class_features is not None and self.class_images is not None:
             raise ConfigError("class_features", "give class_features or class_images, not both")
         at_least(self, 1, "num_clusters", "niter", "points_per_centroid", "max_train_points")
+        if self.backend not in BACKENDS:
+            raise ConfigError("backend", f"must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
+        if self.gpu and self.backend != "faiss":
+            raise ConfigError(
+                "gpu", "faiss-gpu's switch, unused by clusters.backend=torch (the run's device): drop one"
+            )
 
 
 @dataclass(frozen=True)

@@ -311,11 +311,13 @@ def kmeans_size(cfg: ScoreConfig, samples: int, eligible: float) -> tuple[int, i
 
 
 def _time_kmeans(cfg: ScoreConfig, samples: int, marker: dict, centroids_file: Path) -> dict | None:
-    """faiss k-means timed on random points of the run's width at the run's K and points (at most
-    KMEANS_CALIBRATION_POINTS points, K cut in proportion): the probe's own k-means is too small to time."""
+    """The run's k-means (faiss, or torch on the run's device) timed on random points of the run's width at
+    the run's K and points (at most KMEANS_CALIBRATION_POINTS points, K cut in proportion): the probe's own
+    k-means is too small to time."""
     import numpy as np
 
     from hype.scoring.clusters import kmeans_centroids
+    from hype.scoring.stagebase import resolve_device
 
     if not marker.get("train_points") or not centroids_file.exists() or cfg.clusters.centroids:
         return None
@@ -326,7 +328,9 @@ def _time_kmeans(cfg: ScoreConfig, samples: int, marker: dict, centroids_file: P
     dim = int(np.load(centroids_file, mmap_mode="r").shape[1])
     x = np.random.default_rng(0).standard_normal((points, dim), dtype=np.float32)
     t0 = time.perf_counter()
-    kmeans_centroids(x, k, niter=cfg.clusters.niter, seed=cfg.clusters.seed, gpu=cfg.clusters.gpu)
+    cc = cfg.clusters
+    device = resolve_device(cfg.device) if cc.backend == "torch" else "cpu"
+    kmeans_centroids(x, k, niter=cc.niter, seed=cc.seed, gpu=cc.gpu, backend=cc.backend, device=device)
     return {"points": points, "k": k, "seconds": time.perf_counter() - t0}
 
 

@@ -695,7 +695,13 @@ def _clusters(state: _Run, cc: ClustersConfig, inputs: dict) -> dict | None:
         model = _train_clusters(state, pool, *inputs["classes"], inputs["captions"])
     if model is None:
         return None
-    assign = AssignStage(state.run, model_digest=model["digest"], caption_filter=cc.caption_filter, **pool.kw)
+    assign = AssignStage(
+        state.run,
+        model_digest=model["digest"],
+        caption_filter=cc.caption_filter,
+        backend=cc.backend,
+        **pool.kw,
+    )
     assign_stats = state.map(assign, pool.tasks)
     state.check_failures("clusters", state.plan)
     return model | {
@@ -766,14 +772,15 @@ def _given_centroids(state: _Run, pool: _Embedded, feats, class_digest: str) -> 
             {"centroids": file_digest(cc.centroids), "path": cc.centroids, "classes": class_digest}
         )
         return state.timed(
-            "clusters", lambda: use_centroids(state.run, cc.centroids, pool.dims["clip"], feats, fp)
+            "clusters",
+            lambda: use_centroids(state.run, cc.centroids, pool.dims["clip"], feats, fp, **_where(state)),
         )
     except (ClustersError, OSError) as e:
         raise ScoreError(f"--centroids: {e}") from None
 
 
 def _train_clusters(state: _Run, pool: _Embedded, feats, class_digest: str, captions: str | None) -> dict:
-    """faiss k-means of the pool's CLIP image features, on the caption-filtered rows when `captions`
+    """k-means of the pool's CLIP image features, on the caption-filtered rows when `captions`
     (resumable: keyed on everything it depends on)."""
     from hype.scoring.clusters import default_num_clusters
     from hype.scoring.stage_clusters import ClustersError, train_clusters
@@ -794,6 +801,7 @@ def _train_clusters(state: _Run, pool: _Embedded, feats, class_digest: str, capt
             "seed": cc.seed,
             "max_points": max_points,
             "gpu": cc.gpu,
+            **({"backend": cc.backend} if cc.backend != "faiss" else {}),  # faiss runs keep their keys
         }
     )
     try:
@@ -812,10 +820,20 @@ def _train_clusters(state: _Run, pool: _Embedded, feats, class_digest: str, capt
                 gpu=cc.gpu,
                 fp=fp,
                 warn=state.warn,
+                **_where(state),
             ),
         )
     except ClustersError as e:
         raise ScoreError(str(e)) from None
+
+
+def _where(state: _Run) -> dict:
+    """Where the driver's k-means and target assignment run: `clusters.backend`, and for torch the run's
+    device as this machine resolves it."""
+    from hype.scoring.stagebase import resolve_device
+
+    backend = state.cfg.clusters.backend
+    return {"backend": backend, "device": resolve_device(state.cfg.device) if backend == "torch" else "cpu"}
 
 
 # --- the stages, as data ------------------------------------------------------------------------------

@@ -6,7 +6,8 @@
 2. `CaptionStage` (per shard): DataComp's caption filter of the image-based baseline (English, > 1
    fastText token, > 5 characters: `hype.text.language.datacomp_caption_ok`) -> `caption_ok` in
    `RUN_DIR/captions/<id>.parquet`, row-aligned with the embed output. Off: `clusters.caption_filter=false`.
-3. `train_clusters` (driver): faiss k-means (L2, `niter` iterations, `seed`) of the pool's CLIP image
+3. `train_clusters` (driver): k-means (L2, `niter` iterations, `seed`; faiss, or torch on the run's
+   device with `clusters.backend=torch`: `hype.scoring.clusters.torch_kmeans`) of the pool's CLIP image
    features into K centroids, trained, as DataComp trains, on the rows that pass the caption filter
    (all rows when it is off): a deterministic sample of at most `points_per_centroid`·K of them
    streamed from the embed outputs (the rows with the smallest uid hashes: independent of shard order
@@ -184,6 +185,8 @@ def train_clusters(
     gpu: bool,
     fp: str,
     warn: Callable[[str], None],
+    backend: str = "faiss",
+    device: str = "cpu",
 ) -> dict:
     """k-means on a deterministic sample of the pool's (caption-filtered) CLIP features, then the target
     centroids."""
@@ -202,8 +205,9 @@ def train_clusters(
     if k > len(sample):
         warn(f"{len(sample)} training points for k-means: number of clusters reduced from {k}")
         k = len(sample)
-    centroids = kmeans_centroids(sample.payload, k, niter=niter, seed=seed, gpu=gpu)
-    info = _save_model(run, centroids, class_features, fp)
+    where = {"backend": backend, "device": device}
+    centroids = kmeans_centroids(sample.payload, k, niter=niter, seed=seed, gpu=gpu, **where)
+    info = _save_model(run, centroids, class_features, fp, where)
     info |= {
         "train_points": len(sample),
         "train_rows": "caption-filtered" if caption_filter else "all",
@@ -211,6 +215,7 @@ def train_clusters(
         "pool": pool,
         "niter": niter,
         "seed": seed,
+        **(where if backend != "faiss" else {}),  # faiss runs' markers as they were
         "seconds": round(time.perf_counter() - started, 4),
     }
     atomic_write_json(run.clusters_marker, info)
@@ -241,22 +246,31 @@ def sample_pool_features(
     return sample, pool, eligible
 
 
-def use_centroids(run: RunDir, path: str, dim: int, class_features: np.ndarray, fp: str) -> dict:
+def use_centroids(
+    run: RunDir,
+    path: str,
+    dim: int,
+    class_features: np.ndarray,
+    fp: str,
+    backend: str = "faiss",
+    device: str = "cpu",
+) -> dict:
     """Given centroids (`--centroids`) instead of k-means: read, checked, and their target centroids."""
     done = completed(run.clusters_marker, fp)
     if done is not None and run.centroids.is_file() and run.targets.is_file():
         return done
     started = time.perf_counter()
     centroids = read_centroids_file(path, dim)
-    info = _save_model(run, centroids, class_features, fp)
+    info = _save_model(run, centroids, class_features, fp, {"backend": backend, "device": device})
     info |= {"centroids": str(path), "seconds": round(time.perf_counter() - started, 4)}
     atomic_write_json(run.clusters_marker, info)
     return info
 
 
-def _save_model(run: RunDir, centroids: np.ndarray, class_features: np.ndarray, fp: str) -> dict:
-    """The target centroids of the class features; centroids.npy and targets.npy written (not the marker)."""
-    targets = target_centroids(class_features, centroids).astype(np.int64)
+def _save_model(run: RunDir, centroids: np.ndarray, class_features: np.ndarray, fp: str, where: dict) -> dict:
+    """The target centroids of the class features (assigned where `where` says: backend, device);
+    centroids.npy and targets.npy written (not the marker)."""
+    targets = target_centroids(class_features, centroids, **where).astype(np.int64)
     for path, arr in ((run.centroids, centroids), (run.targets, targets)):
         buf = io.BytesIO()
         np.save(buf, arr, allow_pickle=False)
@@ -314,10 +328,11 @@ class AssignStage(ShardStage):
 
     name = "clusters"
 
-    def __init__(self, run: RunDir, *, model_digest: str, caption_filter: bool, **kw):
+    def __init__(self, run: RunDir, *, model_digest: str, caption_filter: bool, backend: str = "faiss", **kw):
         super().__init__(run, **kw)
         self.model_digest = model_digest
         self.caption_filter = caption_filter
+        self.backend = backend  # torch: on the stage's device
 
     def fingerprint(self, task: ShardTask) -> str:
         return fingerprint(
@@ -326,6 +341,8 @@ class AssignStage(ShardStage):
                 "embed": self.upstream_digest("embed", task),
                 "model": self.model_digest,
                 "captions": self.upstream_digest("captions", task) if self.caption_filter else None,
+                # the backends differ only at fp32 ties, but one run's flags come from one of them
+                **({"backend": self.backend} if self.backend != "faiss" else {}),
             }
         )
 
@@ -340,7 +357,8 @@ class AssignStage(ShardStage):
         self._debug_hook(task)
         t = read_parquet(self.run_dir.shard_output("embed", task), columns=["clip_img"])
         feats = embed_format.fixed_list_to_numpy(t.column("clip_img"))
-        cluster = nearest_centroid(feats, self._centroids) if len(feats) else np.zeros(0, np.int64)
+        where = {"backend": self.backend, "device": self.device}
+        cluster = nearest_centroid(feats, self._centroids, **where) if len(feats) else np.zeros(0, np.int64)
         if self.caption_filter:
             ok = read_caption_ok(self.run_dir, task, t.num_rows)
         else:
