@@ -133,11 +133,11 @@ def _torch_blocks(x: np.ndarray, c, dev, *, l2: bool):
     import torch
 
     rows = max(1, TORCH_BLOCK_BYTES // (4 * c.shape[0]))
-    half = 0.5 * (c * c).sum(1) if l2 else None
+    neg_half = -0.5 * (c * c).sum(1) if l2 else None
     for start in range(0, x.shape[0], rows):
         block = torch.from_numpy(x[start : start + rows]).to(dev)
-        scores = block @ c.T
-        yield block, (scores.sub_(half) if l2 else scores).argmax(1)
+        # addmm: the -|c|²/2 added in the matmul's epilogue, not in another pass over the (block, K) scores
+        yield block, (torch.addmm(neg_half, block, c.T) if l2 else block @ c.T).argmax(1)
 
 
 class _ieee_fp32:
