@@ -126,7 +126,7 @@ def test_centroids_files_in_every_released_form_and_clear_errors(tmp_path):
 
 def _lloyd_float64(x: np.ndarray, k: int, niter: int, seed: int) -> np.ndarray:
     """An independent reference of the torch backend in float64: the same initial draw (torch's seeded
-    permutation), argmin of the squared distance, the mean, faiss's split of an empty cluster."""
+    permutation), argmin of the squared distance, the mean, an empty cluster split off the largest."""
     import torch
 
     x = x.astype(np.float64)
@@ -154,7 +154,7 @@ def test_torch_kmeans_matches_a_float64_reference_and_repeats_its_bytes():
     assert not np.array_equal(torch_kmeans(x, 12, niter=6, seed=5), got)  # the seed draws the start
 
 
-def test_torch_kmeans_splits_empty_clusters_as_faiss_does():
+def test_torch_kmeans_splits_the_largest_cluster_for_an_empty_one():
     """Six clusters over three distinct points: three start empty or fall empty; each takes half of the
     largest, so every centroid is finite and every point keeps a centroid at (almost) its place."""
     points = np.array([[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]], np.float32)

@@ -80,7 +80,8 @@ def torch_kmeans(x: np.ndarray, k: int, *, niter: int = 20, seed: int = 0, devic
     draws: at most 256 points per centroid and the k initial centroids are drawn with `seed`; each
     iteration assigns every point to its nearest centroid (L2, fp32 products, TF32 off) and moves each
     centroid to the mean of its points (sums in float64, accumulated in a fixed order: the same input and
-    seed give the same bytes); an empty cluster takes half of the largest one, as faiss splits it. Points
+    seed give the same bytes); an empty cluster takes half of the largest one (faiss draws the one to split,
+    with odds by size; the split itself is faiss's). Points
     stream from host memory in blocks: the device holds the centroids and one (block, K) distance block."""
     import torch
 
@@ -102,8 +103,9 @@ def torch_kmeans(x: np.ndarray, k: int, *, niter: int = 20, seed: int = 0, devic
 
 
 def _split_empty(c, counts):
-    """faiss's rule for empty clusters: each takes the centroid of the largest cluster, the two moved
-    apart by ±SPLIT_EPS of every coordinate, and half its points."""
+    """Empty clusters: each takes the centroid of the largest cluster (deterministic, where faiss draws one
+    with odds by size), the two moved apart by ±SPLIT_EPS of every coordinate as faiss does, and half its
+    points."""
     import torch
 
     sign = torch.ones(c.shape[1], device=c.device)
