@@ -8,6 +8,8 @@ centroid (inner product, as DataComp assigns) is a target and it passes DataComp
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 C_IN_VALUE = 10.0
@@ -81,8 +83,8 @@ def torch_kmeans(x: np.ndarray, k: int, *, niter: int = 20, seed: int = 0, devic
     iteration assigns every point to its nearest centroid (L2, fp32 products, TF32 off) and moves each
     centroid to the mean of its points (sums in float64, accumulated in a fixed order: the same input and
     seed give the same bytes); an empty cluster takes half of the largest one (faiss draws the one to split,
-    with odds by size; the split itself is faiss's). Points
-    stream from host memory in blocks: the device holds the centroids and one (block, K) distance block."""
+    with odds by size; the split itself is faiss's). Points stream from host memory in blocks: the device
+    holds the centroids, their sums and one (block, K) distance block."""
     import torch
 
     x = _as_f32(x)
@@ -142,18 +144,17 @@ def _torch_blocks(x: np.ndarray, c, dev, *, l2: bool):
         yield block, (torch.addmm(neg_half, block, c.T) if l2 else block @ c.T).argmax(1)
 
 
-class _ieee_fp32:
+@contextlib.contextmanager
+def _ieee_fp32():
     """fp32 matmuls in full fp32 on CUDA (TF32 off) inside; the caller's setting restored after."""
+    import torch
 
-    def __enter__(self):
-        import torch
-
-        self._matmul = torch.backends.cuda.matmul
-        self._saved = self._matmul.allow_tf32
-        self._matmul.allow_tf32 = False
-
-    def __exit__(self, *exc):
-        self._matmul.allow_tf32 = self._saved
+    matmul = torch.backends.cuda.matmul
+    saved, matmul.allow_tf32 = matmul.allow_tf32, False
+    try:
+        yield
+    finally:
+        matmul.allow_tf32 = saved
 
 
 def target_centroids(reference_features: np.ndarray, centroids: np.ndarray, **where) -> np.ndarray:
