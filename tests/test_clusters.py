@@ -124,13 +124,14 @@ def test_centroids_files_in_every_released_form_and_clear_errors(tmp_path):
         read_centroids_file(tmp_path / "absent.npy", 8)
 
 
-def _lloyd_float64(x: np.ndarray, k: int, niter: int, seed: int) -> np.ndarray:
+def _lloyd_float64(x: np.ndarray, k: int, niter: int, seed: int, generator=None) -> np.ndarray:
     """An independent reference of the torch backend in float64: the same initial draw (torch's seeded
-    permutation), argmin of the squared distance, the mean, an empty cluster split off the largest."""
+    permutation; from `generator` where given), argmin of the squared distance, the mean, an empty cluster
+    split off the largest."""
     import torch
 
     x = x.astype(np.float64)
-    c = x[torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))[:k].numpy()]
+    c = x[torch.randperm(len(x), generator=generator or torch.Generator().manual_seed(seed))[:k].numpy()]
     sign = np.where(np.arange(x.shape[1]) % 2 == 0, 1.0, -1.0)
     for _ in range(niter):
         labels = np.argmin(((x[:, None, :] - c[None]) ** 2).sum(-1), axis=1)
@@ -186,7 +187,7 @@ def test_both_backends_find_the_same_blobs():
 
 def test_torch_kmeans_keeps_faiss_subsample_of_256_points_per_centroid():
     """More than 256·K points: both backends train on a seeded sample of 256·K (not all of them); the
-    torch sample is the one its seed draws, so training on exactly those rows gives the same bytes."""
+    torch sample is the one its seed draws, and training goes on from that draw on exactly those rows."""
     import torch
 
     rng = np.random.default_rng(7)
@@ -194,19 +195,7 @@ def test_torch_kmeans_keeps_faiss_subsample_of_256_points_per_centroid():
     got = torch_kmeans(x, 2, niter=3, seed=1)
     g = torch.Generator().manual_seed(1)
     sample = x[np.sort(torch.randperm(len(x), generator=g)[: 256 * 2].numpy())]
-    np.testing.assert_allclose(got, _lloyd_float64_after(sample, 2, 3, g), atol=1e-5)
-
-
-def _lloyd_float64_after(x: np.ndarray, k: int, niter: int, g) -> np.ndarray:
-    """`_lloyd_float64` whose initial draw continues generator `g` (after the subsample's draw)."""
-    x64 = x.astype(np.float64)
-    import torch
-
-    c = x64[torch.randperm(len(x), generator=g)[:k].numpy()]
-    for _ in range(niter):
-        labels = np.argmin(((x64[:, None, :] - c[None]) ** 2).sum(-1), axis=1)
-        c = np.stack([x64[labels == j].mean(0) for j in range(k)])
-    return c
+    np.testing.assert_allclose(got, _lloyd_float64(sample, 2, 3, seed=1, generator=g), atol=1e-5)
 
 
 def test_the_backend_is_checked_in_the_config():
