@@ -10,6 +10,7 @@ import subprocess
 import numpy as np
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+import pytest
 import torch
 from test_score_support import (
     POOL_SIZE,
@@ -88,6 +89,40 @@ def test_kmeans_trains_on_the_caption_filtered_rows_as_datacomp_does(tmp_path_fa
     # The training sample is every passing row, in uid-hash order; faiss k-means is deterministic.
     expected = kmeans_centroids(feats[np.lexsort((ids, his))], c["k"])
     np.testing.assert_array_equal(np.load(run / "clusters" / "centroids.npy"), expected)
+
+
+def test_the_kmeans_sample_is_the_smallest_uid_hashes_read_once_and_refused_when_too_large(
+    tmp_path_factory, monkeypatch
+):
+    """A sample smaller than the eligible rows: exactly the rows with the smallest uid hashes (ties by
+    pool order), in that order, whatever the shard order; a sample larger than the machine's memory is
+    refused, naming the setting that fixes it, before its array is allocated."""
+    import hype.scoring.stage_clusters as sc
+    from hype.data.shards import expand_shards
+    from hype.data.uids import uids_to_pairs
+    from hype.scoring.rundir import RunDir, make_tasks
+
+    run = baseline(tmp_path_factory)
+    tasks = make_tasks(expand_shards(str(world(tmp_path_factory) / "pool" / "shards")).paths)
+    his, ids, feats = [], [], []
+    for task in tasks:
+        t = pq.read_table(RunDir(run).shard_output("embed", task), columns=["uid", "clip_img"])
+        his.append(uids_to_pairs(t.column("uid").to_pylist())[0])
+        ids.append((task.index << 32) + np.arange(t.num_rows))
+        feats.append(embed_format.fixed_list_to_numpy(t.column("clip_img")))
+    his, ids, feats = np.concatenate(his), np.concatenate(ids), np.concatenate(feats)
+    want = feats[np.lexsort((ids, his))[:37]]
+    for order in (tasks, tasks[::-1]):
+        got, pool, eligible = sc.sample_pool_features(RunDir(run), order, {}, 37, caption_filter=False)
+        assert (pool, eligible) == (POOL_SIZE, POOL_SIZE)
+        np.testing.assert_array_equal(got, want)
+
+    allocated = []
+    monkeypatch.setattr(sc.np, "empty", lambda *a, **k: allocated.append(a) or np.zeros(*a, **k))
+    monkeypatch.setattr(sc.os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 1}[name])
+    with pytest.raises(sc.ClustersError, match=r"37 rows of \d+ floats .* clusters\.max_train_points=\d+"):
+        sc.sample_pool_features(RunDir(run), tasks, {}, 37, caption_filter=False)
+    assert allocated == []
 
 
 def test_scores_match_the_models_run_by_hand(tmp_path_factory):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -54,7 +55,7 @@ from hype.scoring.rundir import (
     fingerprint,
 )
 from hype.scoring.stagebase import ShardStage
-from hype.scoring.topk import RunningTopK, order_id
+from hype.scoring.topk import order_id, split_order_id
 
 # Enters the captions' fingerprint: change it when the caption rule changes, so runs recompute it.
 CAPTION_RULE = "datacomp-image-based: en, fasttext tokens > 1, chars > 5"
@@ -206,7 +207,7 @@ def train_clusters(
         warn(f"{len(sample)} training points for k-means: number of clusters reduced from {k}")
         k = len(sample)
     where = {"backend": backend, "device": device}
-    centroids = kmeans_centroids(sample.payload, k, niter=niter, seed=seed, gpu=gpu, **where)
+    centroids = kmeans_centroids(sample, k, niter=niter, seed=seed, gpu=gpu, **where)
     info = _save_model(run, centroids, class_features, fp, where)
     info |= {
         "train_points": len(sample),
@@ -224,26 +225,60 @@ def train_clusters(
 
 def sample_pool_features(
     run: RunDir, tasks: list[ShardTask], drops: dict[int, np.ndarray], max_points: int, caption_filter: bool
-) -> tuple[RunningTopK, int, int]:
+) -> tuple[np.ndarray, int, int]:
     """(a deterministic sample of at most `max_points` CLIP image features of the pool: the rows with the
-    smallest uid hashes, independent of shard order; pool rows; eligible rows), streamed from the embed
-    outputs, on the caption-filtered rows when `caption_filter`. `sample.payload` holds the features."""
-    sample = RunningTopK(max_points, largest=False)
-    pool = eligible = 0
+    smallest uid hashes, ties by pool order, in that order, independent of shard order; pool rows;
+    eligible rows), on the caption-filtered rows when `caption_filter`.
+
+    Two passes over the embed outputs: the uids pick the rows, then only their features are read into an
+    array allocated once at its final size, checked against this machine's memory first (at DataComp's
+    K = 100,000 the sample is up to 25.6M rows: 79 GB of 768-d features)."""
+    keys, ids, pool, eligible = [], [], 0, 0
     for task in tasks:
-        t = read_parquet(run.shard_output("embed", task), columns=["uid", "clip_img"])
+        t = read_parquet(run.shard_output("embed", task), columns=["uid"])
         keep = keep_mask(t.num_rows, drops.get(task.index))
         pool += int(keep.sum())
         if caption_filter:
             keep &= read_caption_ok(run, task, t.num_rows)
         rows = np.nonzero(keep)[0]
         eligible += len(rows)
-        if not len(rows):
+        if len(rows):
+            keys.append(uids_to_pairs(t.column("uid").take(pa.array(rows)).to_pylist())[0])
+            ids.append(order_id(task.index, rows))
+    if not eligible:
+        return np.zeros((0, 0), np.float32), pool, eligible
+    key, oid = np.concatenate(keys), np.concatenate(ids)
+    chosen = oid[np.lexsort((oid, key))[:max_points]]  # the sample, in its order
+    by_id = np.argsort(chosen, kind="stable")  # its rows grouped by shard, in row order
+    shard_of, row_of = split_order_id(chosen[by_id])
+    feats: np.ndarray | None = None
+    for task in tasks:
+        lo, hi = np.searchsorted(shard_of, [task.index, task.index + 1])
+        if lo == hi:
             continue
-        hi, _ = uids_to_pairs(t.column("uid").take(pa.array(rows)).to_pylist())
-        feats = embed_format.fixed_list_to_numpy(t.column("clip_img"))[rows]
-        sample.add(hi, order_id(task.index, rows), feats)
-    return sample, pool, eligible
+        col = read_parquet(run.shard_output("embed", task), columns=["clip_img"]).column("clip_img")
+        block = embed_format.fixed_list_to_numpy(col.take(pa.array(row_of[lo:hi])))
+        if feats is None:
+            feats = _allocate_sample(len(chosen), block.shape[1])
+        feats[by_id[lo:hi]] = block
+    return feats, pool, eligible
+
+
+def _allocate_sample(rows: int, dim: int) -> np.ndarray:
+    """The k-means sample's array, refused before it is allocated when it would not fit in memory."""
+    need = rows * dim * 4
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system: nothing to check against
+        total = None
+    if total is not None and need > 0.75 * total:
+        fits = int(0.5 * total // (dim * 4))
+        raise ClustersError(
+            f"the k-means sample is {rows:,} rows of {dim} floats ({need / 2**30:.1f} GiB) and this machine "
+            f"has {total / 2**30:.1f} GiB of memory: set clusters.max_train_points={fits} (or fewer "
+            "clusters), or pass released centroids with --centroids"
+        )
+    return np.empty((rows, dim), np.float32)
 
 
 def use_centroids(

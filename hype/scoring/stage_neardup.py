@@ -418,7 +418,7 @@ def _model(state: Any, pool: Any, clusters_info: dict | None) -> Model:
         if k > len(sample):
             state.warn(f"{len(sample)} points for the near-duplicate k-means: clusters reduced from {k}")
             k = len(sample)
-        centroids = kmeans_centroids(sample.payload, k, niter=cc.niter, seed=cc.seed, gpu=cc.gpu)
+        centroids = kmeans_centroids(sample, k, niter=cc.niter, seed=cc.seed, gpu=cc.gpu)
         buf = io.BytesIO()
         np.save(buf, centroids, allow_pickle=False)
         data = buf.getvalue()
