@@ -227,6 +227,14 @@ def test_stage_runs_its_own_kmeans_and_stops_on_a_giant_cluster(tmp_path_factory
     assert result.exit_code != 0
     assert "more than neardup.max_cluster=2" in result.output and "neardup.num_clusters" in result.output
 
+    # k-means on the run's device (clusters.backend=torch; the CPU here): the backend keys the stage's own
+    # k-means, which is trained again, and the groups are still the reference's within its clusters.
+    model = json.loads((run / "neardup" / "model.json").read_text())["fingerprint"]
+    torch_args = score_args(w, meru, clip, run, *NEARDUP_OVERRIDES, *own, "clusters.backend=torch")
+    assert run_cli(torch_args).exit_code == 0
+    assert json.loads((run / "neardup" / "model.json").read_text())["fingerprint"] != model
+    _check_run(run, THRESHOLD, clusters_from="neardup")
+
 
 def _select(run, out, *filters: str) -> dict:
     from hype.select.run import SelectRequest, select_subset
