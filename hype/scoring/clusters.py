@@ -28,6 +28,21 @@ def default_num_clusters(pool_size: int) -> int:
     return int(min(DATACOMP_K, max(2, round(pool_size / DATACOMP_POOL_PER_CENTROID))))
 
 
+def placement(backend: str, device: str) -> dict:
+    """Where k-means and assignments run, as `kmeans_centroids`/`nearest_centroid` keywords: faiss on the
+    CPU; torch on `device` as this machine resolves it (`auto`: cuda when there is one)."""
+    if backend != "torch":
+        return {"backend": backend, "device": "cpu"}
+    from hype.scoring.stagebase import resolve_device
+
+    return {"backend": backend, "device": resolve_device(device)}
+
+
+def backend_key(backend: str) -> dict:
+    """The backend as a fingerprint or marker entry: none for faiss, so faiss runs keep the keys they had."""
+    return {} if backend == "faiss" else {"backend": backend}
+
+
 def kmeans_centroids(
     features: np.ndarray,
     k: int,
@@ -44,7 +59,7 @@ def kmeans_centroids(
     if k < 1 or k > x.shape[0]:
         raise ValueError(f"number of clusters must be in [1, {x.shape[0]}] for {x.shape[0]} points, got {k}")
     if backend == "torch":
-        return torch_kmeans(x, k, niter=niter, seed=seed, device=device)
+        return _lloyd(x, k, niter, seed, device)
     import faiss
 
     km = faiss.Kmeans(x.shape[1], k, niter=niter, seed=seed, gpu=gpu, verbose=False)
@@ -85,9 +100,13 @@ def torch_kmeans(x: np.ndarray, k: int, *, niter: int = 20, seed: int = 0, devic
     seed give the same bytes); an empty cluster takes half of the largest one (faiss draws the one to split,
     with odds by size; the split itself is faiss's). Points stream from host memory in blocks: the device
     holds the centroids, their sums and one (block, K) distance block."""
+    return _lloyd(_as_f32(x), k, niter, seed, device)
+
+
+def _lloyd(x: np.ndarray, k: int, niter: int, seed: int, device: str) -> np.ndarray:
+    """`torch_kmeans` on checked (N, d) float32 features."""
     import torch
 
-    x = _as_f32(x)
     g = torch.Generator().manual_seed(seed)
     if x.shape[0] > FAISS_MAX_POINTS_PER_CENTROID * k:
         x = x[np.sort(torch.randperm(x.shape[0], generator=g)[: FAISS_MAX_POINTS_PER_CENTROID * k].numpy())]

@@ -316,8 +316,7 @@ def _time_kmeans(cfg: ScoreConfig, samples: int, marker: dict, centroids_file: P
     k-means is too small to time."""
     import numpy as np
 
-    from hype.scoring.clusters import kmeans_centroids
-    from hype.scoring.stagebase import resolve_device
+    from hype.scoring.clusters import kmeans_centroids, placement
 
     if not marker.get("train_points") or not centroids_file.exists() or cfg.clusters.centroids:
         return None
@@ -329,8 +328,7 @@ def _time_kmeans(cfg: ScoreConfig, samples: int, marker: dict, centroids_file: P
     x = np.random.default_rng(0).standard_normal((points, dim), dtype=np.float32)
     t0 = time.perf_counter()
     cc = cfg.clusters
-    device = resolve_device(cfg.device) if cc.backend == "torch" else "cpu"
-    kmeans_centroids(x, k, niter=cc.niter, seed=cc.seed, gpu=cc.gpu, backend=cc.backend, device=device)
+    kmeans_centroids(x, k, niter=cc.niter, seed=cc.seed, gpu=cc.gpu, **placement(cc.backend, cfg.device))
     return {"points": points, "k": k, "seconds": time.perf_counter() - t0}
 
 

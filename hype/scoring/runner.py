@@ -773,7 +773,7 @@ def _given_centroids(state: _Run, pool: _Embedded, feats, class_digest: str) -> 
         )
         return state.timed(
             "clusters",
-            lambda: use_centroids(state.run, cc.centroids, pool.dims["clip"], feats, fp, **_where(state)),
+            lambda: use_centroids(state.run, cc.centroids, pool.dims["clip"], feats, fp, _where(state)),
         )
     except (ClustersError, OSError) as e:
         raise ScoreError(f"--centroids: {e}") from None
@@ -782,7 +782,7 @@ def _given_centroids(state: _Run, pool: _Embedded, feats, class_digest: str) -> 
 def _train_clusters(state: _Run, pool: _Embedded, feats, class_digest: str, captions: str | None) -> dict:
     """k-means of the pool's CLIP image features, on the caption-filtered rows when `captions`
     (resumable: keyed on everything it depends on)."""
-    from hype.scoring.clusters import default_num_clusters
+    from hype.scoring.clusters import backend_key, default_num_clusters
     from hype.scoring.stage_clusters import ClustersError, train_clusters
 
     cc = state.cfg.clusters
@@ -801,7 +801,7 @@ def _train_clusters(state: _Run, pool: _Embedded, feats, class_digest: str, capt
             "seed": cc.seed,
             "max_points": max_points,
             "gpu": cc.gpu,
-            **({"backend": cc.backend} if cc.backend != "faiss" else {}),  # faiss runs keep their keys
+            **backend_key(cc.backend),
         }
     )
     try:
@@ -820,7 +820,7 @@ def _train_clusters(state: _Run, pool: _Embedded, feats, class_digest: str, capt
                 gpu=cc.gpu,
                 fp=fp,
                 warn=state.warn,
-                **_where(state),
+                where=_where(state),
             ),
         )
     except ClustersError as e:
@@ -828,12 +828,10 @@ def _train_clusters(state: _Run, pool: _Embedded, feats, class_digest: str, capt
 
 
 def _where(state: _Run) -> dict:
-    """Where the driver's k-means and target assignment run: `clusters.backend`, and for torch the run's
-    device as this machine resolves it."""
-    from hype.scoring.stagebase import resolve_device
+    """Where the driver's k-means and target assignment run (`clusters.backend`, the run's device)."""
+    from hype.scoring.clusters import placement
 
-    backend = state.cfg.clusters.backend
-    return {"backend": backend, "device": resolve_device(state.cfg.device) if backend == "torch" else "cpu"}
+    return placement(state.cfg.clusters.backend, state.cfg.device)
 
 
 # --- the stages, as data ------------------------------------------------------------------------------

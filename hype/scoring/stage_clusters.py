@@ -39,10 +39,12 @@ from hype.data.uids import uids_to_pairs
 from hype.io import load_npy, local_file, read_parquet, storage
 from hype.scoring import embed_format
 from hype.scoring.clusters import (
+    backend_key,
     c_in,
     faiss_index_vectors,
     kmeans_centroids,
     nearest_centroid,
+    placement,
     target_centroids,
 )
 from hype.scoring.dedup import keep_mask
@@ -59,6 +61,7 @@ from hype.scoring.topk import order_id, split_order_id
 
 # Enters the captions' fingerprint: change it when the caption rule changes, so runs recompute it.
 CAPTION_RULE = "datacomp-image-based: en, fasttext tokens > 1, chars > 5"
+FAISS = {"backend": "faiss", "device": "cpu"}  # where k-means and assignments run by default
 
 
 class ClassFeatureError(ValueError):
@@ -186,8 +189,7 @@ def train_clusters(
     gpu: bool,
     fp: str,
     warn: Callable[[str], None],
-    backend: str = "faiss",
-    device: str = "cpu",
+    where: dict | None = None,
 ) -> dict:
     """k-means on a deterministic sample of the pool's (caption-filtered) CLIP features, then the target
     centroids."""
@@ -206,7 +208,7 @@ def train_clusters(
     if k > len(sample):
         warn(f"{len(sample)} training points for k-means: number of clusters reduced from {k}")
         k = len(sample)
-    where = {"backend": backend, "device": device}
+    where = where or FAISS
     centroids = kmeans_centroids(sample, k, niter=niter, seed=seed, gpu=gpu, **where)
     info = _save_model(run, centroids, class_features, fp, where)
     info |= {
@@ -216,7 +218,7 @@ def train_clusters(
         "pool": pool,
         "niter": niter,
         "seed": seed,
-        **(where if backend != "faiss" else {}),  # faiss runs' markers as they were
+        **(where if backend_key(where["backend"]) else {}),  # faiss runs' markers as they were
         "seconds": round(time.perf_counter() - started, 4),
     }
     atomic_write_json(run.clusters_marker, info)
@@ -287,8 +289,7 @@ def use_centroids(
     dim: int,
     class_features: np.ndarray,
     fp: str,
-    backend: str = "faiss",
-    device: str = "cpu",
+    where: dict | None = None,
 ) -> dict:
     """Given centroids (`--centroids`) instead of k-means: read, checked, and their target centroids."""
     done = completed(run.clusters_marker, fp)
@@ -296,7 +297,7 @@ def use_centroids(
         return done
     started = time.perf_counter()
     centroids = read_centroids_file(path, dim)
-    info = _save_model(run, centroids, class_features, fp, {"backend": backend, "device": device})
+    info = _save_model(run, centroids, class_features, fp, where or FAISS)
     info |= {"centroids": str(path), "seconds": round(time.perf_counter() - started, 4)}
     atomic_write_json(run.clusters_marker, info)
     return info
@@ -377,7 +378,7 @@ class AssignStage(ShardStage):
                 "model": self.model_digest,
                 "captions": self.upstream_digest("captions", task) if self.caption_filter else None,
                 # the backends differ only at fp32 ties, but one run's flags come from one of them
-                **({"backend": self.backend} if self.backend != "faiss" else {}),
+                **backend_key(self.backend),
             }
         )
 
@@ -392,7 +393,7 @@ class AssignStage(ShardStage):
         self._debug_hook(task)
         t = read_parquet(self.run_dir.shard_output("embed", task), columns=["clip_img"])
         feats = embed_format.fixed_list_to_numpy(t.column("clip_img"))
-        where = {"backend": self.backend, "device": self.device}
+        where = placement(self.backend, self.device)
         cluster = nearest_centroid(feats, self._centroids, **where) if len(feats) else np.zeros(0, np.int64)
         if self.caption_filter:
             ok = read_caption_ok(self.run_dir, task, t.num_rows)

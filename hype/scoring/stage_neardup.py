@@ -393,8 +393,8 @@ class Model:
 
 def _model(state: Any, pool: Any, clusters_info: dict | None) -> Model:
     """c_IN's k-means when it ran and `reuse_clusters`; else the same k-means trained for this stage."""
+    from hype.scoring.clusters import backend_key, placement
     from hype.scoring.stage_clusters import sample_pool_features
-    from hype.scoring.stagebase import resolve_device
 
     nc, cc, run = state.cfg.neardup, state.cfg.clusters, state.run
     if clusters_info is not None and nc.reuse_clusters:
@@ -410,7 +410,7 @@ def _model(state: Any, pool: Any, clusters_info: dict | None) -> Model:
             "seed": cc.seed,
             "max_points": max_points,
             "gpu": cc.gpu,
-            **({"backend": cc.backend} if cc.backend != "faiss" else {}),  # faiss runs keep their keys
+            **backend_key(cc.backend),
         }  # fmt: skip
     )
     marker = folder(run) / "model.json"
@@ -420,10 +420,8 @@ def _model(state: Any, pool: Any, clusters_info: dict | None) -> Model:
         if k > len(sample):
             state.warn(f"{len(sample)} points for the near-duplicate k-means: clusters reduced from {k}")
             k = len(sample)
-        device = resolve_device(state.cfg.device) if cc.backend == "torch" else "cpu"
-        centroids = kmeans_centroids(
-            sample, k, niter=cc.niter, seed=cc.seed, gpu=cc.gpu, backend=cc.backend, device=device
-        )
+        where = placement(cc.backend, state.cfg.device)
+        centroids = kmeans_centroids(sample, k, niter=cc.niter, seed=cc.seed, gpu=cc.gpu, **where)
         buf = io.BytesIO()
         np.save(buf, centroids, allow_pickle=False)
         data = buf.getvalue()
