@@ -523,6 +523,24 @@ def test_a_hugging_face_cache_entry_is_read_only_inside_itself(reference, tmp_pa
     ):
         read_open_clip(linked)
 
+    # At any depth: a snapshot holding an open_clip_train run whose checkpoint links out (the weights read
+    # would be the outside file), or a nested folder that links back to itself.
+    nested = _cache_entry(tmp_path / "nested", hf, "c0ffee")
+    snap = nested / "snapshots" / "c0ffee"
+    for f in snap.iterdir():
+        f.unlink()
+    run = layouts["open_clip_train run folder"][0]
+    (snap / "checkpoints").mkdir()
+    shutil.copy(run / "params.txt", snap)
+    (snap / "checkpoints" / "epoch_2.pt").symlink_to(run / "checkpoints" / "epoch_2.pt")
+    with pytest.raises(ModelFileError, match=r"checkpoints/epoch_2\.pt: resolves to .*outside the Hugging"):
+        read_open_clip(nested)
+    (snap / "checkpoints" / "epoch_2.pt").unlink()
+    shutil.copy(run / "checkpoints" / "epoch_2.pt", nested / "blobs" / "epoch_2.pt")
+    (snap / "checkpoints" / "epoch_2.pt").symlink_to(Path("../../../blobs/epoch_2.pt"))
+    (snap / "checkpoints" / "again").symlink_to(Path(".."))  # a loop inside the entry is walked once
+    assert read_open_clip(nested).weights.name == "epoch_2.pt"
+
 
 def test_a_model_name_with_control_characters_is_refused(tmp_path):
     """A name is written into files (the fork's params.txt): a newline in it would add lines there and

@@ -144,7 +144,8 @@ class LazyGroup(click.Group):
     show_envvar=True,
     help='fsspec options for s3:// gs:// hf:// paths, e.g. \'{"endpoint_url": "http://host:9000"}\' '
     'or per protocol \'{"s3": {"profile": "x"}}\'. Credentials otherwise come from the usual places '
-    "(AWS_* variables, ~/.aws, instance roles, gcloud). Never printed or written into run files.",
+    "(AWS_* variables, ~/.aws, instance roles, gcloud). Never printed or written into run files; but a "
+    "command line shows in `ps` to every user: put secrets in the variable or a config file instead.",
 )
 def main(storage_options: str | None) -> None:
     """HYPE: score an image-text pool with hyperbolic entailment and select the subset that trains the

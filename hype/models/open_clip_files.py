@@ -221,14 +221,27 @@ def _hf_snapshot(folder: Path) -> Path:
 
 
 def _confine(snap: Path, entry: Path) -> None:
-    root = entry.resolve()
-    for item in snap.iterdir():
-        target = item.resolve()
-        if not target.is_relative_to(root):
-            raise ModelFileError(
-                f"{item}: resolves to {target}, outside the Hugging Face cache entry {entry}; hype reads a "
-                "cache entry's files only inside it. Pass a folder holding the model's own files"
-            )
+    # Every entry at any depth: readers look into subfolders too (checkpoints/epoch_N.pt). Each folder is
+    # walked once, by its real location, so a link to a folder is checked and a loop ends.
+    root, seen, folders = entry.resolve(), set(), [snap]
+    while folders:
+        folder = folders.pop()
+        if folder.resolve() in seen:
+            continue
+        seen.add(folder.resolve())
+        for item in folder.iterdir():
+            try:
+                target = item.resolve()
+            except (OSError, RuntimeError):  # a symlink loop (RuntimeError before Python 3.13)
+                target = None
+            if target is None or not target.is_relative_to(root):
+                raise ModelFileError(
+                    f"{item}: resolves to {target or 'a symlink loop'}, outside the Hugging Face cache entry "
+                    f"{entry}; hype reads a cache entry's files only inside it. Pass a folder holding the "
+                    "model's own files"
+                )
+            if target.is_dir():
+                folders.append(item)
 
 
 def _train_checkpoints(folder: Path) -> list[Path]:
