@@ -573,6 +573,52 @@ def test_a_failed_rerun_with_another_model_hides_the_old_scores_from_select(tmp_
     assert r.exit_code == 0, r.output
 
 
+def test_a_runs_config_rescores_that_run_from_any_folder_and_refused_inputs_leave_it_complete(
+    tmp_path_factory, tmp_path, monkeypatch
+):
+    """config.yaml records absolute locations, so `hype score --config RUN/config.yaml` (the command select
+    names) works from another folder; a copied run's config.yaml scores the copy, not the run it was copied
+    from; and inputs refused before any work (a missing pool or model) leave a complete run as it was."""
+    import yaml
+    from click.testing import CliRunner
+
+    from hype.cli import main
+
+    base = baseline(tmp_path_factory)
+    w = world(tmp_path_factory)
+    meru, clip = models(tmp_path_factory)
+    run = tmp_path / "run"
+    shutil.copytree(base, run)
+    monkeypatch.chdir(w)  # scored with relative paths
+    args = score_args(w, meru, clip, run)
+    args[args.index("--pool") + 1] = "pool/shards"
+    args[args.index("--class-images") + 1] = "eval/reference/train"
+    assert run_cli(args).exit_code == 0
+    recorded = yaml.safe_load((run / "config.yaml").read_text())
+    assert recorded["pool"] == str(w / "pool" / "shards") and recorded["out"] == str(run)
+    assert recorded["clusters"]["class_images"] == str(w / "eval" / "reference" / "train")
+
+    monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))
+    rescore = ["score", "--config", str(run / "config.yaml")]
+    r = CliRunner().invoke(main, rescore)
+    assert r.exit_code == 0, r.output
+    assert _summary(run)["status"] == "complete"
+
+    kept = {name: (run / name).read_bytes() for name in ("summary.json", "config.yaml", "plan.json")}
+    for option, value in (("--pool", tmp_path / "nope"), ("--meru", tmp_path / "nope.safetensors")):
+        r = CliRunner().invoke(main, [*rescore, option, str(value)])
+        assert r.exit_code != 0 and "nope" in r.output and "Traceback" not in r.output, r.output
+        assert {name: (run / name).read_bytes() for name in kept} == kept, option
+
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    r = CliRunner().invoke(main, ["score", "--config", str(copy / "config.yaml")])
+    assert r.exit_code == 0, r.output
+    assert {name: (run / name).read_bytes() for name in kept} == kept  # the original is untouched
+    assert yaml.safe_load((copy / "config.yaml").read_text())["out"] == str(copy)
+    assert _summary(copy)["status"] == "complete"
+
+
 def test_a_part_corrupted_in_place_is_rewritten_by_the_rerun(tmp_path_factory, tmp_path):
     """A scores part damaged on disk with its size unchanged: select names the fix, and the rerun it names
     finds the part's digest wrong and rewrites it (only it)."""

@@ -64,6 +64,21 @@ def expand_shards(spec: str | PathLike | Sequence[str | PathLike]) -> ShardList:
     return ShardList(spec=spec_str, paths=usable, empty=empty)
 
 
+def absolute_spec(spec: str | PathLike | Sequence[str | PathLike]) -> str:
+    """`spec` naming the same shards from any folder: each local part absolute (the folders before its
+    first pattern component resolved, the pattern kept), URLs as given."""
+    return "::".join(_absolute_part(p) for p in _split(spec))
+
+
+def _absolute_part(part: str) -> str:
+    if storage.is_url(part):
+        return part
+    parts = os.path.expanduser(part).split(os.sep)
+    fixed = next((i for i, p in enumerate(parts) if (_GLOB_CHARS | set("{}")) & set(p)), len(parts))
+    head = os.sep.join(parts[:fixed]) or (os.sep if part.startswith(os.sep) else ".")
+    return os.path.join(storage.absolute(head), *parts[fixed:])
+
+
 def _split(spec: str | PathLike | Sequence[str | PathLike]) -> list[str]:
     if isinstance(spec, (str, PathLike)):
         items = [os.fspath(spec)]

@@ -17,6 +17,8 @@ they change results only at float rounding.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
@@ -31,6 +33,7 @@ from hype.config import (
     list_presets,
     load,
     one_of,
+    parse_override,
     positive,
     preset_dir,
     to_dict,
@@ -213,6 +216,21 @@ class ScoreConfig:
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
+    def recorded(self) -> ScoreConfig:
+        """What a run directory's config.yaml records: every local location absolute (URLs as given), so
+        that `hype score --config RUN/config.yaml` scores the same pool from any folder. The run itself
+        keeps the pool as given: the scores table's `shard` column holds the paths as given."""
+        from hype.data.shards import absolute_spec
+
+        def spec(value: str | None) -> str | None:
+            return None if value is None else absolute_spec(value)
+
+        return dataclasses.replace(
+            self,
+            pool=spec(self.pool),
+            clusters=dataclasses.replace(self.clusters, class_images=spec(self.clusters.class_images)),
+        )
+
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> ScoreConfig:
         return build(cls, data, source=source)
@@ -263,5 +281,27 @@ def list_score_configs() -> list[str]:
 
 def load_score_config(config: str | PathLike | dict | None = None, overrides: list[str] | None = None):
     """A preset name (`configs/score/NAME.yaml`, default `default`), a YAML path or a dict, with `key=value`
-    overrides applied, validated."""
-    return load(ScoreConfig, "score", config, overrides, default="default")
+    overrides applied, validated. A run directory's own config.yaml scores that run directory (see
+    `_own_run`)."""
+    cfg = load(ScoreConfig, "score", config, overrides, default="default")
+    return _own_run(cfg, config, overrides or [])
+
+
+def _own_run(cfg: ScoreConfig, config: str | PathLike | dict | None, overrides: list[str]) -> ScoreConfig:
+    """`--config RUN/config.yaml` (beside RUN's summary.json) means `--out RUN`, unless `out` is given on
+    the command line: the `out` it records names the folder a copied run was copied from, whose scores a
+    rescore of the copy must not replace."""
+    if not isinstance(config, (str, PathLike)) or any(parse_override(o)[0] == ["out"] for o in overrides):
+        return cfg
+    path = Path(config)
+    if path.name != "config.yaml" or not (path.parent / "summary.json").is_file():
+        return cfg
+    own = str(path.parent.expanduser().resolve())
+    if cfg.out != own:
+        logging.getLogger("hype.score").warning(
+            "%s: records out=%s; scoring the run directory it is in, %s (pass --out to choose another)",
+            path,
+            cfg.out,
+            own,
+        )
+    return dataclasses.replace(cfg, out=own)

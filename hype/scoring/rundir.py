@@ -1,7 +1,9 @@
 """THE run-directory layout of `hype score`, shard ids, atomic writes and completion markers.
 
     RUN_DIR/
-      config.yaml                       resolved config of the latest run
+      config.yaml                       resolved config of the latest run, local locations absolute:
+                                        `hype score --config RUN_DIR/config.yaml` rescores RUN_DIR (the
+                                        folder it is in, also for a copy) from any folder
       plan.json                         the input shards: index, path as given, shard id, source (absolute
                                         path or URL); the --pool(s) they came from; `frozen` once grown
       card.json                         written when complete (hype.scoring.card): digests of the models,
@@ -51,7 +53,9 @@ Nothing lost, nothing let in:
   only at the digest it records, so a rerun reads the parts back (about one selection's reading) and
   rewrites one damaged in place. Parquet pages carry CRC32s, which `hype select` verifies as it reads.
 - summary.json says `running` before a run changes anything and `failed` when it stops short; `hype
-  select` reads scores/ only when it says `complete`.
+  select` reads scores/ only when it says `complete`. Inputs are opened first (the pool, the models, a
+  grow's frozen parts, --centroids): one refused there leaves the run directory as it was, so a complete
+  run stays complete.
 
 Pools that grow (`hype.scoring.grow`): a complete run given a --pool with shards that are not in plan.json
 keeps its old shards (old order and indices, so old part names) and appends the new ones. Its reference

@@ -93,9 +93,11 @@ class _Run:
         self.failures: list[dict] = []
         self.started = time.perf_counter()
         self.plan: dict = {"pool": cfg.pool, "shards": 0}
-        self.tasks: list[ShardTask] = []  # the pool's shards (`_start`)
+        self.tasks: list[ShardTask] = []  # the pool's shards (`_check_inputs`)
         self.metadata: dict | None = None  # what --metadata supplies (`_metadata`)
         self.frozen: Frozen | None = None  # a run that grows keeps these (`hype.scoring.grow`)
+        self.empty: list[str] = []  # 0-byte shards of the pool (`_check_inputs`)
+        self.begun = False  # the run is marked running (`_begin`): from then on a stop marks it failed
         self._models: dict[str, ModelRef | None] = {}
 
     def model(self, role: str) -> ModelRef | None:
@@ -270,15 +272,11 @@ def run_score(cfg: ScoreConfig, *, executor=None, progress: bool | None = None) 
         run.create()
         with run.lock():
             run.remove_stale_temporaries()
-            # Readers (hype select/report) must not take a half-written run for a finished one: the run
-            # is marked running before anything changes (the scores of the last run stay until merge
-            # replaces them), and failed when it stops short.
-            state.summary(state.plan, status="running")
-            atomic_write_bytes(run.config, cfg.to_yaml().encode())
             try:
                 return _score(state)
             except (ScoreError, RunDirError, StorageError) as e:
-                _mark_failed(state, str(e))
+                if state.begun:  # an input refused before `_begin` leaves the run as it was
+                    _mark_failed(state, str(e))
                 raise
     except (RunDirError, LockError, StorageError) as e:  # locked, unwritable, the store failed: say so, stop
         raise ScoreError(str(e)) from None
@@ -313,9 +311,10 @@ def _with_absolute_paths(cfg: ScoreConfig) -> ScoreConfig:
 
 
 def _score(state: _Run) -> dict:
-    """Plan the shards, then run `STAGES` in order; the card and the summary close the run."""
-    _start(state)
-    _check_centroids(state)
+    """Check the inputs and plan the shards, then run `STAGES` in order; the card and the summary close
+    the run."""
+    _check_inputs(state)
+    _begin(state)
     outputs: dict[str, Any] = {}
     for spec in STAGES:
         outputs[spec.name] = _run_stage(state, spec, outputs)
@@ -358,24 +357,43 @@ def _card(state: _Run, pool: _Embedded) -> dict:
     return {"rows_sampled": len(card["sample"]["rows"])}
 
 
-def _start(state: _Run) -> None:
-    """The pool's shards (`state.tasks`): planned (a complete run grows: `hype.scoring.grow`), written to
-    plan.json, and the run marked running."""
+def _check_inputs(state: _Run) -> None:
+    """Open every input before anything changes: the pool's shards (`state.tasks`, planned: a complete run
+    grows, `hype.scoring.grow`), the models, the frozen parts of a grow and --centroids. A refusal here
+    leaves the run directory as it was, so a complete run stays complete."""
     cfg, run = state.cfg, state.run
-    tasks, empty = _plan(cfg, state.warn)
-    previous = read_json(run.plan) or {}
+    tasks, state.empty = _plan(cfg, state.warn)
+    for role in ("meru", "clip"):
+        state.model(role)
     try:
-        tasks, state.frozen = grow_plan(run, tasks)
+        state.tasks, state.frozen = grow_plan(run, tasks)
         if state.frozen is not None:
             _check_frozen(state)
     except GrowError as e:
         raise ScoreError(str(e)) from None
+    _check_centroids(state)
+
+
+def _begin(state: _Run) -> None:
+    """Mark the run running (readers, hype select and report, then refuse it until it is complete again:
+    the scores of the last run stay until merge replaces them), record the resolved config and write
+    plan.json."""
+    cfg, run, tasks, empty = state.cfg, state.run, state.tasks, state.empty
+    previous = read_json(run.plan) or {}
     pools = list(previous.get("pools") or [previous.get("pool")]) if state.frozen is not None else []
     if cfg.pool not in pools:
         pools.append(cfg.pool)
     state.plan = {"pool": cfg.pool, "shards": len(tasks), "empty_shards": empty}
     if state.frozen is not None:
         state.plan["grown"] = {"added": state.frozen.added, "pools": pools}
+    state.summary(state.plan, status="running")
+    state.begun = True
+    atomic_write_bytes(run.config, cfg.recorded().to_yaml().encode())
+    if state.frozen is not None:
+        try:
+            _check_frozen_targets(state)  # class images may be embedded: work, after the run is marked
+        except GrowError as e:
+            raise ScoreError(str(e)) from None
     atomic_write_json(
         run.plan,
         {
@@ -388,8 +406,6 @@ def _start(state: _Run) -> None:
             ],
         },
     )
-    state.summary(state.plan, status="running")
-    state.tasks = tasks
 
 
 def _check_frozen(state: _Run) -> None:
@@ -402,7 +418,6 @@ def _check_frozen(state: _Run) -> None:
         check_model(frozen, role, getattr(cfg, role), ref and ref.digest)
     check_reference(frozen, state.run, cfg.reference.file, None)
     check_centroids(frozen, state.run, cfg.clusters.centroids)
-    _check_frozen_targets(state)
     log.info("growing %s by %d shard(s) against its frozen reference", state.run.root, frozen.added)
 
 
