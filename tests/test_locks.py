@@ -9,14 +9,19 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
 from test_reshard import pool, read_output  # noqa: F401 - `pool` is a fixture
+from test_select import table
+from test_select_helpers import write_scores
 
 from hype.cli import main
 from hype.data.uids import save_subset
+from hype.io import files
 from hype.io.lock import LockError, lock_at, output_lock
 from hype.scoring.rundir import RunDir
 
@@ -57,6 +62,33 @@ def test_score_keeps_its_lock_and_message(tmp_path):
     )
     with lock_at(tmp_path / "run" / ".lock", "x", "score"):  # released
         pass
+
+
+@pytest.mark.parametrize("planted", ["lock symlink", "lock hard link", "temporary symlink"])
+def test_a_link_planted_where_hype_creates_a_file_is_never_written_through(tmp_path, monkeypatch, planted):
+    """A link at the lock's or a temporary's name (another user of a shared folder) is refused with one
+    line, and neither the link nor the file it points at is touched; the output is not written."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    write_scores(table(40), tmp_path / "run", parts=1)
+    out = tmp_path / "subset.npy"
+    if planted == "temporary symlink":  # a temporary's name guessed: its random part made predictable
+        monkeypatch.setattr(files, "uuid", SimpleNamespace(uuid4=lambda: uuid.UUID(int=0)))
+        link = files.temp_name(out)
+    else:
+        link = tmp_path / ".subset.npy.lock"
+    if planted == "lock hard link":
+        os.link(victim, link)
+    else:
+        link.symlink_to(victim)
+    args = ["select", "--scores", str(tmp_path / "run"), "--frac", "0.5", "--out", str(out), "--no-progress"]
+    res = CliRunner().invoke(main, args)
+    assert victim.read_text() == "precious\n" and (link.is_symlink() or link.samefile(victim))
+    assert res.exit_code == 1, res.output
+    what = "a hard link to another file" if planted == "lock hard link" else "a symbolic link"
+    assert f"{link}: {what} where hype creates its own file; it was left untouched." in res.output
+    assert "Remove it (hype did not create it) and run again" in res.output
+    assert "Traceback" not in res.output and not out.exists()
 
 
 def _commands(tmp: Path) -> list[tuple[str, list[str], Path, str]]:

@@ -123,9 +123,12 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except OSError as e:
-            from hype.io.storage import StorageError  # here, not at the top: `hype --help` stays fast
+            from hype.io.files import UnsafePathError  # here, not at the top: `hype --help` stays fast
+            from hype.io.storage import StorageError
 
-            if isinstance(e, StorageError):  # a missing bucket, refused credentials: the message is the fix
+            # A missing bucket, refused credentials, a link planted where hype creates a file: the message
+            # is the fix.
+            if isinstance(e, (StorageError, UnsafePathError)):
                 raise click.ClickException(str(e)) from None
             raise
 

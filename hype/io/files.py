@@ -16,12 +16,14 @@ final name (object stores have no rename), so the guarantee is the same: the old
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
 import multiprocessing.util
 import os
 import shutil
+import stat
 import tempfile
 import tokenize
 import uuid
@@ -105,6 +107,46 @@ def cached_copy(path: str | PathLike | storage.AnyPath) -> Path:
     return _CACHED[key]
 
 
+class UnsafePathError(OSError):
+    """A name where hype creates its own file (a temporary, a lock) holds something else: a symbolic link,
+    a hard link to another file, a folder. Never written through; the message names it and the fix."""
+
+
+def create_own_file(path: str | PathLike, *, reuse: bool = False, mode: int = 0o666) -> int:
+    """The one way hype creates a file of its own (a temporary, a lock): an fd open read-write on `path`,
+    a new regular file (`O_EXCL`), never reached through a symbolic link (`O_NOFOLLOW`). `reuse`: an
+    existing regular file with one name is taken over (a lock file its last holder left behind). A link
+    planted at the name (in a shared folder, or a copied tree) would otherwise turn the write, or a lock's
+    truncation, onto the file it points at; it is refused instead, and left as it is."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (0 if reuse else os.O_EXCL)
+    try:
+        fd = os.open(path, flags, mode)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.EEXIST, errno.EISDIR, errno.ENXIO):
+            raise
+        fd = None
+    st = os.fstat(fd) if fd is not None else None
+    if st is not None and stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+        return fd
+    if fd is not None:
+        os.close(fd)
+    what = "a hard link to another file" if st is not None and st.st_nlink > 1 else _kind(path)
+    raise UnsafePathError(
+        f"{path}: {what} where hype creates its own file; it was left untouched. "
+        "Remove it (hype did not create it) and run again"
+    )
+
+
+def _kind(path: str | PathLike) -> str:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return "something hype cannot create"
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link"
+    return "a folder" if stat.S_ISDIR(st.st_mode) else "an existing file"
+
+
 def temp_name(path: str | PathLike) -> Path:
     """A fresh temporary name next to `path`: hidden, unique per process and call."""
     path = Path(path)
@@ -132,8 +174,9 @@ def atomic_write(path: str | PathLike, mode: str = "wb", *, encoding: str | None
     path = Path(path)
     make_folder(path.parent)
     tmp = temp_name(path)
+    fd = create_own_file(tmp)
     try:
-        with open(tmp, mode, encoding=encoding if "b" not in mode else None) as f:
+        with open(fd, mode, encoding=encoding if "b" not in mode else None) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -155,8 +198,11 @@ def atomic_path(path: str | PathLike) -> Iterator[Path]:
     path = Path(path)
     make_folder(path.parent)
     tmp = temp_name(path)
+    os.close(create_own_file(tmp))  # taken as a new regular file: the library then writes into ours
     try:
         yield tmp
+        if not stat.S_ISREG(os.lstat(tmp).st_mode):  # replaced behind our back: never published
+            raise UnsafePathError(f"{tmp}: replaced by something other than the file hype wrote; not used")
         os.chmod(tmp, 0o666 & ~_umask())
         sync_path(tmp)
         _rename_durably(tmp, path)

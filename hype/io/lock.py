@@ -6,6 +6,8 @@ one's (each would then report success over a folder that holds a mix, or only th
 
 - A local output: `flock` on a lock file, released by the kernel when the holder dies. The file is
   deleted on release; a process that opened it just before is told by the inode check and opens again.
+  It is opened as hype's own file (`files.create_own_file`): a symbolic or hard link planted at its name
+  is refused, never followed (the lock's record would overwrite the file it points at).
 - A URL (`s3://...`): an object created only if absent (a conditional PUT, `storage.create_exclusive`),
   holding who took it, deleted on release. A holder that was killed leaves it behind: a later command on
   the same host whose recorded pid is gone takes it over; from another host it is refused with the holder
@@ -29,7 +31,7 @@ from collections.abc import Mapping
 from os import PathLike
 
 from hype.io import storage
-from hype.io.files import make_folder, read_json
+from hype.io.files import UnsafePathError, create_own_file, make_folder, read_json
 from hype.io.storage import AnyPath
 
 
@@ -93,7 +95,10 @@ class FileLock(_Lock):
     def __enter__(self) -> FileLock:
         make_folder(self.path.parent)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:  # never through a link planted at the lock's name: flock'd and truncated, it is ours
+                fd = create_own_file(self.path, reuse=True, mode=0o644)
+            except UnsafePathError as e:
+                raise LockError(f"{self.out}: cannot take its lock: {e}") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

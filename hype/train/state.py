@@ -173,6 +173,7 @@ def publish_final(paths: CheckpointPaths, target: AnyPath) -> AnyPath:
                 shutil.copyfileobj(f, g, 1 << 20)
         else:
             try:
+                tmp.unlink()  # atomic_path made it as ours; a link needs the name free
                 os.link(paths.model, tmp)
             except OSError:
                 shutil.copyfile(paths.model, tmp)
