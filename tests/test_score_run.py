@@ -619,6 +619,31 @@ def test_a_runs_config_rescores_that_run_from_any_folder_and_refused_inputs_leav
     assert _summary(copy)["status"] == "complete"
 
 
+def test_select_refuses_a_run_whose_summary_is_missing_or_not_an_object(tmp_path_factory, tmp_path):
+    """The stale-run guard fails closed: a run directory whose summary.json is gone, cut short or not a
+    JSON object (its status unknown: it may be a failed run's) is refused, naming the file and the rerun."""
+    from click.testing import CliRunner
+
+    from hype.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(baseline(tmp_path_factory), run)
+    good = (run / "summary.json").read_bytes()
+    select = ["select", "--scores", str(run), "--frac", "0.5", "--out", str(tmp_path / "s.npy")]
+    for damaged in (None, b"[]", b'"complete"', good[: len(good) // 2]):
+        (run / "summary.json").unlink(missing_ok=True)
+        if damaged is not None:
+            (run / "summary.json").write_bytes(damaged)
+        r = CliRunner().invoke(main, select)
+        assert r.exit_code != 0 and "Traceback" not in r.output, r.output
+        assert f"{run}/summary.json: missing, unreadable or not a JSON object" in r.output
+        assert f"hype score --config {run}/config.yaml" in r.output
+        assert not (tmp_path / "s.npy").exists()
+    (run / "summary.json").write_bytes(good)
+    r = CliRunner().invoke(main, select)
+    assert r.exit_code == 0, r.output
+
+
 def test_a_part_corrupted_in_place_is_rewritten_by_the_rerun(tmp_path_factory, tmp_path):
     """A scores part damaged on disk with its size unchanged: select names the fix, and the rerun it names
     finds the part's digest wrong and rewrites it (only it)."""

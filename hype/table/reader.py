@@ -240,7 +240,7 @@ class ScoresTable:
         """Refuse a table that `hype score` is still writing or whose last run failed: its parts may be
         missing, or left by an earlier run with other settings (a failed rerun does not remove them)."""
         for folder in self.folders:
-            _require_finished(folder, self.run_summary(folder) or {})
+            _require_finished(folder, self.run_summary(folder))
 
     def has_column(self, name: str) -> bool:
         return all(name in s.names for s in self.schemas.values())
@@ -357,9 +357,18 @@ def _open_run(run_dir: AnyPath) -> tuple[AnyPath, AnyPath, dict[str, dict]]:
     return run_dir, folder, listing
 
 
-def _require_finished(folder: AnyPath, summary: dict) -> None:
-    status = summary.get("status")
+def _require_finished(folder: AnyPath, summary: dict | None) -> None:
     run = folder.parent
+    if summary is None:
+        if not any(storage.exists(run / name) for name in ("summary.json", "plan.json", "config.yaml")):
+            return  # a table `hype score` did not write: it keeps no status
+        # A run directory without a readable status (lost, cut short, edited): fail closed.
+        raise SelectError(
+            f"{run / 'summary.json'}: missing, unreadable or not a JSON object, so whether the last hype "
+            f"score run there finished is unknown and its scores may be partial or stale; finish the run: "
+            f"{_rerun(run)}"
+        )
+    status = summary.get("status")
     if status == "running":
         raise SelectError(
             f"{run}: hype score is still running there (summary.json status 'running'), so its scores "
