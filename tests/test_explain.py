@@ -152,6 +152,34 @@ def test_explain_by_uid_with_a_filter_and_zscore_names_the_filter_and_finds_ever
     assert "removed by: basic" in text and f"{absent}: not in the scores table" in text
 
 
+def test_explain_subset_finds_the_scores_its_record_names_from_any_folder(world, tmp_path, monkeypatch):
+    """subset.json records its scores table's absolute location, and a relative one (an older record) is
+    read relative to the record's folder: `explain --subset` never reads a table found from the current
+    folder. Malformed records are one-line errors."""
+    import os
+
+    record = tmp_path / "sel" / "s.json"
+    monkeypatch.chdir(world["root"])
+    cli("select", "--scores", "run", "--frac", "0.2", "--out", str(record.with_suffix(".npy")))
+    assert json.loads(record.read_text())["scores"] == str(world["run"] / "scores")
+    uid = world["df"]["uid"].iloc[0]
+    expected = json.loads(cli("explain", "--subset", str(record), "--uid", uid, "--json"))
+    elsewhere = tmp_path / "a" / "b"  # not at the record's depth: its relative path leads nowhere here
+    (elsewhere / "run").mkdir(parents=True)  # a "run" here must not be read instead
+    monkeypatch.chdir(elsewhere)
+    assert json.loads(cli("explain", "--subset", str(record), "--uid", uid, "--json")) == expected
+
+    older = json.loads(record.read_text())
+    older["scores"] = os.path.relpath(world["run"] / "scores", record.parent)
+    record.write_text(json.dumps(older))
+    assert json.loads(cli("explain", "--subset", str(record), "--uid", uid, "--json")) == expected
+    for bad in (7, ["run", 7], None):
+        record.write_text(json.dumps({**older, "scores": bad}))
+        res = CliRunner().invoke(main, ["explain", "--subset", str(record), "--uid", uid, "--no-progress"])
+        assert res.exit_code != 0 and "not a subset.json written by `hype select`" in res.output
+        assert "Traceback" not in res.output
+
+
 def test_explain_refuses_unclear_requests(world):
     res = CliRunner().invoke(
         main, ["explain", "--scores", str(world["run"]), "--frac", "0.2", "--no-progress"]

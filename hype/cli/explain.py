@@ -133,9 +133,11 @@ def _selection(scores: str | None, subset_json: str | None, given: dict) -> dict
             f"--subset {path}: cannot read the selection summary ({e}); pass the subset.json "
             "`hype select` wrote next to its subset.npy"
         ) from None
-    if not isinstance(summary, dict) or "target" not in summary or "scores" not in summary:
+    recorded = summary.get("scores") if isinstance(summary, dict) else None
+    names = [recorded] if isinstance(recorded, str) else recorded
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or "target" not in summary:
         raise SelectError(f"--subset {path}: not a subset.json written by `hype select`")
-    return request_from_summary(summary, scores)
+    return request_from_summary(summary, scores, str(path))
 
 
 def _uids(uid_list: tuple[str, ...], uids_file: str | None):

@@ -32,12 +32,14 @@ statistics from its cache, which keeps only their quantiles.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from hype.data.uids import UidMultiset, pair_to_uid, splitmix64
+from hype.io import storage
 from hype.select.reducer import Sink
 from hype.select.rules import RULES, Rule
 from hype.table.reader import Batch, ScoresTable
@@ -614,13 +616,14 @@ def _uids(arr: np.ndarray) -> list[str]:
     return [pair_to_uid(h, low) for h, low in zip(arr["f0"], arr["f1"], strict=True)]
 
 
-def request_from_summary(summary: dict, scores: str | None = None) -> dict:
-    """`SelectRequest` fields that redo the selection a `subset.json` records: its scores table, its k (or
-    threshold), its ranking rule and every filter it applied."""
+def request_from_summary(summary: dict, scores: str | None = None, record: str | None = None) -> dict:
+    """`SelectRequest` fields that redo the selection a `subset.json` (at `record`) records: its scores
+    table, its k (or threshold), its ranking rule and every filter it applied. A relative scores location
+    (written by an older hype) is taken relative to the record's folder, never the current one."""
     from hype.select.presets import load_preset
 
     t = summary.get("target") or {}
-    out: dict = {"scores": scores or summary["scores"]}
+    out: dict = {"scores": scores or _beside(summary["scores"], record)}
     if t.get("mode") in ("frac", "top_k"):
         out["top_k"] = int(t["k"])
     elif t.get("mode") == "threshold":
@@ -639,6 +642,14 @@ def request_from_summary(summary: dict, scores: str | None = None) -> dict:
     n_preset = len(load_preset(out["preset"]).filters) if out["preset"] else 0
     out["filters"] = [_spec(f) for f in (summary.get("filters") or [])[n_preset:]]
     return out
+
+
+def _beside(recorded: str | list[str], record: str | None) -> str | list[str]:
+    if isinstance(recorded, list):
+        return [_beside(r, record) for r in recorded]  # type: ignore[misc]
+    if record is None or storage.is_url(recorded) or os.path.isabs(recorded):
+        return recorded
+    return storage.absolute(os.path.join(os.path.dirname(storage.absolute(record)), recorded))
 
 
 def _spec(described: dict) -> str:

@@ -187,7 +187,8 @@ def select_subset(req: SelectRequest) -> dict:
     summary = {
         "subset": str(npy),
         "parquet": str(parquet),
-        "scores": table.source,
+        # absolute (URLs as given): `hype explain --subset` finds the table from any folder
+        "scores": [absolute(f) for f in table.folders] if len(table.folders) > 1 else absolute(table.folder),
         "pool_rows": result.pool_rows,
         # rows of a later --scores whose uid an earlier one holds: counted, read once (several runs only)
         **({"duplicates_across_runs": table.duplicates} if isinstance(table.source, list) else {}),
