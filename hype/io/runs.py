@@ -6,6 +6,8 @@ A step's unit of work is a *stage*: an output (a file or a folder) plus its comp
 - Output location. Local outputs and inputs are named by their absolute path, URLs (`s3://...`) as given
   (`absolute`): a fingerprint, a shard id, a plan records them so, and workers find them from any folder.
   A path with `~` is expanded; symlinks are resolved, so `./x`, `x/` and a link to x are one output.
+  Records that name another location (a run's config.yaml, subset.json's scores table) hold it so too:
+  a record means the same thing read from any folder.
 - Atomic writes (`hype.io.files`): every file is written whole or not at all, locally a temporary name
   in its folder, fsynced and renamed; in a bucket a local temporary uploaded under the final name.
 - Fingerprint (`fingerprint`): ONE digest algorithm, `RUN_DIGEST` = blake2b-128, of a JSON description
