@@ -622,9 +622,9 @@ def driver_requests(
     if step == "decontam":  # marker looked for; CLIP features of each shard searched; matches + marker
         return _add(_MISSING, {"get": s * _parquet_get(in_bytes), "put": 2})
     # run level: the bucket checked and the folder listed; plan.json (twice) and card.json looked for; the
-    # lock (created, released), config.yaml, plan.json, summary.json (started, planned, finished); the pool
-    # listed
-    return _add(_MISSING, _MISSING, _MISSING, {"list": 4, "put": 6, "delete": 1, "pool_list": 2})
+    # lock (created, released), config.yaml, plan.json, summary.json (started once the inputs are open,
+    # finished); the pool listed
+    return _add(_MISSING, _MISSING, _MISSING, {"list": 4, "put": 5, "delete": 1, "pool_list": 2})
 
 
 def card_requests(folders: dict[str, int], parts: int, part_bytes: float, files: list[float]) -> dict:
