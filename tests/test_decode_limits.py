@@ -22,7 +22,14 @@ from hype.data.imageprep import IMAGE_TOO_LARGE, ImageError, Preprocess, decode_
 from hype.data.samples import RawSample, SkipStats, decode_image, decode_pair
 from hype.data.uids import save_subset
 from hype.eval import readers
-from hype.io.tar import MAX_MEMBER_BYTES, MEMBER_TOO_LARGE, index_samples, ustar_header
+from hype.io.tar import (
+    MAX_MEMBER_BYTES,
+    MEMBER_TOO_LARGE,
+    UNREADABLE_SHARD,
+    index_samples,
+    read_samples,
+    ustar_header,
+)
 from hype.reshard import reshard
 from hype.scoring.decode import Decoded, DecodeSpec, Skipped
 
@@ -142,15 +149,23 @@ def test_a_big_jpeg_is_capped_at_the_scale_it_is_decoded_at(monkeypatch):
     assert size == (400, 400) and img.size == (100, 100)
 
 
-def _tar_with_a_huge_member(path: Path, size: int) -> Path:
-    """Samples 0, 1, 2; sample 1's .jpg claims `size` bytes, stored sparse (no disk, no memory)."""
+def _tar_with_a_huge_member(path: Path, size: int, header: bytes | None = None) -> Path:
+    """Samples 0, 1, 2; sample 1's .jpg claims `size` bytes, stored sparse (no disk, no memory), or with
+    `header` (a type flag: PAX `x`, GNU long name `L`) is an ordinary member behind an extended header of
+    `size` bytes (a valid record, sparse too)."""
     jpg = io.BytesIO()
     Image.new("RGB", (8, 8)).save(jpg, "JPEG")
     with open(path, "wb") as f:
         for key in ("0", "1", "2"):
             uid = f"{int(key) + 1:032x}"
             for ext, data in (("jpg", jpg.getvalue()), ("json", json.dumps({"uid": uid}).encode())):
-                n = size if (key, ext) == ("1", "jpg") else len(data)
+                n = size if (key, ext) == ("1", "jpg") and header is None else len(data)
+                if (key, ext) == ("1", "jpg") and header is not None:
+                    f.write(ustar_header("././@LongLink", size, header))
+                    start = f.tell()
+                    f.write(b"%d comment=" % size if header == b"x" else b"1.jpg")
+                    f.seek(start + size - 1)
+                    f.write(b"\n" + b"\0" * (-size % 512))
                 f.write(ustar_header(f"{key}.{ext}", n))
                 if n == len(data):
                     f.write(data + b"\0" * (-n % 512))
@@ -170,7 +185,9 @@ def test_a_member_over_the_size_cap_is_skipped_unread(tmp_path):
     # Indexed (reshard): the sample is left out and counted; the others are resharded.
     stats = SkipStats()
     assert [k for k, _ in index_samples(tar, stats)] == ["0", "2"] and stats.counts == {MEMBER_TOO_LARGE: 1}
-    assert "1.jpg (314572800 bytes)" in stats.examples[MEMBER_TOO_LARGE][0]
+    assert (
+        "1.jpg (314572800 bytes, over the 33554432-byte member limit" in stats.examples[MEMBER_TOO_LARGE][0]
+    )
     save_subset(tmp_path / "s.npy", [f"{i:032x}" for i in (1, 2, 3)])
     meta = reshard(tar, tmp_path / "s.npy", tmp_path / "out", workers=1, progress=False)
     assert meta["output_samples"] == 2 and meta["skipped"]["counts"] == {MEMBER_TOO_LARGE: 1}
@@ -179,3 +196,33 @@ def test_a_member_over_the_size_cap_is_skipped_unread(tmp_path):
     for batch in readers.WdsBatches([tar], SQUASH, readers.WdsSpec(label=False), 8):
         stats.merge(batch["stats"])
     assert (stats.num_samples, stats.num_skipped, stats.num_read_errors) == (2, 1, 0)
+
+
+@pytest.mark.parametrize("header", [b"x", b"L"])
+def test_an_extended_header_over_its_cap_is_skipped_unread(tmp_path, header):
+    """A 300 MiB PAX record (or GNU long name) before a small member: tarfile would read it whole before
+    the member cap sees anything. Its sample is a counted skip and memory does not grow."""
+    tar = _tar_with_a_huge_member(tmp_path / "00000000.tar", 300 * 2**20, header)
+    got, grew_mib = _peak("tar", tar)
+    assert got == f"0,2 {{'{MEMBER_TOO_LARGE}': 1}}" and grew_mib < 40  # reading it took 300+ MiB
+    stats = SkipStats()
+    assert [k for k, _ in index_samples(tar, stats)] == ["0", "2"] and stats.counts == {MEMBER_TOO_LARGE: 1}
+    assert (
+        "1.jpg (extended headers of 314572800 bytes, over the 1048576-byte limit"
+        in stats.examples[MEMBER_TOO_LARGE][0]
+    )
+
+
+def test_a_run_of_extended_headers_ends_the_shard_with_a_count(tmp_path):
+    """Each extended header is one more level of tarfile's recursion: nine in a row make the shard
+    unreadable (counted), after the samples before them."""
+    record = b"30 comment=%s\n" % (b"x" * 18)
+    with open(tmp_path / "t.tar", "wb") as f:
+        f.write(ustar_header("0.txt", 1) + b"a".ljust(512, b"\0"))
+        for _ in range(9):
+            f.write(ustar_header("PaxHeader", len(record), b"x") + record.ljust(512, b"\0"))
+        f.write(ustar_header("1.txt", 1) + b"b".ljust(512, b"\0") + b"\0" * 1024)
+    stats = SkipStats()
+    assert [k for k, _ in read_samples(tmp_path / "t.tar", stats)] == ["0"]
+    assert stats.counts == {UNREADABLE_SHARD: 1}
+    assert "more than 8 extended headers in a row" in stats.examples[UNREADABLE_SHARD][0]

@@ -14,6 +14,10 @@ Two readers apply it: `read_samples` streams members with their bytes (scoring, 
 before the damage are still yielded. The stream reports any damage as `unreadable_shard`; the index, which
 knows member sizes, reports a cut as `truncated_member`. Both leave out, counted as `member_too_large`, a
 sample with a member over `MAX_MEMBER_BYTES`, decided on its header before any of its data is read.
+`tarfile` reads a member's extended headers (PAX `x`/`g` records, GNU long names) whole before the member
+itself, so they are bounded first (`_BoundedTarInfo`): headers over `MAX_EXTENDED_HEADER_BYTES` are skipped
+unread and their member's sample counted as `member_too_large` too; sparse members (never in a shard, and
+their maps are read whole) and runs of more than `MAX_EXTENDED_HEADERS` headers make the shard unreadable.
 A tar cut at a member boundary, which `tarfile` ends quietly, is caught by its missing end-of-archive
 marker; that is why the member loop is ours and not webdataset's `tar_file_iterator` (the same `tarfile`
 stream and filters, but it hides where reading ended).
@@ -44,6 +48,16 @@ MEMBER_TOO_LARGE = "member_too_large"  # a sample with a member over MAX_MEMBER_
 # sample with a bigger member is skipped whole (one count), so nothing reads 300 MiB to find a bad image.
 # Web images are a few MB; a JPEG at the decoder's pixel cap (hype.data.imageprep.MAX_PIXELS) is ~20 MB.
 MAX_MEMBER_BYTES = 32 * 2**20
+# Extended headers before one member: real ones hold a long name or a few PAX records (hundreds of bytes).
+MAX_EXTENDED_HEADER_BYTES = 2**20
+MAX_EXTENDED_HEADERS = 8  # in a row: each is one more level of tarfile's recursion
+_EXTENDED = (
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+)
 
 BLOCK = 512
 RECORD = 20 * BLOCK
@@ -95,26 +109,37 @@ def index_samples(
 
 
 class _TooLarge(int):
-    """Stands for the data of a member over `MAX_MEMBER_BYTES` (its size), which was not read."""
+    """Stands for the data of a member that was not read: over `MAX_MEMBER_BYTES` (the int is its size), or
+    behind extended headers over `MAX_EXTENDED_HEADER_BYTES` (`header`: their size, skipped unread)."""
+
+    header = 0
+
+
+def _too_large(member: tarfile.TarInfo) -> _TooLarge | None:
+    header = getattr(member, "skipped_header", 0)
+    if member.size <= MAX_MEMBER_BYTES and not header:
+        return None
+    big = _TooLarge(member.size)
+    big.header = header
+    return big
 
 
 def _capped(path: str, samples: Iterator[tuple[str, dict]], problems: Problems) -> Iterator[tuple[str, dict]]:
     for key, files in samples:
-        big = [f"{key}.{ext} ({_size(v)} bytes)" for ext, v in files.items() if _size(v) > MAX_MEMBER_BYTES]
+        big = [f"{key}.{ext} {_over(v)}" for ext, v in files.items() if isinstance(v, _TooLarge)]
         if big:
-            problems.add(
-                MEMBER_TOO_LARGE,
-                f"{path}: {', '.join(big)}: over the {MAX_MEMBER_BYTES}-byte member limit "
-                "(hype.io.tar.MAX_MEMBER_BYTES); sample not read",
-            )
+            problems.add(MEMBER_TOO_LARGE, f"{path}: {', '.join(big)}; sample not read")
             continue
         yield key, files
 
 
-def _size(value: bytes | tuple[int, int] | _TooLarge) -> int:
-    if isinstance(value, tuple):  # (offset, size) from the header index
-        return value[1]
-    return int(value) if isinstance(value, _TooLarge) else len(value)
+def _over(big: _TooLarge) -> str:
+    if big.header:
+        return (
+            f"(extended headers of {big.header} bytes, over the {MAX_EXTENDED_HEADER_BYTES}-byte limit, "
+            "hype.io.tar.MAX_EXTENDED_HEADER_BYTES)"
+        )
+    return f"({int(big)} bytes, over the {MAX_MEMBER_BYTES}-byte member limit, hype.io.tar.MAX_MEMBER_BYTES)"
 
 
 def _name(path: str | PathLike) -> str:
@@ -123,10 +148,13 @@ def _name(path: str | PathLike) -> str:
 
 def _stream_members(path: str, problems: Problems) -> Iterator[tuple[str, str, bytes]]:
     try:
-        with open_input(path, stream=True) as f, tarfile.open(fileobj=f, mode="r|*") as tar:
+        with (
+            open_input(path, stream=True) as f,
+            tarfile.open(fileobj=f, mode="r|*", tarinfo=_BoundedTarInfo) as tar,
+        ):
             for member, key, ext in _sample_files(tar):
-                if member.size > MAX_MEMBER_BYTES:  # from the header: the stream skips the data unread
-                    yield key, ext, _TooLarge(member.size)
+                if big := _too_large(member):  # from the header: the stream skips the data unread
+                    yield key, ext, big
                 else:
                     yield key, ext, tar.extractfile(member).read()  # type: ignore[union-attr]
                 tar.members = []  # as webdataset does: a streamed tar need not remember its members
@@ -156,18 +184,55 @@ def _header_members(path: str, problems: Problems) -> Iterator[tuple[str, str, t
             size = f.seek(0, os.SEEK_END)
             f.seek(0)
             # Seekable mode: tarfile seeks over member data instead of reading it.
-            with tarfile.open(fileobj=f, mode="r:") as tar:
+            with tarfile.open(fileobj=f, mode="r:", tarinfo=_BoundedTarInfo) as tar:
                 for member, key, ext in _sample_files(tar):
-                    if member.offset_data + member.size > size:
+                    if big := _too_large(member):
+                        yield key, ext, big
+                    elif member.offset_data + member.size > size:
                         problems.add(TRUNCATED, f"{path}:{member.name}: data runs past the end of the tar")
                         return
-                    yield key, ext, (member.offset_data, member.size)
+                    else:
+                        yield key, ext, (member.offset_data, member.size)
                 if not _ends_with_marker(f, tar.offset):
                     problems.add(
                         TRUNCATED, f"{path}: no end-of-archive marker after byte {tar.offset}: cut short?"
                     )
     except (tarfile.TarError, OSError, EOFError) as e:
         _problem(path, e, problems)
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """tarfile's header parser with extended headers bounded before they are read (see the module docstring).
+    `skipped_header`: the bytes of extended headers skipped unread before this member (0: none)."""
+
+    skipped_header = 0
+
+    def _proc_member(self, tar: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type not in _EXTENDED:
+            tar._hype_extended = (0, 0)  # type: ignore[attr-defined]
+            return super()._proc_member(tar)
+        count, size = getattr(tar, "_hype_extended", (0, 0))
+        count, size = count + 1, size + self.size
+        tar._hype_extended = (count, size)  # type: ignore[attr-defined]
+        if count > MAX_EXTENDED_HEADERS:
+            raise tarfile.TarError(
+                f"more than {MAX_EXTENDED_HEADERS} extended headers in a row at byte {self.offset}"
+            )
+        if size <= MAX_EXTENDED_HEADER_BYTES:
+            return super()._proc_member(tar)
+        # Over the limit: its data skipped unread (a stream reads it in 10 KiB blocks), and the member it
+        # belongs to is read as the ustar header gives it, marked, so that its sample is a counted skip.
+        tar.fileobj.seek(tar.fileobj.tell() + self._block(self.size))  # type: ignore[attr-defined]
+        member = self.fromtarfile(tar)
+        member.offset = self.offset
+        member.skipped_header = max(member.skipped_header, size)  # type: ignore[attr-defined]
+        return member
+
+    def _refuse_sparse(self, *args: object) -> None:
+        raise tarfile.TarError(f"a sparse member at byte {self.offset}: not a webdataset shard")
+
+    # GNU and PAX sparse maps are read whole (the PAX 1.0 map from the member's data, without a bound).
+    _proc_sparse = _proc_gnusparse_00 = _proc_gnusparse_01 = _proc_gnusparse_10 = _refuse_sparse
 
 
 def _sample_files(tar: tarfile.TarFile) -> Iterator[tuple[tarfile.TarInfo, str, str]]:
@@ -187,8 +252,9 @@ def _ends_with_marker(f, offset: int) -> bool:
 # --- writing --------------------------------------------------------------------------------------
 
 
-def ustar_header(name: str, size: int) -> bytes:
-    """A POSIX ustar header with fixed metadata; the same bytes `tarfile` writes for such a member."""
+def ustar_header(name: str, size: int, kind: bytes = b"0") -> bytes:
+    """A POSIX ustar header with fixed metadata; the same bytes `tarfile` writes for such a member (`kind`:
+    the type flag, a regular file unless given)."""
     raw = name.encode("utf-8")
     if len(raw) > 100:
         raise ValueError(f"tar member name too long for ustar: {name!r}")
@@ -201,7 +267,7 @@ def ustar_header(name: str, size: int) -> bytes:
             b"%011o\0" % size,
             b"00000000000\0",  # mtime
             b"        ",  # checksum placeholder
-            b"0",  # regular file
+            kind,
             b"\0" * 100,  # linkname
             b"ustar\x0000",
             b"\0" * 64,  # uname, gname
