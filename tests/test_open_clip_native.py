@@ -477,6 +477,11 @@ def test_a_hugging_face_tokenizer_is_read_from_the_model_folder_or_the_cache(mon
         load_model_file(hf)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
     assert torch.equal(load_model_file(hf).tokenizer()(TEXTS), tokenizer(TEXTS))
+    # Read only inside its cache entry: a nested file linking out is refused.
+    (snap / "extra").mkdir()
+    (snap / "extra" / "vocab.txt").symlink_to(hf / "open_clip_config.json")
+    with pytest.raises(ModelFileError, match=r"extra/vocab\.txt: resolves to .*outside the Hugging Face"):
+        load_model_file(hf).tokenizer()
 
 
 # --- a model folder is data, never code ---------------------------------------------------------------

@@ -375,10 +375,14 @@ def _hf_local(repo: str, filenames: tuple[str, ...], what: str, name: str) -> Pa
         return Path(repo)
     from huggingface_hub import constants, try_to_load_from_cache
 
+    from hype.models.open_clip_files import _confine  # here: open_clip_files imports this module
+
     for filename in filenames:
         found = try_to_load_from_cache(repo, filename)
         if isinstance(found, str):
-            return Path(found).parent
+            snap = Path(found).parent  # <cache>/models--org--name/snapshots/<commit>/
+            _confine(snap, snap.parent.parent)  # read only inside the entry, as model folders are
+            return snap
     raise ModelFileError(
         f"open_clip architecture {name!r} needs the Hugging Face {what} {repo!r}, which is neither beside "
         f"the model nor in the Hugging Face cache ({constants.HF_HUB_CACHE}); hype never downloads at run "
