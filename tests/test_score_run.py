@@ -583,6 +583,7 @@ def test_a_runs_config_rescores_that_run_from_any_folder_and_refused_inputs_leav
     from click.testing import CliRunner
 
     from hype.cli import main
+    from hype.scoring.config import load_score_config
 
     base = baseline(tmp_path_factory)
     w = world(tmp_path_factory)
@@ -617,6 +618,8 @@ def test_a_runs_config_rescores_that_run_from_any_folder_and_refused_inputs_leav
     assert {name: (run / name).read_bytes() for name in kept} == kept  # the original is untouched
     assert yaml.safe_load((copy / "config.yaml").read_text())["out"] == str(copy)
     assert _summary(copy)["status"] == "complete"
+    other = str(tmp_path / "other")  # --out on the command line still chooses
+    assert load_score_config(str(copy / "config.yaml"), [f"out={other}"]).out == other
 
 
 def test_select_refuses_a_run_whose_summary_is_missing_or_not_an_object(tmp_path_factory, tmp_path):
