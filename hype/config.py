@@ -10,7 +10,7 @@ parameters) is declared the same way and read through the same functions:
   call time) or the repository's `configs/` folder; `kind` is `models`, `train`, `score`, `download`,
   `select`, `eval`, ...
 - Reading one: `read_config(kind, config, default)` takes a preset name, a YAML path or a dict;
-  `read_yaml(path)` reads one file.
+  `read_yaml(path)` reads one file; `parse_yaml` is the one YAML parser (aliases refused).
 - `key=value` overrides with dotted keys (`apply_override`), values parsed as YAML (`parse_value`).
 - dict -> schema instance with type checks (`build`; `exact_ints` for schemas that refuse `2.0` as an
   int); `load` is read + overrides + build in one call.
@@ -87,13 +87,33 @@ def resolve_preset(kind: str, config: str | PathLike, what: str | None = None) -
     return named
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML without aliases: `*name` repeats a node without copying it, so a few hundred bytes of nested
+    aliases expand to billions of values once walked (the "billion laughs"); no hype file needs them."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.YAMLError(
+                f"line {mark.line + 1}, column {mark.column + 1}: aliases (*name) are not allowed; "
+                "write the value out"
+            )
+        return super().compose_node(parent, index)
+
+
+def parse_yaml(text: str | bytes, source: str) -> Any:
+    """The value of YAML `text` (THE one YAML reader of hype: aliases refused); bad YAML is a one-line
+    `ConfigError` naming `source`."""
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader
+    except yaml.YAMLError as e:
+        raise ConfigError("", f"not valid YAML ({' '.join(str(e).split())})", source) from None
+
+
 def read_yaml(path: str | PathLike) -> dict:
     """The mapping in a YAML file (an empty file is `{}`); bad YAML and non-mappings name the file."""
     source = str(path)
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError("", f"not valid YAML ({e})", source) from None
+    data = parse_yaml(Path(path).read_text(), source)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -177,8 +197,8 @@ def parse_value(raw: str) -> Any:
     """A value typed on a command line, parsed as YAML (`1e-3`, `true`, `null`, `[1, 2]`); text that is not
     YAML stays text, and an empty value is None."""
     try:
-        return yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
+        return parse_yaml(raw, "override") if raw.strip() else None
+    except ConfigError:
         return raw  # not YAML: keep the text (e.g. a caption template with ': ' inside)
 
 

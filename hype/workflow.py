@@ -63,13 +63,13 @@ class Runner:
         """Run `hype ARGS` as step `name`; its log is `logs/NN-name.log`, NN = `number` or the step count."""
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"{number or len(self.timings) + 1:02d}-{name}.log"
-        cmd = [sys.executable, "-m", "hype.cli", *args]
+        cmd = [sys.executable, "-P", "-m", "hype.cli", *args]  # -P: see child_env
         if self.echo:
             print("$ hype " + shlex.join(args), flush=True)
         t0 = time.perf_counter()
         with open(log, "w") as out:
             err = None if self.progress else subprocess.STDOUT
-            proc = subprocess.run(cmd, stdout=out, stderr=err, check=False)
+            proc = subprocess.run(cmd, stdout=out, stderr=err, check=False, env=child_env())
         self.timings[name] = time.perf_counter() - t0
         if proc.returncode != 0:
             tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-15:])
@@ -83,6 +83,28 @@ class Runner:
         self.timings[name] = 0.0
         if self.echo:
             print(f"= {name}: {why}, skipped", flush=True)
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a step's `python -P -m hype.cli`.
+
+    `-P` keeps the current folder off the child's import path: `python -m` would put it first, and a
+    `hype.py` or `filters.py` there would run inside the step. When hype itself was found there (a
+    checkout run from its own folder, not installed), that folder is named in PYTHONPATH instead: the
+    child runs the same hype, and nothing else from a folder the parent did not already import from.
+    This process's storage options (`hype --storage-options`) go in HYPE_STORAGE_OPTIONS: never on a
+    command line, which every user of the machine can read, nor in the step's logs and markers."""
+    import hype
+    from hype.io import storage
+
+    env = dict(os.environ)
+    root = str(Path(hype.__file__).resolve().parents[1])
+    if root == str(Path.cwd().resolve()):
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    options = storage.snapshot()
+    if options:
+        env[storage.ENV_OPTIONS] = json.dumps(options)
+    return env
 
 
 def train_args(
@@ -162,6 +184,10 @@ ROOT = "${OUT}"  # the run folder inside command lines, so fingerprints survive 
 STEP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 VARIABLE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::([^{}]*))?\}")
 SERVE = "serve"  # {serve}: the base url of the workflow's loopback server (in its `serve.steps` only)
+MAX_FORMAT_NUMBER = 64  # the largest width or precision in a `{name:spec}` (a caption's `{frac:.0%}`)
+# `runtime:` options: where and how fast a step runs, never what it writes, so they stay out of the
+# fingerprint; anything else (a size, a device, another --out) would be skipped as done when changed.
+RUNTIME_OPTIONS = ("executor", "ray-address", "workers", "threads", "processes")
 
 
 @dataclass(frozen=True)
@@ -210,7 +236,7 @@ class StepSpec:
     `args` are the command's options (`{frac: 0.2}` -> `--frac 0.2`; true -> a flag, false -> `--no-x`,
     a list -> the option repeated); `settings` its `key=value` config overrides; `inputs` options whose
     values name producing steps (`{scores: score}`, `{data: world.clean}`); `runtime` options that do
-    not change the output (threads, executor), left out of the fingerprint."""
+    not change the output (`RUNTIME_OPTIONS`: threads, executor, ...), left out of the fingerprint."""
 
     name: str
     run: str
@@ -225,6 +251,19 @@ class StepSpec:
         if self.run not in KINDS:
             raise ConfigError(
                 f"{self.name}.run", f"unknown step kind {self.run!r}; known: {', '.join(KINDS)}"
+            )
+        for section, options in (("args", self.args), ("runtime", self.runtime)):
+            if "out" in options:
+                raise ConfigError(
+                    f"{self.name}.{section}.out",
+                    "hype run writes each step to OUT/<step>; set the workflow's out instead",
+                )
+        other = [k for k in self.runtime if k not in RUNTIME_OPTIONS]
+        if other:
+            raise ConfigError(
+                f"{self.name}.runtime.{other[0]}",
+                f"runtime holds only options that change no output ({', '.join(RUNTIME_OPTIONS)}), "
+                "left out of the fingerprint; put it under args",
             )
 
 
@@ -343,10 +382,20 @@ def interpolate(value: Any, variables: dict[str, Any], key: str) -> Any:
             raise ConfigError(key, f"unknown variable {m.group(0)}; vars: {', '.join(variables) or '-'}")
         return variables[m.group(1)]
 
+    def formatted(m: re.Match) -> str:
+        spec = m.group(2) or ""
+        # A width or precision is a size to allocate: `{size:>3000000000}` is 3 GB of spaces.
+        if any(int(n) > MAX_FORMAT_NUMBER for n in re.findall(r"\d+", spec)):
+            raise ConfigError(key, f"{m.group(0)}: widths and precisions go up to {MAX_FORMAT_NUMBER}")
+        try:
+            return format(lookup(m), spec)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(key, f"{m.group(0)}: {e} (e.g. {{frac:.0%}}, {{size:,}})") from None
+
     whole = VARIABLE.fullmatch(value)
     if whole and whole.group(2) is None:
         return lookup(whole)
-    return VARIABLE.sub(lambda m: format(lookup(m), m.group(2) or ""), value)
+    return VARIABLE.sub(formatted, value)
 
 
 def _text(value: Any) -> str:
@@ -488,13 +537,34 @@ class Workflow:
             return [self.out / f"{step.name}{suffix}" for suffix in step.kind.root_files]
         return [self.out / step.name]
 
+    def _check_owned(self, step: Step) -> None:
+        """Refuse to replace a step's output that this workflow did not make: only a step whose marker is
+        there (written before its command starts) made its folder; a link is never followed; an empty
+        folder holds nothing to lose."""
+        made = self.marker(step.name) is not None
+        for p in self._outputs(step):
+            empty = p.is_dir() and not p.is_symlink() and next(p.iterdir(), None) is None
+            if p.is_symlink() or (p.exists() and not made and not empty):
+                raise WorkflowError(
+                    f"{p}: hype run would replace it, but this workflow did not make it (no "
+                    f"{self.marker_path(step.name)}); use another out= or remove it yourself"
+                )
+
     def _clear(self, step: Step) -> None:
+        self._check_owned(step)
         for p in self._outputs(step):
             if p.is_dir():
                 shutil.rmtree(p)
             elif p.exists():
                 p.unlink()
         self.marker_path(step.name).unlink(missing_ok=True)
+
+    def _clears(self, step: Step, state: str) -> bool:
+        """Whether running `step` starts it over: other settings, --from on a done step, or a served
+        step (its urls name the server's port, which changes with every run)."""
+        record = self.marker(step.name)
+        fresh = state == "changed" or (record is not None and record.get("state") == "done")
+        return fresh or (self.spec.serve is not None and step.name in self.spec.serve.steps)
 
     # --- planning ---------------------------------------------------------------------------------
 
@@ -540,6 +610,11 @@ class Workflow:
         from hype.io.runs import output_lock
 
         plan = self.plan(start, until)
+        # Before anything runs, so that a refusal never stops a run halfway: what a step replaces (or,
+        # done by hype run itself, writes) must be this workflow's.
+        for step, state, runs in plan:
+            if runs and (self._clears(step, state) or not step.kind.command):
+                self._check_owned(step)
         self.out.mkdir(parents=True, exist_ok=True)
         runner = Runner(self.out / "logs", progress=progress, echo=False)
         outcomes = [
@@ -566,10 +641,8 @@ class Workflow:
         return outcomes
 
     def _run_step(self, step, state, head, runner, url, executor, progress, echo) -> float:
-        record = self.marker(step.name)
-        fresh = state == "changed" or (record is not None and record.get("state") == "done")
-        if fresh or (self.spec.serve is not None and step.name in self.spec.serve.steps):
-            self._clear(step)  # other settings, --from, or a server whose port changed: start over
+        if self._clears(step, state):
+            self._clear(step)
         command = self.command(step)
         if url is not None:
             command = [a.replace("{" + SERVE + "}", url) for a in command]
@@ -579,10 +652,10 @@ class Workflow:
             command.append("--no-progress")
         shown = ("$ hype " if step.kind.command else "$ (hype run) ") + shlex.join(command)
         echo(f"{head}: {state}, running\n{shown}")
+        marker = Marker(self.marker_path(step.name))
+        marker.begin(step.fingerprint, step=step.name, pid=os.getpid())  # first: it claims the folder
         if not step.kind.root_files:
             (self.out / step.name).mkdir(parents=True, exist_ok=True)
-        marker = Marker(self.marker_path(step.name))
-        marker.begin(step.fingerprint, step=step.name, pid=os.getpid())
         t0 = time.perf_counter()
         if step.kind.command:
             runner.hype(step.name, *command, number=step.number)

@@ -76,6 +76,25 @@ def test_absolute_is_the_one_path_rule(tmp_path, monkeypatch):
     assert rundir.ShardTask(0, "link/x.tar", "x").source == absolute("link/x.tar")
 
 
+def test_a_shard_pattern_is_made_absolute_by_the_same_rule(tmp_path, monkeypatch):
+    """What a run's config.yaml records for --pool: each local part absolute up to its pattern, which
+    names the same shards from any folder; URLs as given."""
+    from hype.data.shards import absolute_spec, expand_shards
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    for i in range(3):
+        (tmp_path / "real" / f"{i:02d}.tar").write_bytes(b"x")
+    monkeypatch.chdir(tmp_path)
+    spec = "link/{00..01}.tar::./link/*.tar::s3://b/p/{0..1}.tar"
+    recorded = absolute_spec(spec)
+    real = str(tmp_path.resolve() / "real")
+    assert recorded == f"{real}/{{00..01}}.tar::{real}/*.tar::s3://b/p/{{0..1}}.tar"
+    local = "::".join(recorded.split("::")[:2])
+    monkeypatch.chdir(tmp_path / "real")
+    assert expand_shards(local).paths == [f"{real}/{n}.tar" for n in ("00", "01", "00", "01", "02")]
+
+
 def test_marker_is_done_only_with_its_fingerprint_and_state(tmp_path):
     path = tmp_path / "out" / "done.json"
     m = Marker(path)

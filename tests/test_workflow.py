@@ -3,6 +3,7 @@ workflows of the steps `hype run` does itself, then the demo workflow killed in 
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import hashlib
 import json
@@ -209,6 +210,13 @@ def test_hype_run_dry_run_and_bad_input_on_the_command_line(tmp_path):
         ({"name": "both", "run": "union"}, "two steps have this name"),
         ({"name": "x", "run": "fly"}, "unknown step kind 'fly'"),
         ({"name": "a/b", "run": "union"}, "use letters, digits"),
+        # runtime options stay out of the fingerprint, so one that changes the output would be skipped as
+        # done when changed, and a runtime --out (the last one wins) would write outside OUT.
+        ({"name": "x", "run": "union", "runtime": {"size": 4000}}, r"x\.runtime\.size: runtime holds only"),
+        ({"name": "x", "run": "union", "runtime": {"out": "/tmp/x"}}, r"x\.runtime\.out: hype run writes"),
+        ({"name": "x", "run": "union", "args": {"out": "/tmp/x"}}, r"x\.args\.out: hype run writes"),
+        ({"name": "x", "run": "table", "args": {"caption": "{a:>3000000000}"}}, "widths and precisions"),
+        ({"name": "x", "run": "table", "args": {"caption": "{a:.0%}"}}, r"\{a:\.0%\}: Unknown format code"),
     ],
 )
 def test_a_bad_workflow_names_the_file_the_step_and_the_fix(tmp_path, step, message):
@@ -219,6 +227,151 @@ def test_a_bad_workflow_names_the_file_the_step_and_the_fix(tmp_path, step, mess
     with pytest.raises(ConfigError, match=message) as e:
         load_workflow(path)
     assert str(path) in str(e.value)
+
+
+def test_hostile_workflow_files_are_refused_before_they_take_memory(tmp_path):
+    """A 534-byte YAML alias bomb and a `{size:>3000000000}` spec each asked for gigabytes; both are now
+    one-line errors naming the file (checked in a child process whose memory is capped)."""
+    from memory_support import run_bounded
+
+    levels = ["a: &a [" + ", ".join(['"lol"'] * 9) + "]"]
+    for prev, name in zip("abcdefgh", "bcdefghi", strict=True):
+        levels.append(f"{name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    bomb = "out: o\nvars:\n" + "".join(f"  {line}\n" for line in levels)
+    bomb += "steps: [{name: s, run: union, args: {subsets: '{i}'}}]\n"
+    spec = "out: o\nvars: {size: 1}\nsteps: [{name: t, run: table, args: {caption: '{size:>3000000000}'}}]\n"
+    (tmp_path / "bomb.yaml").write_text(bomb)
+    (tmp_path / "spec.yaml").write_text(spec)
+    setup = """
+        from hype.config import ConfigError
+        from hype.workflow import load_workflow
+        def error(path):
+            try:
+                load_workflow(path)
+            except ConfigError as e:
+                return str(e)
+        def errors(*paths):  # raised: run_bounded reports what its call raised
+            raise RuntimeError([error(p) for p in paths])
+    """
+    result = run_bounded(setup, f"errors({str(tmp_path / 'bomb.yaml')!r}, {str(tmp_path / 'spec.yaml')!r})",
+                         headroom_mb=256)  # fmt: skip
+    assert result["error"].startswith("RuntimeError: ") and result["growth_mb"] < 64, result
+    got = ast.literal_eval(result["error"].removeprefix("RuntimeError: "))
+    expected = {"bomb": "aliases (*name) are not allowed", "spec": "widths"}
+    for error, (name, message) in zip(got, expected.items(), strict=True):
+        assert error.startswith(f"{tmp_path / name}.yaml: ") and message in error and "\n" not in error, got
+
+
+def _plant(folder: Path, *names: str) -> Path:
+    """Modules in `folder` that leave `folder/ran-<name>` behind if anything imports them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / f"{name}.py").write_text(f"open({str(folder / f'ran-{name}')!r}, 'w').close()\n")
+    return folder
+
+
+def _select_step(tmp_path: Path, scores: str) -> Path:
+    """A one-step workflow whose `hype select` child fails at once on `scores` (no such run)."""
+    spec = {"name": "one", "out": str(tmp_path / "run"), "steps": [
+        {"name": "sel", "run": "select", "args": {"scores": scores, "frac": 0.2}}]}  # fmt: skip
+    path = tmp_path / "one.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_a_step_never_imports_from_the_folder_hype_run_is_started_in(tmp_path, monkeypatch):
+    cwd = _plant(tmp_path / "cwd", "hype", "filters")
+    monkeypatch.chdir(cwd)
+    wf = load_workflow(_select_step(tmp_path, str(tmp_path / "nope")))
+    with pytest.raises(StepError, match="step 'sel' failed"):
+        wf.run(echo=lambda _: None, progress=False)
+    assert "no such run directory" in (wf.out / "logs" / "01-sel.log").read_text()  # hype's own select ran
+    assert not list(cwd.glob("ran-*"))
+
+
+@contextlib.contextmanager
+def _s3_stub():
+    """An HTTP endpoint answering 404 to every request; yields (its url, the requests it got)."""
+    import http.server
+    import threading
+
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            seen.append(self.path)
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_GET  # noqa: N815
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_storage_options_of_hype_run_reach_its_steps_and_no_run_file(tmp_path, monkeypatch):
+    from hype.io import storage
+
+    secret = "not-a-real-secret-4711"
+    with _s3_stub() as (given, to_given), _s3_stub() as (ambient, to_ambient):
+        # Ambient credentials and endpoint (AWS_*): a step without hype run's options would go there.
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "ambient")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "ambient")
+        monkeypatch.setenv("AWS_ENDPOINT_URL", ambient)
+        monkeypatch.delenv(storage.ENV_OPTIONS, raising=False)
+        wf = load_workflow(_select_step(tmp_path, "s3://bucket/run"))
+        lines: list[str] = []
+        storage.configure({"endpoint_url": given, "key": "k", "secret": secret})  # = hype --storage-options
+        try:
+            with pytest.raises(StepError, match="no such run directory"):
+                wf.run(echo=lines.append, progress=False)
+        finally:
+            storage.configure(None)
+    assert to_given and not to_ambient
+    assert storage.ENV_OPTIONS not in os.environ  # the child's environment only
+    files = [p for p in wf.out.rglob("*") if p.is_file()]
+    assert files and not [p for p in files if secret in p.read_text(errors="replace")]
+    assert secret not in "\n".join(lines)
+
+
+def test_hype_run_and_hype_demo_never_replace_a_folder_they_did_not_make(tmp_path):
+    # `serve` steps (the demo's world and pool) start over on every run: their folders were deleted.
+    path = _sets(tmp_path, serve={"root": "both", "steps": ["either"]})
+    precious = tmp_path / "run" / "either" / "precious.tar"
+    precious.parent.mkdir(parents=True)
+    precious.write_bytes(b"user data")
+    out = CliRunner().invoke(main, ["run", str(path)])
+    assert out.exit_code == 2 and f"{precious.parent}: hype run would replace it" in out.output, out.output
+    assert "use another out= or remove it yourself" in out.output
+    assert precious.read_bytes() == b"user data" and not (tmp_path / "run" / "both").exists()  # nothing ran
+    # A step hype run does itself writes its output directly: a file in its place is refused too.
+    precious.unlink()
+    save_subset(tmp_path / "run" / "both" / "subset.npy", _uids(7))
+    assert CliRunner().invoke(main, ["run", str(path)]).exit_code == 2
+    assert _ints(tmp_path / "run" / "both" / "subset.npy") == [7]
+    # What the workflow made, it replaces: the served step runs again on every run.
+    (tmp_path / "run" / "both" / "subset.npy").unlink()
+    for _ in range(2):
+        assert CliRunner().invoke(main, ["run", str(path)]).exit_code == 0
+    assert _ints(tmp_path / "run" / "either" / "subset.npy") == [1, 2, 3, 4, 5, 6]
+    # hype demo: a `data/pool/shards/precious.tar` was gone after `--out data`.
+    data = tmp_path / "data"
+    (data / "pool" / "shards").mkdir(parents=True)
+    (data / "pool" / "shards" / "precious.tar").write_bytes(b"user data")
+    demo = CliRunner().invoke(main, ["demo", "--out", str(data), "--no-progress"])
+    assert demo.exit_code == 2 and f"{data / 'pool'}: hype run would replace it" in demo.output, demo.output
+    assert (data / "pool" / "shards" / "precious.tar").read_bytes() == b"user data"
+    assert not (data / "world").exists()
 
 
 # --- the demo workflow, killed in every step -----------------------------------------------------------

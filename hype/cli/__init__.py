@@ -7,6 +7,7 @@ Subcommands live in their own modules under `hype.cli` and are imported only whe
 from __future__ import annotations
 
 import importlib
+import os
 
 import click
 
@@ -167,3 +168,6 @@ def main(storage_options: str | None) -> None:
         from hype.io import storage
 
         storage.configure(storage_options)
+        # Read once, then out of the environment that every child (a local Ray cluster's processes)
+        # inherits: workers get the options as an argument, `hype run`'s steps from hype.workflow.
+        os.environ.pop(storage.ENV_OPTIONS, None)

@@ -151,12 +151,12 @@ def cluster_classes(table: ScoresTable) -> tuple[dict[int, str] | None, str]:
 
 def _class_names(run: storage.AnyPath) -> list[str] | None:
     """`classnames.txt` beside the class-image tars the run was scored with (its config.yaml), if any."""
-    import yaml
+    from hype.config import parse_yaml
 
     try:
-        cfg = yaml.safe_load(read_bytes(storage.join(run, "config.yaml")))
+        cfg = parse_yaml(read_bytes(storage.join(run, "config.yaml")), "config.yaml")
         given = cfg["clusters"]["class_images"]
-    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
+    except (OSError, ValueError, KeyError, TypeError):  # ValueError: also bad YAML (a ConfigError)
         return None
     if not isinstance(given, str):
         return None
