@@ -130,7 +130,9 @@ class RayExecutor(Executor):
         self.cpus = cpus_per_worker
         self._started_here = not ray.is_initialized()
         if self._started_here:
-            ray.init(
+            from hype.ray_driver import init_ray
+
+            init_ray(
                 address=address,
                 include_dashboard=False,
                 logging_level=logging.WARNING,

@@ -1,8 +1,8 @@
 """Layers that only point down: every import in hype/, filters/ and pipelines/, checked against the layering.
 
     core      hype (the package root), hype.geometry, hype.data, hype.models, hype.io, hype.losses,
-              hype.text, hype.config, hype.plugins, hype.executor, hype.checkpoint, hype.table (the
-              scores table that scoring writes and every later stage reads)
+              hype.text, hype.config, hype.plugins, hype.executor, hype.ray_driver, hype.checkpoint,
+              hype.table (the scores table that scoring writes and every later stage reads)
     stages    hype.synth, hype.download, hype.train, hype.scoring, hype.select, hype.reshard, hype.eval,
               hype.report, hype.submit, hype.convert
     plug-ins  filters (selection rules), pipelines (executors)
@@ -53,6 +53,7 @@ LAYERS: dict[str, int] = {
             "config",
             "plugins",
             "executor",
+            "ray_driver",
             "table",
         )
     },
@@ -97,6 +98,7 @@ STAGE_EDGES: dict[tuple[str, str], str] = {
 # The core packages, lowest first: each may import only those before it.
 CORE_ORDER: list[str] = [
     "hype",
+    "hype.ray_driver",
     "hype.text",
     "hype.plugins",
     "hype.geometry",

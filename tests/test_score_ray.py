@@ -89,18 +89,20 @@ def test_ray_executor_survives_a_killed_worker_and_matches_the_local_run(
     )
 
 
-def _map(address: str, stage, tasks: list, task_timeout: float):
+def _map(address: str, stage, tasks: list, task_timeout: float, cwd: Path | None = None):
     import ray.cloudpickle
 
     from pipelines.ray_executor import RayExecutor
 
+    if cwd is not None:  # the folder the user runs hype from
+        os.chdir(cwd)
     for module in {__name__, type(stage).__module__}:  # the workers cannot import tests/
         ray.cloudpickle.register_pickle_by_value(sys.modules[module])
     with RayExecutor(address, device="cpu", cpus_per_worker=1, retries=1, task_timeout=task_timeout) as ex:
         return ex.map(stage, tasks)
 
 
-def _map_in_a_fresh_process(address: str, stage, tasks: list, task_timeout: float):
+def _map_in_a_fresh_process(address: str, stage, tasks: list, task_timeout: float, cwd: Path | None = None):
     """`RayExecutor.map` in a new process, as `hype score` runs it: once pytest's own process had been a
     Ray driver (the in-process download tests), every actor a later in-process driver started died at
     once ("all references to the actor were removed"): one driver per process, as the CLI has."""
@@ -108,7 +110,7 @@ def _map_in_a_fresh_process(address: str, stage, tasks: list, task_timeout: floa
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(_map, address, stage, tasks, task_timeout).result(timeout=600)
+        return pool.submit(_map, address, stage, tasks, task_timeout, cwd).result(timeout=600)
 
 
 class _HangsOnce:
@@ -162,21 +164,27 @@ def test_a_slow_setup_does_not_count_against_the_task_timeout(ray_cluster):
 
 
 class _Niceness:
-    """A stage that reports the scheduling priority (niceness) its worker process runs at."""
+    """A stage that reports the scheduling priority (niceness) its worker process runs at, and its import
+    path."""
 
     name = "niceness"
 
     def run(self, task: int) -> dict:
-        return {"task": task, "nice": os.nice(0)}
+        return {"task": task, "nice": os.nice(0), "path": sys.path}
 
 
-def test_workers_run_at_the_drivers_priority(ray_cluster):
+def test_workers_run_at_the_drivers_priority_and_never_import_from_its_folder(ray_cluster, tmp_path):
     """Before: Ray starts its workers at niceness 15, so any ordinary process on a node (the driver, another
     job, a test's CPU burners) took the CPU from them: the bucket test's Ray run took 10x the local run's
-    time under load and hit its 600 s limit. The local executor's workers run at the driver's priority."""
-    result = _map_in_a_fresh_process(ray_cluster, _Niceness(), [1, 2], task_timeout=0)
-    assert not result.failures
+    time under load and hit its 600 s limit. The local executor's workers run at the driver's priority.
+    And Ray put the driver's current folder first on the workers' import path: a `hype.py` there ran in
+    every worker (#34 item 2)."""
+    for name in ("hype", "filters"):
+        (tmp_path / f"{name}.py").write_text(f"open({str(tmp_path / f'ran-{name}')!r}, 'w').close()\n")
+    result = _map_in_a_fresh_process(ray_cluster, _Niceness(), [1, 2], task_timeout=0, cwd=tmp_path)
+    assert not result.failures and not list(tmp_path.glob("ran-*"))
     assert [r["nice"] for r in result.results] == [os.nice(0)] * 2
+    assert all(str(tmp_path) not in r["path"] for r in result.results)
 
 
 def test_a_finished_run_leaves_no_downloaded_model_on_the_workers(ray_cluster, s3):

@@ -321,10 +321,12 @@ def _ray(cfg: DownloadConfig) -> Iterator[None]:
 
     import ray
 
+    from hype.ray_driver import init_ray
+
     started = not ray.is_initialized()
     if started:
         try:
-            ray.init(address=cfg.ray_address, include_dashboard=False, logging_level=logging.WARNING)
+            init_ray(address=cfg.ray_address, include_dashboard=False, logging_level=logging.WARNING)
         except ConnectionError as e:
             raise DownloadError(f"--ray-address {cfg.ray_address}: no Ray cluster reachable ({e})") from None
     try:
