@@ -54,7 +54,8 @@ Where each step keeps its markers (and what its fingerprint covers):
   their own commit marker (the state file, written after the weights) for resuming;
 - `hype eval`: <results>.model.json (the model's identity; tasks already in the results file are skipped);
 - `hype submit`: OUT/<scale>_scale/submission.json (subset, results, scores table, settings);
-- `hype run`: OUT/.hype/steps/<step>.json (the step's command line and its inputs' fingerprints).
+- `hype run`: OUT/.hype/steps/<step>.json (the step's command line and its inputs' fingerprints),
+  written before the step's folder is made: `hype run` replaces a step's output only when it is there.
 """
 
 from __future__ import annotations
