@@ -12,7 +12,11 @@ the class set of the real run) and every stage is extrapolated with its own scal
     clusters: k-means training                                    K x training points (x niter)
     clusters: assignment                                          samples x K
     classes (class images), metadata index, card, Ray start-up    fixed: measured as they are
-    decontam: evaluation images fixed; the search linear in samples (every pool image against them)
+    decontam: evaluation images embedded, loaded                  fixed (the marker's eval_setup_seconds)
+    decontam: the search                                          linear in samples
+    decontam: the copy check (`copy_check_seconds`)               images windowed: the pool's linear in
+                                                                  samples, the evaluation's at most all
+                                                                  of them per block
     neardup: split and groups of clusters                         linear in samples (groups of fixed rows)
 
 The rows follow the stages the run takes, in its order: `hype.scoring.runner.STAGES` and the conditions
@@ -28,8 +32,9 @@ The cost of the L_e kernel that reference candidates (x N) and specificity (x M)
 proportional to N or M (tiles, per-call set-up): it is timed apart on the device at the probe's and the
 run's sizes (up to ENERGY_CALIBRATION_REFS), fitted as a + b x M, and only the difference between the two
 sizes is added to the probe's per-sample cost. k-means is timed apart at (up to 20,000 points of) the
-run's K and points. The load average at the probe's start and end is recorded: the estimate holds for
-that load. Nothing is written into the run folder; the probe's folder is deleted.
+run's K and points; the copy check per image windowed and per pair (`_time_copy_check`), whose ratio
+splits the probe's check time. The load average at the probe's start and end is recorded: the estimate
+holds for that load. Nothing is written into the run folder; the probe's folder is deleted.
 
 Bucket requests follow the run contract (`hype.scoring.runner`, `rundir`, `stage_*`), counted per object
 operation at the price a real S3 server answers for it (measured with SeaweedFS's request counters:
@@ -249,6 +254,7 @@ class Probe:
     kmeans: dict | None = None  # k-means timed at (up to) the run's size: points, k, seconds
     energy: dict[int, float] = field(default_factory=dict)  # reference size -> seconds per pool row of L_e
     load: dict = field(default_factory=dict)  # 1-minute load average at the probe's start and end
+    copy_check: dict | None = None  # the copy check timed apart: seconds per image windowed and per pair
     card_files: dict[str, int] = field(default_factory=dict)  # files the card digests -> their bytes
 
 
@@ -382,6 +388,61 @@ def _time_energy(
     return {m: _median(t) / ENERGY_ROWS for m, t in times.items()}
 
 
+COPY_CALIBRATION_IMAGES = 32  # work images a side the copy check is timed on
+COPY_CALIBRATION_PAIRS = 16  # pairs per image of the second timing (the first: one)
+
+
+def _time_copy_check(cfg: ScoreConfig) -> dict | None:
+    """The decontamination copy check (`pair_similarities`, the real code) timed apart on random work
+    images: each image paired once, then COPY_CALIBRATION_PAIRS times (interleaved, the median of three):
+    seconds per image windowed and per pair. None without the copy check."""
+    import numpy as np
+
+    from hype.scoring.copydetect import WORK_SIDE, pair_similarities
+    from hype.scoring.stage_decontam import search_of
+
+    check = search_of(cfg.decontam).check
+    if cfg.decontam.eval_dir is None or check is None:
+        return None
+    n = COPY_CALIBRATION_IMAGES
+    a, b = np.random.default_rng(0).integers(0, 256, (2, n, WORK_SIDE, WORK_SIDE, 3), dtype=np.uint8)
+    times: dict[int, list[float]] = {1: [], COPY_CALIBRATION_PAIRS: []}
+    for _ in range(3):
+        for k in times:
+            i = np.repeat(np.arange(n), k)
+            t0 = time.perf_counter()
+            pair_similarities(a, b, np.stack([i, (i + np.tile(np.arange(k), n)) % n], axis=1), check)
+            times[k].append(time.perf_counter() - t0)
+    one, many = (_median(t) for t in times.values())
+    pair_s = max(0.0, (many - one) / (n * (COPY_CALIBRATION_PAIRS - 1)))
+    return {"image_s": max(1e-9, (one - n * pair_s) / (2 * n)), "pair_s": pair_s}
+
+
+def copy_check_seconds(copy_check: dict, eval_images: int, lin: float, cost: dict | None) -> float:
+    """The run's copy-check seconds from the probe's (`copy_check`: the matches marker's, with the images
+    windowed and the pairs of its blocks; `eval_images`: the evaluation set's size; `lin`: pool / probe
+    samples; `cost`: `_time_copy_check`'s seconds per image and per pair, whose ratio splits the probe's
+    time). The pool images windowed and the pairs grow with the pool; the evaluation images windowed do
+    not: each block windows those its pairs hit, at most all of them, so of the E evaluation images a run's
+    block of p' pairs hits E (1 - (1 - u/E)^(p'/p)) when a probe's block of p pairs hit u (hits drawn
+    independently); the run's blocks close as `_Block` closes them."""
+    from hype.scoring.stage_decontam import BLOCK_IMAGES, BLOCK_PAIRS
+
+    seconds = float(copy_check.get("check_seconds") or 0.0)
+    blocks_p = int(copy_check.get("blocks") or 0)
+    if not blocks_p:  # an older marker, or nothing checked: the whole check as the pool grows
+        return seconds * lin
+    pool_p, pairs_p = int(copy_check["pool_images_windowed"]), int(copy_check["candidates_checked"])
+    eval_p = int(copy_check["eval_images_windowed"])
+    pool_r, pairs_r = pool_p * lin, pairs_p * lin
+    blocks_r = max(1, math.ceil(pool_r / BLOCK_IMAGES), math.ceil(pairs_r / BLOCK_PAIRS))
+    hit = min(1.0, eval_p / blocks_p / max(1, eval_images))
+    eval_r = blocks_r * eval_images * (1 - (1 - hit) ** ((pairs_r / blocks_r) / max(1, pairs_p / blocks_p)))
+    ratio = (cost or {}).get("pair_s", 0.0) / (cost or {}).get("image_s", 1.0)
+    work_p = pool_p + eval_p + ratio * pairs_p
+    return seconds * (pool_r + eval_r + ratio * pairs_r) / max(work_p, 1e-9)
+
+
 def energy_per_row(energy: dict[int, float], refs: int) -> float:
     """Seconds per pool row of the L_e kernel against `refs` references: a + b x refs fitted to the timed
     sizes (0 when nothing was timed)."""
@@ -481,6 +542,7 @@ def run_probe(
             cfg, size.total, probe.markers["clusters"], tmp / "run" / "clusters" / "centroids.npy"
         )
         probe.energy = _time_energy(cfg, size.total, probe.markers, probe.stats, tmp / "run", device)
+        probe.copy_check = _time_copy_check(cfg)
         return dataclasses.replace(
             probe,
             executor_start_s=start_s,
@@ -803,10 +865,22 @@ class _Estimate:
         self.rows.append(Row(label, "fixed", r, r, r, nbytes, req or {}))
 
     def driver(
-        self, label: str, seconds: float, factor: float, scales: str, nbytes: float, req: dict
+        self,
+        label: str,
+        seconds: float,
+        factor: float,
+        scales: str,
+        nbytes: float,
+        req: dict,
+        *,
+        fixed: float = 0.0,
+        apart: tuple[float, float] = (0.0, 0.0),
     ) -> None:
+        """A driver step: its probe `seconds` scaled by `factor`, but for `fixed` seconds, which stay, and a
+        part estimated `apart` (its probe seconds, its run seconds)."""
+        est = fixed + max(0.0, seconds - fixed - apart[0]) * factor + apart[1]
         self.rows.append(
-            Row(label, scales, round(seconds, 3), 0.0, round(seconds * factor, 3), int(nbytes), req)
+            Row(label, scales, round(seconds, 3), round(fixed, 3), round(est, 3), int(nbytes), req)
         )
 
     # --- one method per stage of `hype.scoring.runner.STAGES` (`STAGE_ROWS`) -------------------------
@@ -848,9 +922,8 @@ class _Estimate:
         req = driver_requests(
             "reference select", self.S, self.embed_bytes, self.shard_bytes("reference"), sets
         )
-        self.driver(
-            "reference select", drv, self.lin, "samples", ref_bytes * self.m_r / max(1, self.m_p), req
-        )
+        # the step writes both sets: the reference and the top N (reference/top_n.safetensors)
+        self.driver("reference select", drv, self.lin, "samples", sum(sets), req)
         self.m_more = energy_per_row(probe.energy, self.m_r) - energy_per_row(probe.energy, self.m_p)
 
     def specificity(self) -> None:
@@ -887,15 +960,31 @@ class _Estimate:
                 else (self.k_r * self.pts_r) / max(1, self.k_p * self.pts_p)
             )
         req = driver_requests("clusters train", self.S, self.embed_bytes, self.shard_bytes("captions"))
-        self.driver("clusters train", train_s, k_scale, "K x points", 0, req)
+        centroids = self.probe.card_files.get("centroids.npy", 0) * self.k_r / max(1, self.k_p)
+        self.driver("clusters train", train_s, k_scale, "K x points", centroids, req)
         self.map("clusters", "clusters assign", "samples x K", self.k_r / max(1, self.k_p), driver_s=train_s)
 
     def decontam(self) -> None:
-        # the evaluation set does not grow with the pool; the search does (every pool image against it)
+        # the evaluation set does not grow with the pool, nor does loading it (features, index, work
+        # images); the search does (every pool image against it), the copy check as `copy_check_seconds`
         self.map("decontam_eval", "decontam eval", "fixed", fixed_only=True)
-        seconds, nbytes = _stage_seconds(self.probe, "decontam"), self.probe.folder_bytes.get("decontam", 0)
+        probe, marker = self.probe, self.probe.markers.get("decontam") or {}
+        seconds, nbytes = _stage_seconds(probe, "decontam"), probe.folder_bytes.get("decontam", 0)
+        setup = min(seconds, float(marker.get("eval_setup_seconds") or 0.0))
+        cc = marker.get("copy_check") or {}
+        check = min(seconds - setup, float(cc.get("check_seconds") or 0.0))
+        evals = sum(int(t.get("eval_images", 0)) for t in (marker.get("tasks") or {}).values())
+        run_check = copy_check_seconds(cc, evals, self.lin, probe.copy_check) if check else 0.0
+        req = self.decontam_requests()
         self.driver(
-            "decontam search", seconds, self.lin, "samples", nbytes * self.lin, self.decontam_requests()
+            "decontam search",
+            seconds,
+            self.lin,
+            "samples",
+            nbytes * self.lin,
+            req,
+            fixed=setup,
+            apart=(check, run_check),
         )
 
     def decontam_requests(self) -> dict:
@@ -1023,6 +1112,7 @@ def _plan_dict(cfg: ScoreConfig, size: PoolSize, probe: Probe, est: _Estimate) -
             "stages": list(probe.summary.get("stages", {})),
             "load": probe.load,
             "energy_s_per_row": {str(k): v for k, v in probe.energy.items()},
+            "copy_check": probe.copy_check,
         },
         "stages": [dataclasses.asdict(r) for r in rows],
         "total": {

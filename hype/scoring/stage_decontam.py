@@ -186,6 +186,7 @@ def find_matches(
     gpu = _use_gpu()
     check = search.check
     evals = _EvalImages(indexes, {p.path: p.source for _, p in eval_parts}) if check is not None else None
+    setup_s = time.perf_counter() - started  # does not grow with the pool (`hype plan` keeps it fixed)
     found = _Found(indexes)
     block = _Block()
     pool_rows = 0
@@ -223,10 +224,12 @@ def find_matches(
         "faiss": "gpu" if gpu else "cpu",
         "output": output,
         "seconds": round(time.perf_counter() - started, 4),
+        "eval_setup_seconds": round(setup_s, 4),
     }
     if evals is not None:
         info["copy_check"] |= {
             "candidates_checked": found.checked,
+            **found.windowed,
             "pool_images_unreadable": found.unreadable,
             "eval_images_unreadable": evals.unreadable,
             "eval_thumbnail_bytes": evals.nbytes,
@@ -319,7 +322,9 @@ class _Block:
             cands = [s[2] for s in self.shards]
             evals_at = np.concatenate([evals.offsets[c.task] + c.eval_row for c in cands])
             pairs = np.stack([slots, evals_at], axis=1)
+            t0 = time.perf_counter()
             sims = pair_similarities(np.stack(self.images), evals.works, pairs, check)
+            found.count_block(slots, evals_at, time.perf_counter() - t0)
             found.checked += self.pairs
             bounds = np.cumsum([len(c.row) for c in cands])[:-1]
             for (task, t, c, _), copy in zip(self.shards, np.split(sims, bounds), strict=True):
@@ -384,6 +389,21 @@ class _Found:
         self.cols: dict[str, list] = {name: [] for name in MATCH_SCHEMA.names}
         self.checked = 0
         self.unreadable = 0
+        # what the copy check's time grows with (`hype plan` scales each): the images whose windows it
+        # computed (once per block: the pool's grow with the pool, the evaluation's are at most all of them)
+        self.windowed = {
+            "blocks": 0,
+            "pool_images_windowed": 0,
+            "eval_images_windowed": 0,
+            "check_seconds": 0.0,
+        }
+
+    def count_block(self, pool_slots: np.ndarray, eval_rows: np.ndarray, seconds: float) -> None:
+        w = self.windowed
+        w["blocks"] += 1
+        w["pool_images_windowed"] += len(np.unique(pool_slots))
+        w["eval_images_windowed"] += len(np.unique(eval_rows))
+        w["check_seconds"] = round(w["check_seconds"] + seconds, 4)
 
     def add(self, task: ShardTask, t: pa.Table, cands: _Cands) -> None:
         if not len(cands.row):
