@@ -31,6 +31,7 @@ import logging
 import multiprocessing
 import os
 import pickle
+import resource
 import sys
 import time
 import traceback
@@ -69,6 +70,50 @@ class ExecutorConfig:
         one_of(self, "kind", tuple(sorted(EXECUTORS.names())))  # the registry's
         at_least(self, 0, "workers", "retries", "cpus_per_worker", "task_timeout")
         positive(self, "gpus_per_worker")
+
+
+def available_memory() -> int | None:
+    """Bytes this process can still allocate, or None when nothing says: the least of the machine's
+    available memory (`MemAvailable`), what its cgroup's limit leaves and what its address-space limit
+    (RLIMIT_AS) leaves. For checks made before a large allocation, so that it is refused with the fix
+    instead of ending in a MemoryError or the kernel's OOM killer."""
+    left = [_meminfo("MemAvailable", "/proc/meminfo"), _cgroup_left()]
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if soft != resource.RLIM_INFINITY and (size := _meminfo("VmSize", "/proc/self/status")) is not None:
+        left.append(soft - size)
+    known = [n for n in left if n is not None]
+    return max(0, min(known)) if known else None
+
+
+def _meminfo(key: str, path: str) -> int | None:
+    try:
+        with open(path) as f:
+            line = next((x for x in f if x.startswith(key + ":")), None)
+        return int(line.split()[1]) * 1024 if line else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cgroup_left() -> int | None:
+    """What the memory limit of this process's cgroup (v2, else v1) leaves, or None without one."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            groups = dict(line.rstrip("\n").split(":", 2)[1:] for line in f)
+    except (OSError, ValueError):
+        return None
+    v1 = ("memory", "/memory", "memory.limit_in_bytes", "memory.usage_in_bytes")
+    for controller, root, limit, usage in (("", "", "memory.max", "memory.current"), v1):
+        if controller not in groups:
+            continue
+        try:
+            folder = "/sys/fs/cgroup" + root + groups[controller]
+            with open(f"{folder}/{limit}") as a, open(f"{folder}/{usage}") as b:
+                cap, used = a.read().strip(), int(b.read())
+        except (OSError, ValueError):
+            continue
+        if cap.isdigit() and int(cap) < 2**60:  # v1 writes "no limit" as a huge number, v2 as "max"
+            return int(cap) - used
+    return None
 
 
 def make_executor(cfg: Any) -> Executor:

@@ -300,6 +300,35 @@ def test_parquet_only_metadata_needs_clip_and_still_lists_the_pool(tmp_path):
     assert found.tolist() == [True, False, True] and np.isnan(scores).all() and feats is None
 
 
+def test_a_metadata_file_declaring_more_rows_than_fit_is_refused_before_reading(tmp_path):
+    """A 360 KB Parquet can declare 40M rows (one uid, run-length encoded): the index build checks the
+    footers against the memory left before it allocates anything (it used to read the file whole, and
+    ran out of memory). Run in a child process whose address space is capped."""
+    from memory_support import run_bounded
+
+    schema = pa.schema(
+        [("uid", pa.dictionary(pa.int32(), pa.string())), ("clip_l14_similarity_score", pa.float32())]
+    )
+    chunk = 1 << 22
+    idx, score = pa.array(np.zeros(chunk, np.int32)), pa.array(np.zeros(chunk, np.float32))
+    with pq.ParquetWriter(tmp_path / "m.parquet", schema, store_schema=False) as w:  # read back as strings
+        for _ in range(10):
+            uid = pa.DictionaryArray.from_arrays(idx, pa.array(["ab" * 16]))
+            w.write_table(pa.table([uid, score], schema=schema))
+    assert (tmp_path / "m.parquet").stat().st_size < 2**20
+    got = run_bounded(
+        "from pathlib import Path\nfrom hype.scoring.metadata import build_index",
+        f"build_index({str(tmp_path)!r}, Path({str(tmp_path / 'run' / 'index.npy')!r}), "
+        "'clip_l14_similarity_score')",
+        headroom_mb=768,
+    )
+    assert got["error"].startswith(
+        f"MetadataError: {tmp_path / 'm.parquet'}: the metadata's footers declare 41,943,040 rows"
+    ), got
+    assert "run on a machine with more memory" in got["error"] and got["growth_mb"] < 64
+    assert not (tmp_path / "run" / "index.npy").exists()
+
+
 def test_share_cores_with_decoders_sets_passive_openmp_unless_the_user_chose(monkeypatch):
     from hype.scoring.decode import share_cores_with_decoders
 

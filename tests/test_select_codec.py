@@ -61,9 +61,11 @@ def test_sort_order_equals_numpy_structured_sort(shared):
     hi, lo = random_pairs(20000, seed=shared)
     hi[:shared] = 12345  # many uids sharing their high word (made-up sequential uids look like this)
     hi[shared : 2 * shared] = hi[2 * shared : 3 * shared] if shared else hi[:0]
+    lo[shared : 2 * shared] = lo[2 * shared : 3 * shared] if shared else lo[:0]  # repeated uids too
     ref = np.sort(to_structured(hi, lo), order=["f0", "f1"])
     order = sort_order(hi, lo)
     np.testing.assert_array_equal(to_structured(hi[order], lo[order]), ref)
+    np.testing.assert_array_equal(order, np.lexsort((lo, hi)))  # stable: a repeated uid keeps its row order
     chunks = [hi[:7000], hi[7000:]], [lo[:7000], lo[7000:]]
     np.testing.assert_array_equal(sorted_uids(*chunks), ref)
 

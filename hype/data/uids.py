@@ -379,21 +379,29 @@ def sort_order(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
     if index_bits > 40:  # fewer than 24 bits of hi left: not worth it
         return np.lexsort((lo, hi))
     shift = np.uint64(index_bits)
-    packed = hi >> shift  # built in place: one n-sized array besides the row numbers
+    # One n-sized array in all (the packed keys, then in place the row numbers): the steps that need a
+    # temporary take it slice by slice.
+    step = 1 << 20
+    packed = hi >> shift
     packed <<= shift
-    packed |= np.arange(n, dtype=np.uint64)
+    for a in range(0, n, step):
+        packed[a : a + step] |= np.arange(a, min(a + step, n), dtype=np.uint64)
     packed.sort()
-    order = (packed & np.uint64((1 << index_bits) - 1)).view(np.int64)
-    packed >>= shift  # now the sorted prefixes, in place (no second n-sized array)
-    same = packed[1:] == packed[:-1]
-    del packed
+    same = np.empty(n - 1, dtype=bool)  # neighbours with equal prefixes
+    for a in range(0, n - 1, step):
+        b = min(a + step, n - 1)
+        np.equal(packed[a + 1 : b + 1] >> shift, packed[a:b] >> shift, out=same[a:b])
+    packed &= np.uint64((1 << index_bits) - 1)
+    order = packed.view(np.int64)
     if same.any():
         # Rows in runs of equal prefix: re-sort them by (run, hi, lo); runs stay where they are.
         in_run = np.zeros(n, dtype=bool)
         in_run[1:] |= same
         in_run[:-1] |= same
         pos = np.flatnonzero(in_run)
-        run_id = np.cumsum(~np.concatenate(([False], same)))[pos]
+        starts = np.ones(len(pos), dtype=bool)  # a run starts where its row's prefix differs from the last
+        starts[1:] = ~same[pos[1:] - 1]
+        run_id = np.cumsum(starts)
         rows = order[pos]
         order[pos] = rows[np.lexsort((lo[rows], hi[rows], run_id))]
     return order

@@ -22,24 +22,41 @@ index of every metadata row once per run directory:
 28 bytes per row on disk; workers memory-map it and look a shard's uids up with a binary search, then
 read the feature rows from the few `.npz` files they fall in (kept in a small per-worker cache).
 `.npz` files are opened with `allow_pickle=False`.
+
+The index is built in bounded memory: the rows the Parquet footers declare are checked against the memory
+this process can use before anything is read (a small file can declare tens of millions of rows), the
+files are read in batches into columns of that size, sorted by one integer sort (`sort_order`), and the
+`.npy` is written in slices: ~40 bytes per row at the peak (`INDEX_BUILD_BYTES_PER_ROW`, plus a fixed
+`INDEX_BUILD_RESERVE`) instead of each file's table, its copies and the sorted copy in memory at once.
 """
 
 from __future__ import annotations
 
-import io
 import time
 import zipfile
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from hype.data.uids import normalize_arrow_uids, uids_to_pairs
-from hype.io import load_npy, open_input, read_parquet, storage
+from hype.data.uids import normalize_arrow_uids, sort_order, uids_to_pairs
+from hype.executor import available_memory
+from hype.io import atomic_write, load_npy, open_input, storage
 from hype.io.storage import AnyPath
-from hype.scoring.rundir import atomic_write_bytes, atomic_write_json, file_identity, fingerprint, read_json
+from hype.scoring.rundir import atomic_write_json, file_identity, fingerprint, read_json
 
 INDEX_DTYPE = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("file", "<u4"), ("row", "<u4"), ("score", "<f4")])
+# The build's peak: per declared row the index's five columns (28 bytes) and the sort's one array of keys,
+# then row numbers (8), with margin; and the Parquet reader and a batch's decoding, whatever the rows.
+# Measured: 8M rows in 507 MB (bench/metadata_index.py).
+INDEX_BUILD_BYTES_PER_ROW = 40
+INDEX_BUILD_RESERVE = 256 * 2**20
+_BATCH_ROWS = 1 << 18  # rows per read: ~25 MiB of uid strings and their decoding
+_SLICE_ROWS = 1 << 20  # index rows gathered per write
 
 
 class MetadataError(ValueError):
@@ -83,46 +100,127 @@ def build_index(folder: str | Path, index_path: Path, score_column: str | None) 
     if done is not None and done.get("fingerprint") == fp and storage.is_file(index_path):
         return done
     started = time.perf_counter()
-    parts, malformed = [], 0
+    columns = ["uid"] if score_column is None else ["uid", score_column]
+    cols = _IndexColumns(_declared_rows(files, columns))  # checked against memory before allocation
+    malformed = 0
     for i, path in enumerate(files):
-        columns = ["uid"] if score_column is None else ["uid", score_column]
-        try:
-            table = read_parquet(path, columns=columns)
-        except Exception as e:  # noqa: BLE001 - pyarrow raises several types for bad files/columns
-            raise MetadataError(
-                f"{path}: cannot read columns {', '.join(columns)} ({e}); set metadata.score_column to "
-                "the CLIP score column of this metadata"
-            ) from None
-        # The uids as shard samples' are read (`normalize_uid`); a row without one matches no sample.
-        hi, lo, valid = normalize_arrow_uids(table.column("uid"))
-        rows = np.flatnonzero(valid)
-        malformed += len(valid) - len(rows)
-        part = np.empty(len(rows), INDEX_DTYPE)
-        part["hi"], part["lo"], part["file"] = hi[rows], lo[rows], i
-        part["row"] = rows.astype(np.uint32)  # the row in the file (and in its row-aligned .npz)
-        part["score"] = (
-            np.nan
-            if score_column is None
-            else table.column(score_column).to_numpy(zero_copy_only=False).astype(np.float32)[rows]
-        )
-        parts.append(part)
-    index = np.concatenate(parts)
-    # Stable by (hi, lo): a uid listed twice resolves to its first (file, row).
-    index = index[np.lexsort((index["lo"], index["hi"]))]
-    buf = io.BytesIO()
-    np.save(buf, index, allow_pickle=False)
-    atomic_write_bytes(index_path, buf.getvalue())
+        with _parquet(path, columns) as pf:
+            malformed += _read_rows(path, pf, columns, i, cols)
+    _write_sorted(index_path, cols)
     info = {
         "fingerprint": fp,
         "folder": storage.absolute(folder),
         "files": [p.name for p in files],
-        "rows": int(index.shape[0]),
+        "rows": cols.n,
         "malformed_uids": malformed,  # rows without a 32-hex uid: left out, they match no sample
         "score_column": score_column,
         "seconds": round(time.perf_counter() - started, 3),
     }
     atomic_write_json(marker, info)
     return info
+
+
+@contextmanager
+def _parquet(path: AnyPath, columns: list[str]) -> Iterator[pq.ParquetFile]:
+    """The Parquet file `path` with its footer read (nothing else yet), checked to have `columns`."""
+    with open_input(path) as f:
+        try:
+            pf = pq.ParquetFile(f, pre_buffer=False)  # pre-buffered, a file's read column chunks stay held
+        except (pa.ArrowException, OSError, ValueError) as e:
+            if isinstance(e, MemoryError):
+                raise
+            raise MetadataError(
+                f"{path}: not a readable Parquet file ({e}); replace it with the original"
+            ) from None
+        missing = [c for c in columns if c not in pf.schema_arrow.names]
+        if missing:
+            raise MetadataError(
+                f"{path}: no column {', '.join(missing)}; set metadata.score_column to the CLIP score column "
+                "of this metadata"
+            )
+        yield pf
+
+
+def _declared_rows(files: list[AnyPath], columns: list[str]) -> int:
+    """The rows the files' footers declare, refused before anything is allocated for them when the index
+    would not fit in the memory left (a small file can declare tens of millions of rows)."""
+    declared = []
+    for path in files:
+        with _parquet(path, columns) as pf:
+            declared.append(pf.metadata.num_rows)
+    biggest = files[int(np.argmax(declared))]
+    if max(declared) >= 2**32:  # the index keeps each row's number in 32 bits
+        raise MetadataError(
+            f"{biggest}: declares {max(declared):,} rows, more than the 2^32 one metadata file may hold; "
+            "split it into files of fewer rows (with their .npz)"
+        )
+    need = sum(declared) * INDEX_BUILD_BYTES_PER_ROW + INDEX_BUILD_RESERVE
+    left = available_memory()
+    if left is not None and need > left:
+        raise MetadataError(
+            f"{biggest}: the metadata's footers declare {sum(declared):,} rows ({max(declared):,} in this "
+            f"file, {len(files)} files), and its uid index needs {need / 2**30:.1f} GiB to build; this "
+            f"process can use {left / 2**30:.1f} GiB. Check that the file is DataComp's, or run on a machine "
+            "with more memory (or score the pool in parts, each with its own metadata folder)"
+        )
+    return sum(declared)
+
+
+def _write_sorted(index_path: Path, cols: _IndexColumns) -> None:
+    """Write the index as a `.npy`, sorted by uid, gathering `_SLICE_ROWS` rows at a time."""
+    order = sort_order(cols.hi[: cols.n], cols.lo[: cols.n])  # stable: a repeated uid keeps its first row
+    header = {"descr": np.lib.format.dtype_to_descr(INDEX_DTYPE), "fortran_order": False, "shape": (cols.n,)}
+    with atomic_write(index_path) as f:
+        np.lib.format.write_array_header_1_0(f, header)  # what np.save writes for this array
+        out = np.empty(min(cols.n, _SLICE_ROWS), INDEX_DTYPE)
+        for a in range(0, cols.n, _SLICE_ROWS):
+            rows = order[a : a + _SLICE_ROWS]
+            part = out[: len(rows)]
+            for name in INDEX_DTYPE.names:
+                part[name] = getattr(cols, name)[rows]
+            f.write(part.data)
+
+
+class _IndexColumns:
+    """The index's columns, allocated once at the declared number of rows and filled batch by batch."""
+
+    def __init__(self, rows: int):
+        self.n = 0
+        for name in INDEX_DTYPE.names:
+            setattr(self, name, np.empty(rows, INDEX_DTYPE[name]))
+
+    def add(self, hi: np.ndarray, lo: np.ndarray, file: int, row: np.ndarray, score: np.ndarray) -> None:
+        a, b = self.n, self.n + len(hi)
+        self.hi[a:b], self.lo[a:b], self.file[a:b], self.row[a:b], self.score[a:b] = hi, lo, file, row, score
+        self.n = b
+
+
+def _read_rows(path: AnyPath, pf: pq.ParquetFile, columns: list[str], file: int, cols: _IndexColumns) -> int:
+    """Add the rows of one metadata file with a valid uid to `cols`, reading `_BATCH_ROWS` at a time;
+    returns the number of rows without one (they match no sample)."""
+    malformed, start = 0, 0
+    try:
+        for batch in pf.iter_batches(batch_size=_BATCH_ROWS, columns=columns):
+            # The uids as shard samples' are read (`normalize_uid`); a row without one matches no sample.
+            hi, lo, valid = normalize_arrow_uids(batch.column(0))
+            rows = np.flatnonzero(valid)
+            malformed += len(valid) - len(rows)
+            score = (
+                np.nan
+                if len(columns) == 1
+                else batch.column(1).to_numpy(zero_copy_only=False).astype(np.float32)[rows]
+            )
+            # the row in the file (and in its row-aligned .npz)
+            cols.add(hi[rows], lo[rows], file, (rows + start).astype(np.uint32), score)
+            start += len(valid)
+    except (pa.ArrowException, OSError, ValueError, TypeError) as e:
+        if isinstance(e, MemoryError):
+            raise
+        raise MetadataError(
+            f"{path}: cannot read columns {', '.join(columns)} ({e}); set metadata.score_column to "
+            "the CLIP score column of this metadata"
+        ) from None
+    return malformed
 
 
 class MetadataLookup:
