@@ -478,6 +478,23 @@ def test_a_rule_from_another_package_takes_select_options(world, tmp_path):
         RULES._items.pop("nearest_eps_i")
 
 
+def test_select_help_lists_every_registered_rule():
+    """--rank and --filter list the rules of the plug-in registry, a plug-in's own included (the help was a
+    hand-written list without dedup and decontaminate)."""
+    from hype.select.rules import RULES, Rule, rule_names
+
+    RULES.register(type("Watermark", (Rule,), {"name": "no_watermark", "kind": "mask"}))
+    try:
+        res = CliRunner().invoke(main, ["select", "--help"], terminal_width=100)
+        text = " ".join(res.output.split())
+        for kind, option in (("score", "--rank"), ("mask", "--filter")):
+            names = rule_names(kind)
+            assert f"Registered: {', '.join(names)}." in text.split(option + " ", 1)[1], (kind, text)
+        assert set(RULES.names()) >= {"dedup", "decontaminate", "no_watermark", "hype", "basic"}
+    finally:
+        RULES._items.pop("no_watermark")
+
+
 def test_a_rule_declares_only_options_it_can_take():
     from hype.select.rules import Rule
 

@@ -18,6 +18,21 @@ def _options(*options):
     return apply
 
 
+class RulesOption(click.Option):
+    """An option whose help ends with the registered rules of one kind (`hype.select.rules.RULES`), read
+    when the help is shown: a plug-in's rules are listed as soon as it is installed."""
+
+    def __init__(self, *args, rule_kind: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rule_kind, self.base_help = rule_kind, self.help or ""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        from hype.select.rules import rule_names
+
+        self.help = f"{self.base_help} Registered: {', '.join(rule_names(self.rule_kind))}."
+        return super().get_help_record(ctx)
+
+
 # How much to keep, and the rule that ranks and filters: one definition for every command that redoes a
 # selection.
 TARGET_OPTIONS = _options(
@@ -47,7 +62,12 @@ RULE_OPTIONS = _options(
         "no-cos, cos-only, specificity-only, eps-i-only, eps-t-only, random.",
     ),
     click.option(
-        "--rank", default=None, help="Ranking rule: hype | clip_score | specificity | random[:seed=N]."
+        "--rank",
+        default=None,
+        cls=RulesOption,
+        rule_kind="score",
+        metavar="RULE[:K=V,...]",
+        help="Ranking rule, e.g. random:seed=1.",
     ),
     click.option(
         "--weights",
@@ -67,7 +87,9 @@ RULE_OPTIONS = _options(
         "filters",
         multiple=True,
         metavar="RULE[:K=V,...]",
-        help="Mask applied before ranking (repeatable): basic, image_cluster, intersect:path=F.npy.",
+        cls=RulesOption,
+        rule_kind="mask",
+        help="Mask applied before ranking (repeatable), e.g. basic, intersect:path=F.npy.",
     ),
     click.option(
         "--intersect",
