@@ -101,9 +101,19 @@ def test_a_grown_run_equals_a_from_scratch_run_with_its_frozen_reference(tmp_pat
     a = _copy(_old_run(tmp_path_factory), tmp_path / "a")
     frozen = {p: (a / p).read_bytes() for p in ("reference.safetensors", "clusters/centroids.npy")}
     before = _files(a, STAGES)
-    _score(a, _spec(new), tmp_path_factory=tmp_path_factory)  # --pool NEW_SHARDS
+    r = _score(a, _spec(new), tmp_path_factory=tmp_path_factory)  # --pool NEW_SHARDS
 
     s = _summary(a)
+    # where the reference came from: frozen, the run's own file, first selected from the old shards' pool
+    # (it said "selected from the pool", as if selected from this one)
+    ref = s["reference"]
+    assert (
+        ref["frozen"] and ref["file"] == str(a / "reference.safetensors") and str(old[0]) in ref["first_pool"]
+    )
+    assert ref["digest"] == json.loads((a / "card.json").read_text())["reference"]
+    line = next(x for x in r.output.splitlines() if x.strip().startswith("reference "))
+    assert f"frozen as the pool grew: {a / 'reference.safetensors'}" in line, line
+    assert f"first selected from {ref['first_pool']}: N=" in line, line
     assert s["status"] == "complete" and s["shards"]["total"] == len(old) + len(new)
     for stage in ("embed", "specificity", "clusters", "merge"):
         assert (s["stages"][stage]["shards_run"], s["stages"][stage]["shards_reused"]) == (len(new), len(old))

@@ -81,9 +81,7 @@ def build_summary(
             "duplicates": int(duplicates["duplicates"]) if duplicates else None,
             "empty_captions": empty_captions,
         },
-        "reference": None
-        if reference is None
-        else {"source": reference.get("source"), **(reference.get("meta") or {}), "file": str(run.reference)},
+        "reference": _reference(reference, run, plan),
         "specificity": specificity or {"hinge": cfg.specificity.hinge, "K": cfg.specificity.K},
         "c_in": {"enabled": c_in_on},
         "stages": stages,  # this invocation's work; reused shards count in shards_reused
@@ -113,6 +111,31 @@ def build_summary(
     else:
         out["c_in"]["note"] = "no --class-features/--class-images: c_in = 0 for every sample"
     return out
+
+
+def _reference(reference: dict | None, run: RunDir, plan: dict) -> dict | None:
+    """Where S_i/S_t came from: selected from the pool or a --reference file; in a grown run frozen: the
+    run's own file, made when it was first scored (`hype.scoring.grow`), from its first pool."""
+    if reference is None:
+        return None
+    out = {"source": reference.get("source"), **(reference.get("meta") or {}), "file": str(run.reference)}
+    grown = plan.get("grown")
+    if grown:
+        first = (grown.get("pools") or [None])[0] if reference.get("source") == "selected" else None
+        out |= {"frozen": True, "digest": reference.get("digest"), "first_pool": first}
+    return out
+
+
+def reference_line(ref: dict) -> str:
+    """The summary's line on the reference sets (`_reference`)."""
+    if ref.get("source") == "selected":
+        made = f"N={ref.get('n_top')}, M={ref.get('m')} ({'hinged L_e' if ref.get('hinge') else 'raw E'})"
+        made = f"selected from {ref.get('first_pool') or 'the pool'}: {made}"
+    else:
+        made = f"from {ref.get('source')}"
+    if not ref.get("frozen"):
+        return made + (f" -> {ref['file']}" if ref.get("source") == "selected" else "")
+    return f"frozen as the pool grew: {ref['file']} (digest {ref.get('digest')}), first {made}"
 
 
 def kmeans_note(clusters: dict) -> str:
@@ -172,13 +195,7 @@ def format_summary(s: dict) -> str:
         lines.append(f"  empty captions {smp['empty_captions']:,} (scored)")
     ref = s.get("reference")
     if ref:
-        if ref.get("source") == "selected":
-            lines.append(
-                f"  reference   selected from the pool: N={ref.get('n_top')}, M={ref.get('m')} "
-                f"({'hinged L_e' if ref.get('hinge') else 'raw E'}) -> {ref['file']}"
-            )
-        else:
-            lines.append(f"  reference   from {ref.get('source')}")
+        lines.append(f"  reference   {reference_line(ref)}")
     c = s["c_in"]
     if c["enabled"]:
         lines.append(
