@@ -245,6 +245,8 @@ def test_the_selection_cut_offs_gallery_and_audits(report):
     grouped by the main deficit `hype explain` gives them (one group per term, at most --gallery each, every
     one a term select counted as the main deficit of dropped rows); the audits are drawn as bars, flags in
     red."""
+    from hype.report.page import e
+    from hype.select.audit import too_small_line
     from hype.select.explain import Wanted, explain_selection, request_from_summary
 
     page = report["out"].read_text()
@@ -290,6 +292,11 @@ def test_the_selection_cut_offs_gallery_and_audits(report):
         len(a.get("flags", [])) for a in summary["audit"].values()
     )
     assert "keeps 0.0% of images with shorter side &lt; 64 px" in page
+    # the groups too small to judge one by one are named, with what they lost together (said nothing before)
+    small = {name: a["too_small"] for name, a in summary["audit"].items() if a.get("too_small")}
+    assert small and page.count("<li class='too-small'>") == len(small)
+    for name, t in small.items():
+        assert f"{e(name)}: {e(too_small_line(t))}" in page
 
 
 def test_chromium_draws_the_selection(report, tmp_path):

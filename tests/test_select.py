@@ -478,6 +478,35 @@ def test_a_rule_from_another_package_takes_select_options(world, tmp_path):
         RULES._items.pop("nearest_eps_i")
 
 
+def test_the_audit_says_which_groups_were_too_small_to_judge_and_what_they_lost(world, tmp_path):
+    """Groups under MIN_ROWS are not flagged one by one; the audit names them and what they lost together
+    (they were dropped without a word: six language groups, 78 rows, all at 0%)."""
+    from hype.select.audit import MIN_ROWS
+
+    df = world["df"].copy()
+    odd = df.index[:7]  # seven images of unknown size, all scored low: the cut keeps none of them
+    df.loc[odd, ["width", "height"]] = 0
+    df.loc[odd, "cos_theta"] = -5.0
+    run = write_scores(df, tmp_path / "run", parts=2, row_group_size=100)
+    out = tmp_path / "s.npy"
+    text = run_cli("--scores", str(run), "--frac", "0.2", "--out", str(out), "--audit")
+    size = json.loads(out.with_suffix(".json").read_text())["audit"]["size"]
+    assert size["groups"]["unknown"] == {"rows": 7, "kept": 0, "kept_frac": 0.0}
+    small = {g: v for g, v in size["groups"].items() if v["rows"] < MIN_ROWS}
+    rows, kept = sum(v["rows"] for v in small.values()), sum(v["kept"] for v in small.values())
+    assert size["too_small"] == {
+        "min_rows": MIN_ROWS,
+        "count": len(small),
+        "groups": list(small),
+        "rows": rows,
+        "kept": kept,
+        "dropped_frac": round(1 - kept / rows, 6),
+    }
+    assert not any("unknown" in f for f in size["flags"])  # too small to flag alone
+    assert f"too small to judge (< {MIN_ROWS} rows each): {len(small)} group(s) (" in text
+    assert f"{kept:,} of {rows:,} rows kept, {100 * (1 - kept / rows):.1f}% dropped" in text
+
+
 def test_select_help_lists_every_registered_rule():
     """--rank and --filter list the rules of the plug-in registry, a plug-in's own included (the help was a
     hand-written list without dedup and decontaminate)."""

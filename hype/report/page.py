@@ -490,6 +490,10 @@ def _audits(audit: Mapping | None) -> str:
             notes.append(f"<li>{e(name)}: {e(a.get('note', ''))}</li>")
             continue
         charts.append(f"<div class='chart'>{_audit_svg(name, a)}</div>")
+        if a.get("too_small"):  # groups not drawn nor flagged one by one: what they lost together
+            from hype.select.audit import too_small_line
+
+            notes.append(f"<li class='too-small'>{e(name)}: {e(too_small_line(a['too_small']))}</li>")
     flags = [f for a in audit.values() if isinstance(a, Mapping) for f in a.get("flags", [])]
     out = head + f"<div class='audits'>{''.join(charts)}</div>"
     if flags:

@@ -3,7 +3,9 @@
 Each audit counts, per group, the rows of the scored pool and the kept ones, in the streaming pass that
 follows a selection (`hype.select.explain.cut_pass`; the domain audit reads the pool's metadata instead).
 A group kept at less than a quarter of the overall kept fraction is flagged ("keeps 2.0% of captions in
-'ja' against 20.0% overall"), when it has at least `MIN_ROWS` rows (smaller groups say nothing).
+'ja' against 20.0% overall"), when it has at least `MIN_ROWS` rows; the smaller groups are too small to
+judge one by one, so the audit names them and says what they lost together (`too_small`: rows, kept, the
+share dropped).
 
 - concept: the k-means cluster of c_IN (`hype.select.concepts`: joined by uid from the run's clusters
   outputs, or the table's own `cluster` column); class: the reference class of that cluster (the most
@@ -81,7 +83,19 @@ class GroupAudit:
             if v["rows"] >= MIN_ROWS and v["kept_frac"] < FLAG_RATIO * overall
         ]
         listed = dict(list(out.items())[:LISTED])
-        return {"groups": listed, "more_groups": len(out) - len(listed), "flags": flags, "overall": overall}
+        report = {"groups": listed, "more_groups": len(out) - len(listed), "flags": flags, "overall": overall}
+        small = [g for g, v in out.items() if v["rows"] < MIN_ROWS]
+        if small:
+            rows, kept = sum(out[g]["rows"] for g in small), sum(out[g]["kept"] for g in small)
+            report["too_small"] = {
+                "min_rows": MIN_ROWS,
+                "count": len(small),
+                "groups": small[:LISTED],
+                "rows": rows,
+                "kept": kept,
+                "dropped_frac": round(1 - kept / rows, 6),
+            }
+        return report
 
 
 class SizeAudit(GroupAudit):
@@ -274,6 +288,16 @@ def domain_audit(metadata: str | None, subset: np.ndarray, batch_rows: int = 1 <
     return audit.report(len(subset) / rows if rows else 0.0), rows
 
 
+def too_small_line(t: dict) -> str:
+    """What the groups too small to judge one by one lost together (an audit's `too_small`)."""
+    names = ", ".join(map(str, t["groups"][:8]))
+    more = f", ... {t['count']:,} in all" if t["count"] > 8 else ""
+    return (
+        f"too small to judge (< {t['min_rows']} rows each): {t['count']:,} group(s) ({names}{more}): "
+        f"{t['kept']:,} of {t['rows']:,} rows kept, {100 * t['dropped_frac']:.1f}% dropped"
+    )
+
+
 def format_audit(audit: dict) -> str:
     """The text `hype select --audit` prints."""
     lines = ["audits of the cut (kept fraction per group; flagged when < 1/4 of the overall fraction):"]
@@ -290,4 +314,6 @@ def format_audit(audit: dict) -> str:
             lines.append(f"    ... {hidden:,} more groups")
         for f in a["flags"][:20]:
             lines.append(f"    FLAG {f}")
+        if a.get("too_small"):
+            lines.append(f"    {too_small_line(a['too_small'])}")
     return "\n".join(lines)
