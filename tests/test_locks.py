@@ -1,5 +1,6 @@
 """One lock per output (`hype.io.lock`): every command that writes an output refuses to start while another
-holds it, with the same message; two real `hype reshard` processes on one --out."""
+holds it, with the same message; two real processes of `hype reshard`, `download`, `eval`, `convert` and
+`submit` on one output: exactly one writes it."""
 
 from __future__ import annotations
 
@@ -13,16 +14,22 @@ import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from test_convert import _save, meru_yaml, tiny_meru_state_dict  # noqa: F401 - `meru_yaml` is a fixture
+from test_download import FAST, _metadata, server, world  # noqa: F401 - `server`, `world` are fixtures
 from test_reshard import pool, read_output  # noqa: F401 - `pool` is a fixture
 from test_select import table
 from test_select_helpers import write_scores
+from test_submit import prepared  # noqa: F401 - a fixture
 
+from hype.checkpoint import load_checkpoint, save_checkpoint
 from hype.cli import main
 from hype.data.uids import save_subset
 from hype.io import files
 from hype.io.lock import LockError, lock_at, output_lock
+from hype.models import create_model
 from hype.scoring.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -129,9 +136,7 @@ def test_every_command_refuses_an_output_another_holds(tmp_path, case):
     assert _refusal(out, command, option) in res.output.replace("\n", " ").replace("  ", " ")
 
 
-def _reshard(shards: Path, subset: Path, out: Path) -> subprocess.Popen:
-    args = ["reshard", "--pool", str(shards), "--subset", str(subset), "--out", str(out)]
-    args += ["--workers", "1", "--no-progress", "--json"]
+def _hype(*args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen(
         [sys.executable, "-m", "hype.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
@@ -150,30 +155,80 @@ def _wait_for_lock(lock: Path, pid: int, proc: subprocess.Popen) -> None:
     raise AssertionError(f"{lock}: pid {pid} never took the lock ({proc.poll()=})")
 
 
+def _race(command: str, out: Path, first: list[str], second: list[str]) -> bytes:
+    """`hype COMMAND FIRST` and, while it holds the lock of `out` (paused there, so that the two always
+    overlap), `hype COMMAND SECOND` on the same output: the second is refused naming the first, which
+    then finishes and releases the lock. Returns the first one's stdout."""
+    lock = out.parent / f".{out.name}.lock"
+    winner = _hype(command, *first)
+    try:
+        _wait_for_lock(lock, winner.pid, winner)
+        winner.send_signal(signal.SIGSTOP)
+        loser = _hype(command, *second)
+        _, err = loser.communicate(timeout=120)
+        assert loser.returncode == 1, err.decode()
+        assert (
+            f"{out}: another `hype {command}` (pid {winner.pid}) is running on this output; "
+            "wait for it or use another --out"
+        ) in " ".join(err.decode().split())
+    finally:
+        winner.send_signal(signal.SIGCONT)
+    stdout, stderr = winner.communicate(timeout=300)
+    assert winner.returncode == 0, stderr.decode()[-3000:]
+    assert not lock.exists()
+    return stdout
+
+
 def test_two_reshards_on_one_out(pool, tmp_path):  # noqa: F811 - the fixture
-    """The second `hype reshard` on an --out the first is writing is refused (here the first is paused
-    while it holds the lock, so the two always overlap); the first finishes, and the folder holds its
-    samples only."""
+    """The second `hype reshard` on an --out the first is writing is refused; the first finishes, and the
+    folder holds its samples only."""
     out = tmp_path / "out"
     other = tmp_path / "other.npy"
     save_subset(other, pool["uids"][:40])
-    first = _reshard(pool["shards"], pool["subset"], out)
-    try:
-        _wait_for_lock(tmp_path / ".out.lock", first.pid, first)
-        first.send_signal(signal.SIGSTOP)
-        second = _reshard(pool["shards"], other, out)
-        _, err = second.communicate(timeout=120)
-        assert second.returncode == 1
-        assert (
-            f"{out}: another `hype reshard` (pid {first.pid}) is running on this output; "
-            "wait for it or use another --out"
-        ) in err.decode()
-    finally:
-        first.send_signal(signal.SIGCONT)
-    stdout, stderr = first.communicate(timeout=120)
-    assert first.returncode == 0, stderr.decode()
+    args = ["--pool", str(pool["shards"]), "--out", str(out), "--workers", "1", "--no-progress", "--json"]
+    stdout = _race("reshard", out, [*args, "--subset", str(pool["subset"])], [*args, "--subset", str(other)])
     meta = json.loads(stdout)
     got = [json.loads(files["json"])["uid"] for _, files in read_output(out)]
     assert len(got) == meta["output_samples"] and set(got) <= set(pool["list"])
     assert not set(got) & (set(pool["uids"][:40]) - set(pool["list"]))  # none of the second's subset
-    assert not (tmp_path / ".out.lock").exists()
+
+
+def test_two_downloads_on_one_out(world, server, tmp_path):  # noqa: F811 - the fixtures
+    _, base_url, _ = server
+    a, _ = _metadata(world, tmp_path / "all", base_url)
+    (tmp_path / "meta").mkdir()
+    pq.write_table(a.slice(0, 4), tmp_path / "meta" / "a.parquet")  # four good urls: the smallest download
+    out = tmp_path / "out"
+    args = ["--metadata", str(tmp_path / "meta"), "--out", str(out), "--allow-private-network", *FAST]
+    summary = json.loads(_race("download", out, [*args, "--json"], args))
+    assert summary["status"] == "complete" and summary["samples"]["successes"] == 4
+
+
+def test_two_evals_on_one_out(pool, tmp_path):  # noqa: F811 - the fixture
+    torch_model = create_model("tiny-clip")
+    ckpt = save_checkpoint(tmp_path / "m.safetensors", torch_model)
+    other = save_checkpoint(tmp_path / "other.safetensors", create_model("tiny-euclidean-squared"))
+    out = tmp_path / "eval_results.jsonl"
+    args = ["--data-dir", str(pool["root"] / "world"), "--out", str(out), "--tasks", "synth/position"]
+    args += ["--workers", "0", "--no-progress"]
+    _race("eval", out, ["--model", str(ckpt), *args], ["--model", str(other), *args])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["key"] for r in rows] == ["synth/position"]
+    assert "tiny-clip" in (tmp_path / "eval_results.jsonl.model.json").read_text()  # the first one's model
+
+
+def test_two_converts_on_one_out(meru_yaml, tmp_path):  # noqa: F811 - the fixture
+    ckpt = _save(tmp_path / "meru.pth", {"model": tiny_meru_state_dict()})
+    other = _save(tmp_path / "other.pth", {"model": tiny_meru_state_dict(seed=1)})
+    out = tmp_path / "c.safetensors"
+    args = ["--out", str(out), "--model-config", str(meru_yaml)]
+    _race("convert", out, ["meru", str(ckpt), *args], ["meru", str(other), *args])
+    assert load_checkpoint(out).config.name == "tiny-meru"
+
+
+def test_two_submits_on_one_out(prepared, tmp_path):  # noqa: F811 - the fixture
+    p = prepared
+    out = tmp_path / "sub"
+    args = ["--scale", "small", "--eval-results", str(p["results"]), "--out", str(out), "--no-progress"]
+    _race("submit", out, [*args, "--subset", str(p["subset"])], [*args, "--subset", str(tmp_path / "x.npy")])
+    assert (out / "small_scale").is_dir()
