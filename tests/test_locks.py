@@ -98,6 +98,26 @@ def test_a_link_planted_where_hype_creates_a_file_is_never_written_through(tmp_p
     assert "Traceback" not in res.output and not out.exists()
 
 
+@pytest.mark.parametrize("planted", [".world.synth-tmp", ".world.old"])
+def test_a_link_planted_where_hype_synth_keeps_a_folder_is_never_followed(tmp_path, planted):
+    """`hype synth` builds in `.<out>.synth-tmp` and keeps the world it replaces as `.<out>.old` until the
+    new one is in place: a link at either name is refused with one line, its target neither filled nor
+    deleted."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("precious\n")
+    out = tmp_path / "world"
+    if planted == ".world.old":
+        out.mkdir()  # a world to replace
+    (tmp_path / planted).symlink_to(victim)
+    args = ["synth", "--out", str(out), "--size", "8", "--eval-size", "2", "--no-progress", "--overwrite"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 1, res.output
+    assert f"{tmp_path / planted}: a symbolic link where hype creates its own folder;" in res.output
+    assert "Traceback" not in res.output and (tmp_path / planted).is_symlink()
+    assert [p.name for p in victim.iterdir()] == ["precious.txt"]
+
+
 def _commands(tmp: Path) -> list[tuple[str, list[str], Path, str]]:
     """(command, arguments, output, option naming it) of every command that writes an output; inputs
     need not exist: the lock is taken before they are read."""

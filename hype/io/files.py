@@ -130,9 +130,19 @@ def create_own_file(path: str | PathLike, *, reuse: bool = False, mode: int = 0o
         return fd
     if fd is not None:
         os.close(fd)
-    what = "a hard link to another file" if st is not None and st.st_nlink > 1 else _kind(path)
-    raise UnsafePathError(
-        f"{path}: {what} where hype creates its own file; it was left untouched. "
+    raise _unsafe(path, "a hard link to another file" if st is not None and st.st_nlink > 1 else _kind(path))
+
+
+def check_own_folder(path: str | PathLike) -> None:
+    """Refuse a name where hype keeps a folder of its own (a temporary tree, the previous tree it replaces)
+    that holds something else: a symbolic link, whose target would be filled or deleted, or a file."""
+    if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
+        raise _unsafe(path, _kind(path), "folder")
+
+
+def _unsafe(path: str | PathLike, what: str, kind: str = "file") -> UnsafePathError:
+    return UnsafePathError(
+        f"{path}: {what} where hype creates its own {kind}; it was left untouched. "
         "Remove it (hype did not create it) and run again"
     )
 
@@ -291,6 +301,7 @@ def replace_tree(tmp: str | PathLike, out: str | PathLike) -> None:  # local fol
         sync_path(out.parent)
         return
     old = out.parent / f".{out.name}.old"
+    check_own_folder(old)
     if old.exists():
         shutil.rmtree(old)
     out.rename(old)

@@ -26,7 +26,7 @@ import pyarrow as pa
 from hype import __version__
 from hype.data.uids import save_subset
 from hype.executor import PoolExecutor, Progress, Stage
-from hype.io import replace_tree, write_text
+from hype.io import check_own_folder, replace_tree, write_text
 from hype.io.runs import fingerprint, is_done, write_marker
 from hype.io.tar import write_tar
 from hype.synth.eval_tasks import (
@@ -328,6 +328,7 @@ def make_world(
     _prepare_out(args.out, overwrite)
     plan = _plan(args)
     tmp = args.out.parent / f".{args.out.name}.synth-tmp"
+    check_own_folder(tmp)  # a link planted there is never filled or deleted through
     if tmp.exists():
         shutil.rmtree(tmp)  # our own leftover from an interrupted run
     tmp.mkdir(parents=True)
