@@ -153,7 +153,7 @@ def _stream_members(path: str, problems: Problems) -> Iterator[tuple[str, str, b
             tarfile.open(fileobj=f, mode="r|*", tarinfo=_BoundedTarInfo) as tar,
         ):
             for member, key, ext in _sample_files(tar):
-                if big := _too_large(member):  # from the header: the stream skips the data unread
+                if (big := _too_large(member)) is not None:  # from the header: the data is skipped unread
                     yield key, ext, big
                 else:
                     yield key, ext, tar.extractfile(member).read()  # type: ignore[union-attr]
@@ -186,13 +186,11 @@ def _header_members(path: str, problems: Problems) -> Iterator[tuple[str, str, t
             # Seekable mode: tarfile seeks over member data instead of reading it.
             with tarfile.open(fileobj=f, mode="r:", tarinfo=_BoundedTarInfo) as tar:
                 for member, key, ext in _sample_files(tar):
-                    if big := _too_large(member):
-                        yield key, ext, big
-                    elif member.offset_data + member.size > size:
+                    if member.offset_data + member.size > size:
                         problems.add(TRUNCATED, f"{path}:{member.name}: data runs past the end of the tar")
                         return
-                    else:
-                        yield key, ext, (member.offset_data, member.size)
+                    big = _too_large(member)
+                    yield key, ext, (member.offset_data, member.size) if big is None else big
                 if not _ends_with_marker(f, tar.offset):
                     problems.add(
                         TRUNCATED, f"{path}: no end-of-archive marker after byte {tar.offset}: cut short?"
