@@ -213,16 +213,36 @@ def test_an_extended_header_over_its_cap_is_skipped_unread(tmp_path, header):
     )
 
 
-def test_a_run_of_extended_headers_ends_the_shard_with_a_count(tmp_path):
+def _pax(*records: str) -> bytes:
+    """PAX records (`key=value`), each prefixed with its own length as the format wants."""
+    out = b""
+    for r in records:
+        body = f" {r}\n".encode()
+        n = len(body) + len(str(len(body)))
+        n += len(str(n)) - len(str(len(body)))
+        out += str(n).encode() + body
+    return out
+
+
+@pytest.mark.parametrize("case", ["nine headers", "sparse"])
+def test_headers_tarfile_would_read_unbounded_end_the_shard_with_a_count(tmp_path, case):
     """Each extended header is one more level of tarfile's recursion: nine in a row make the shard
-    unreadable (counted), after the samples before them."""
-    record = b"30 comment=%s\n" % (b"x" * 18)
+    unreadable (counted), after the samples before them; so does a sparse member, whose map tarfile
+    reads whole (PAX 1.0 keeps it in the member's data, with no bound)."""
+    if case == "sparse":
+        record = _pax(
+            "GNU.sparse.major=1", "GNU.sparse.minor=0", "GNU.sparse.name=1.txt", "GNU.sparse.realsize=1"
+        )
+        headers = [record]
+        expected = "a sparse member at byte 1024: not a webdataset shard"
+    else:
+        headers = [_pax("comment=" + "x" * 18)] * 9
+        expected = "more than 8 extended headers in a row"
     with open(tmp_path / "t.tar", "wb") as f:
         f.write(ustar_header("0.txt", 1) + b"a".ljust(512, b"\0"))
-        for _ in range(9):
+        for record in headers:
             f.write(ustar_header("PaxHeader", len(record), b"x") + record.ljust(512, b"\0"))
-        f.write(ustar_header("1.txt", 1) + b"b".ljust(512, b"\0") + b"\0" * 1024)
+        f.write(ustar_header("1.txt", 6) + b"1\n0\n1\nb".ljust(512, b"\0") + b"\0" * 1024)
     stats = SkipStats()
     assert [k for k, _ in read_samples(tmp_path / "t.tar", stats)] == ["0"]
-    assert stats.counts == {UNREADABLE_SHARD: 1}
-    assert "more than 8 extended headers in a row" in stats.examples[UNREADABLE_SHARD][0]
+    assert stats.counts == {UNREADABLE_SHARD: 1} and expected in stats.examples[UNREADABLE_SHARD][0]
