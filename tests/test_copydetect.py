@@ -11,7 +11,14 @@ import pytest
 from PIL import Image, ImageDraw
 
 from hype.data.imageprep import ImageError
-from hype.scoring.copydetect import CopyCheck, copy_similarity, pair_similarities, thumbnails, work_image
+from hype.scoring.copydetect import (
+    UNIT_ONE,
+    CopyCheck,
+    copy_similarity,
+    pair_similarities,
+    thumbnails,
+    work_image,
+)
 from hype.synth.contaminate import KINDS, _copy
 
 
@@ -67,10 +74,42 @@ def test_pair_similarities_are_the_copy_similarities_of_each_pair():
     pairs = np.array([(i, j) for i in range(len(a)) for j in range(len(b))])
     got = pair_similarities(a, b, pairs, check)
     want = [copy_similarity(thumbnails(a[i], check), thumbnails(b[j], check)) for i, j in pairs]
-    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    assert got.tobytes() == np.asarray(want, np.float32).tobytes()
     assert pair_similarities(a, b, np.zeros((0, 2), np.int64), check).shape == (0,)
     # Spread over threads (one BLAS thread each), the result does not depend on how many.
     order = rng.permutation(len(pairs))
     one = pair_similarities(a, b, pairs[order], check, workers=1)
     assert one.tobytes() == pair_similarities(a, b, pairs[order], check, workers=3).tobytes()
-    np.testing.assert_allclose(one, got[order], rtol=0, atol=1e-5)
+    assert one.tobytes() == got[order].tobytes()
+
+
+def _one_pair(a: tuple, b: tuple) -> np.float32:
+    """A pair's copy similarity the slow way: numpy's integer products (its own loop, not BLAS: exact),
+    each direction's whole image against the other's windows."""
+
+    def best(whole: tuple, windows_: tuple) -> int:
+        dots = [w[:1].astype(np.int64) @ v.astype(np.int64).T for w, v in zip(whole, windows_, strict=True)]
+        return int(np.minimum(*dots).max())
+
+    return np.float32(max(best(a, b), best(b, a)) / float(UNIT_ONE) ** 2)
+
+
+def test_pair_similarities_are_the_same_bytes_in_blocks_of_any_size_and_one_pair_at_a_time():
+    """The copy check's sums are exact (integers in float64), so a pair's similarity is the same bytes
+    whatever the block it is checked in, the BLAS kernel or the batch shape: a block of 1, 2, 7 or all
+    pairs against a reference computed pair by pair without BLAS."""
+    check, rng = CopyCheck(), np.random.default_rng(2)
+    sources = [_scene(seed) for seed in range(3)]
+    a = np.stack([work_image(_copy(s, "png", kind, rng)[0]) for s in sources for kind in KINDS])
+    b = np.stack([work_image(s) for s in sources] + [rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)])
+    pairs = np.array([(i, j) for i in range(len(a)) for j in range(len(b))])[rng.permutation(len(a) * 4)]
+    ta, tb = [thumbnails(x, check) for x in a], [thumbnails(x, check) for x in b]
+    want = np.array([_one_pair(ta[i], tb[j]) for i, j in pairs], np.float32)
+    assert (want[pairs[:, 0] // len(KINDS) == pairs[:, 1]] >= check.threshold).all()  # the copies match
+    for size in (1, 2, 7, len(pairs)):
+        got = np.concatenate(
+            [pair_similarities(a, b, pairs[i : i + size], check) for i in range(0, len(pairs), size)]
+        )
+        assert got.tobytes() == want.tobytes(), size
+    whole = thumbnails(a[0], check, whole_only=True)
+    assert all(whole[p].tobytes() == ta[0][p][:1].tobytes() for p in range(2))

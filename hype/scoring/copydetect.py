@@ -13,6 +13,15 @@ images is, over the windows of either image matched against the other's whole im
 is a crop of an evaluation image and one that contains it are both found), the best window's lower NCC
 of the two parts: a copy must agree in colour layout and in edges at once.
 
+Exact on any machine: every sum that BLAS computes here is a sum of integers below 2^53 in float64, so its
+value does not depend on the order BLAS adds in (the kernel the CPU gets, the blocking, the batch's shape).
+The area weights are integers over `WEIGHT_ONE` (the resampled pixels are then exact), and the thumbnails
+are rounded to integers over `UNIT_ONE` before their dot products (|row . row| <= 2^40 * 1104 < 2^51).
+The remaining sums (a row's mean and norm) are numpy's own, along a contiguous row: their order depends on
+the row's length only. So a pair's copy similarity is the same bytes whether it is computed alone, in a
+block of any size, on any thread count or CPU kernel (tests/test_copydetect.py, against pure-Python
+integer sums one pair at a time).
+
 Why it is robust: thumbnails average away JPEG's block and chroma noise (the edges use the luminance,
 which JPEG keeps at full resolution) and any resampling filter; resizing the whole image changes nothing at
 that scale; a crop keeping s of each side at offset o is matched by the window of the nearest scale and
@@ -37,7 +46,9 @@ from threadpoolctl import threadpool_limits
 from hype.data.imageprep import decode_rgb
 
 WORK_SIDE = 64  # an image is kept as this square RGB uint8 (12 KiB) until its pairs are checked
-LUMA = np.array([0.299, 0.587, 0.114], np.float32)  # ITU-R BT.601, JPEG's luminance
+LUMA = np.array([299.0, 587.0, 114.0])  # ITU-R BT.601 (JPEG's luminance) x 1000: integer sums stay exact
+WEIGHT_ONE = 1 << 16  # an area weight is an integer over this: pixel sums < 255,000 * 2^32 < 2^53, exact
+UNIT_ONE = 1 << 20  # thumbnail entries are integers over this (exact in float32); dot products < 2^51
 
 Descriptor = tuple[np.ndarray, np.ndarray]  # (colour rows, edge rows), row 0 the whole image
 
@@ -67,31 +78,43 @@ class CopyCheck:
         return asdict(self) | {"work_side": WORK_SIDE, "descriptor": "RGB + luminance-gradient NCC, min"}
 
 
+def _offset_groups(check: CopyCheck) -> list[tuple[float, np.ndarray]]:
+    """(side, offsets) of each group of windows, as fractions of the side: the whole image, then per scale
+    the offsets of its `steps` x `steps` grid (on both axes)."""
+    return [(1.0, np.zeros(1))] + [
+        (s, np.linspace(0.0, 1.0 - s, check.steps) if check.steps > 1 else np.array([(1.0 - s) / 2]))
+        for s in check.scales
+    ]
+
+
 def windows(check: CopyCheck) -> np.ndarray:
     """(n, 4) boxes (x0, y0, x1, y1) as fractions of the side; row 0 is the whole image."""
-    boxes = [(0.0, 0.0, 1.0, 1.0)]
-    for s in check.scales:
-        offsets = np.linspace(0.0, 1.0 - s, check.steps) if check.steps > 1 else [(1.0 - s) / 2]
-        boxes += [(x, y, x + s, y + s) for y in offsets for x in offsets]
+    boxes = [(x, y, x + s, y + s) for s, offsets in _offset_groups(check) for y in offsets for x in offsets]
     return np.asarray(boxes, dtype=np.float64)
 
 
 def _area_weights(lo: float, hi: float, out: int) -> np.ndarray:
-    """(out, WORK_SIDE): output pixel i averages the input over [lo, hi] split in `out` equal parts (area
-    resampling: exact overlap lengths, so a sub-pixel shift of the window is a smooth change)."""
+    """(out, WORK_SIDE) integers over `WEIGHT_ONE`: output pixel i averages the input over [lo, hi] split in
+    `out` equal parts (area resampling: overlap lengths, so a sub-pixel shift of the window is a smooth
+    change)."""
     edges = (lo + (hi - lo) * np.arange(out + 1) / out) * WORK_SIDE
     j = np.arange(WORK_SIDE)
     overlap = np.clip(np.minimum(edges[1:, None], j + 1) - np.maximum(edges[:-1, None], j), 0.0, None)
-    return overlap / overlap.sum(axis=1, keepdims=True)
+    w = np.rint(overlap / overlap.sum(axis=1, keepdims=True) * WEIGHT_ONE)
+    w[np.arange(out), w.argmax(axis=1)] += WEIGHT_ONE - w.sum(axis=1)  # each row sums to WEIGHT_ONE exactly
+    return w
 
 
 @lru_cache(maxsize=16)
-def _window_weights(check: CopyCheck, size: int, whole_only: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, columns) resampling weights of every window: (n, size, WORK_SIDE), (n, WORK_SIDE, size)."""
-    boxes = windows(check)[:1] if whole_only else windows(check)
-    wy = np.stack([_area_weights(b[1], b[3], size) for b in boxes]).astype(np.float32)
-    wx = np.stack([_area_weights(b[0], b[2], size).T for b in boxes]).astype(np.float32)
-    return wy, np.ascontiguousarray(wx)
+def _window_weights(check: CopyCheck, size: int, whole_only: bool) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per group of windows (the whole image; then each scale, whose windows are a grid of k x k offsets)
+    the resampling weights of its k row and k column offsets, (k * size, WORK_SIDE) and (WORK_SIDE,
+    k * size), float64 integers over `WEIGHT_ONE`."""
+    out = []
+    for side, offsets in _offset_groups(check)[: 1 if whole_only else None]:
+        w = np.concatenate([_area_weights(o, o + side, size) for o in offsets])
+        out.append((w, np.ascontiguousarray(w.T)))
+    return out
 
 
 def work_image(data: bytes) -> np.ndarray:
@@ -102,44 +125,58 @@ def work_image(data: bytes) -> np.ndarray:
 
 
 def _resample(image: np.ndarray, check: CopyCheck, size: int, whole_only: bool) -> np.ndarray:
-    """(windows, size, channels, size): every window of a (WORK_SIDE, WORK_SIDE, channels) image, as two
-    batched products (rows, then columns) on channel-major rows, so that no reshape copies."""
-    wy, wx = _window_weights(check, size, whole_only)
+    """(windows, channels, size, size): every window of a (WORK_SIDE, WORK_SIDE, channels) image of integers
+    (float64, < 2^21) in `windows` order. Per group of k x k windows two products: the k row offsets of
+    every channel's plane, then those rows against the k column offsets. The result is the exact pixel
+    sums times WEIGHT_ONE^2: integers, whatever order BLAS adds them in."""
     c = image.shape[2]
     planes = np.ascontiguousarray(image.transpose(0, 2, 1)).reshape(WORK_SIDE, c * WORK_SIDE)
-    rows = (wy @ planes).reshape(len(wy), size * c, WORK_SIDE)  # (n, size * c, WORK_SIDE), a view
-    return (rows @ wx).reshape(len(wy), size, c, size)
+    out = []
+    for wy, wx in _window_weights(check, size, whole_only):
+        k = len(wy) // size
+        rows = (wy @ planes).reshape(k * size * c, WORK_SIDE)  # (k row offsets, size, c, WORK_SIDE)
+        grid = (rows @ wx).reshape(k, size, c, k, size)  # (y offset, row, c, x offset, column)
+        out.append(grid.transpose(0, 3, 2, 1, 4).reshape(k * k, c, size, size))
+    return np.concatenate(out)
 
 
 def _unit_rows(x: np.ndarray) -> np.ndarray:
-    """Rows with their mean removed, scaled to unit norm; a row with (almost) no variation stays zero: a
-    flat image has no layout to compare and matches nothing."""
-    x = x.reshape(len(x), -1).astype(np.float32)  # a copy: the caller's array is left alone
-    x -= x.mean(axis=1, keepdims=True)
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    x /= np.maximum(norms, 1e-12)
+    """Rows with their mean removed, scaled to unit norm and rounded to integers over `UNIT_ONE` (float32,
+    exact); a row with (almost) no variation stays zero: a flat image has no layout to compare and matches
+    nothing. Each row's sums run along the row (numpy's pairwise sum: an order set by the row's length)."""
+    x = x.reshape(len(x), -1)
+    x = x - x.mean(axis=1, keepdims=True)
+    norms = np.sqrt(np.add.reduce(np.square(x), axis=1, keepdims=True))
+    x *= UNIT_ONE / np.maximum(norms, 1e-12)
+    np.rint(x, out=x)
     x[norms[:, 0] <= 1e-2] = 0.0
-    return x
+    return x.astype(np.float32)
 
 
 def thumbnails(work: np.ndarray, check: CopyCheck, whole_only: bool = False) -> Descriptor:
     """The (colour, edge) thumbnail rows of a work image's windows (row 0: the whole image; `whole_only`:
     that row alone)."""
-    rgb = work.astype(np.float32) / 255.0
-    colour = _resample(rgb, check, check.colour_size, whole_only)  # (n, size, 3, size)
-    luma = _resample((rgb @ LUMA)[:, :, None], check, check.edge_size, whole_only)[:, :, 0]
-    n = len(luma)
+    pixels = work.astype(np.float64)
+    colour = _resample(pixels, check, check.colour_size, whole_only) / (255.0 * WEIGHT_ONE**2)
+    n = len(colour)
+    planes = colour.reshape(n, colour.shape[1], -1)
+    colour = planes - planes.mean(axis=2, keepdims=True)  # each channel's: a tint or brightness is no layout
+    luma = _resample((pixels @ LUMA)[:, :, None], check, check.edge_size, whole_only)[
+        :, 0
+    ]  # exact: integer weights
     dx = (luma[:, :, 1:] - luma[:, :, :-1]).reshape(n, -1)
     dy = (luma[:, 1:, :] - luma[:, :-1, :]).reshape(n, -1)
-    colour -= colour.mean(axis=(1, 3), keepdims=True)  # each channel's: a tint or brightness is no layout
-    return _unit_rows(colour), _unit_rows(np.concatenate([dx, dy], axis=1))
+    edges = np.concatenate([dx, dy], axis=1) / (255_000.0 * WEIGHT_ONE**2)
+    return _unit_rows(colour), _unit_rows(edges)
 
 
 def _match(wholes: Descriptor, windows_: Descriptor) -> np.ndarray:
-    """(m,) best window agreement of m whole-image descriptors with one image's windows."""
-    colour = wholes[0] @ windows_[0].T
-    edges = wholes[1] @ windows_[1].T
-    return np.minimum(colour, edges).max(axis=1)
+    """(m,) best window agreement of m whole-image descriptors with one image's windows: float64 products
+    of integers, exact whatever m and the BLAS kernel, then scaled to the NCC."""
+    colour, edges = (
+        w.astype(np.float64) @ v.astype(np.float64).T for w, v in zip(wholes, windows_, strict=True)
+    )
+    return (np.minimum(colour, edges).max(axis=1) / float(UNIT_ONE) ** 2).astype(np.float32)
 
 
 def copy_similarity(a: Descriptor, b: Descriptor) -> float:
@@ -158,8 +195,8 @@ def pair_similarities(
     The images are spread over `workers` threads (0: the CPUs this process may use), each running BLAS on
     one thread: the products are small (a few rows against 148 windows), and BLAS's own threads on such
     products spin against each other and against any other load (4x slower per product on 2 busy cores,
-    bench/copy_check.py). One BLAS thread per product also makes the result independent of the thread
-    count."""
+    bench/copy_check.py). The result does not depend on the thread count nor on how the pairs are grouped:
+    every product is exact (module docstring)."""
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     out = np.full(len(pairs), -1.0, np.float32)
     if not len(pairs):
