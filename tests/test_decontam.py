@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 from test_score_support import BASE_OVERRIDES, models, run_cli, world
 
-import filters  # noqa: F401  (registers the bundled rules for select without the CLI)
+import hype.filters  # noqa: F401  (registers the bundled rules for select without the CLI)
 from hype.cli import main
 from hype.data.uids import array_to_uids, load_subset
 from hype.scoring.copydetect import CopyCheck
@@ -252,3 +252,50 @@ def test_matches_written_before_the_copy_check_still_read(tmp_path):
     found = read_matches(tmp_path, 0.96)
     assert found.table.num_rows == 1 and found.table.column("copy_similarity").null_count == 1
     assert read_matches(tmp_path, 0.98).table.num_rows == 0
+
+
+def _tar(path, samples: list[tuple[str, str, bytes]]) -> None:
+    """A webdataset tar of (key, extension, bytes) members, in this order."""
+    import io
+    import tarfile
+
+    path.parent.mkdir(parents=True)
+    with tarfile.open(path, "w") as tar:
+        for key, ext, data in samples:
+            info = tarfile.TarInfo(f"{key}.{ext}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_repeated_eval_keys_are_each_checked_and_a_task_without_images_is_a_counted_skip(
+    contaminated, tmp_path
+):
+    """An evaluation tar whose images all share one key: every image is checked on its own (the copies of
+    each are found, not only of the last), and the marker and the summary count them; a task whose images
+    all fail to decode is skipped with a warning naming it, not a traceback."""
+    run, truth = contaminated["run"], contaminated["truth"]
+    chosen = [
+        im
+        for s in eval_sets(str(contaminated["world"] / "eval"))[0]
+        for im in eval_images(s.shards)[:PER_TASK]
+    ]
+    evals = tmp_path / "eval"
+    _tar(evals / "wds_same_test" / "test" / "0.tar", [("x", ext, data) for _, _, data, ext in chosen])
+    _tar(evals / "wds_broken_test" / "test" / "0.tar", [(f"b{i}", "jpg", b"not an image") for i in range(3)])
+    again = tmp_path / "run"
+    shutil.copytree(run, again, ignore=shutil.ignore_patterns("decontam*"))
+    args = [str(again) if a == str(run) else a for a in contaminated["args"]]
+    result = run_cli([*(str(evals) if a == str(contaminated["world"] / "eval") else a for a in args)])
+    assert result.exit_code == 0, result.output
+    assert "broken has no image that could be embedded (3 skipped" in result.output
+    assert f"same: {len(chosen)} images share a key" in result.output
+    marker = json.loads((again / "decontam" / "matches.json").read_text())
+    assert marker["tasks_without_usable_images"] == {"broken": 3}
+    assert (
+        marker["tasks"]["same"]["repeated_keys"] == len(chosen)
+        and marker["tasks"]["same"]["eval_skipped"] == 0
+    )
+    m = pq.read_table(again / "decontam" / "matches.parquet").to_pandas()
+    assert set(m.task) == {"same"} and set(m.eval_key) == {"x"}
+    exact = set(truth[truth.kind == "exact"].uid)
+    assert exact <= set(m.uid) and len(exact) == len(chosen)  # was: the copies of the last image only

@@ -28,6 +28,7 @@ evaluation image. Files: `hype.scoring.decontam`.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
@@ -144,17 +145,37 @@ def decontaminate(state: Any, pool: Any) -> dict | None:
             "search": search.describe(),
         }
     )
-    skipped = sum(int((s.get("counts") or {}).get("skipped", 0)) for s in stats)
+    skipped = dict.fromkeys(task_of.values(), 0)  # evaluation samples the embed stage skipped, per task
+    for (task, _), s in zip(parts, stats, strict=True):
+        skipped[task] += int((s.get("counts") or {}).get("skipped", 0))
     try:
         info = state.timed(
             "decontam",
             lambda: find_matches(
-                state.run, pool.tasks, parts, search, pool.dims["clip"], fp, eval_dir=dc.eval_dir
+                state.run,
+                pool.tasks,
+                parts,
+                search,
+                pool.dims["clip"],
+                fp,
+                eval_dir=dc.eval_dir,
+                skipped=skipped,
             ),
         )
     except DecontamError as e:
         raise ScoreError(str(e)) from None
-    return info | {"eval_skipped": skipped}
+    for task, n in info.get("tasks_without_usable_images", {}).items():
+        state.warn(
+            f"--decontaminate: {task} has no image that could be embedded ({n} skipped, reasons in "
+            f"RUN_DIR/{EVAL_STAGE}/*_stats.json); not checked"
+        )
+    for task, t in info["tasks"].items():
+        if t.get("repeated_keys"):
+            state.warn(
+                f"--decontaminate: {task}: {t['repeated_keys']} images share a key with another image of "
+                "their shard; each is checked, and its matches name the shared key"
+            )
+    return info | {"eval_skipped": sum(skipped.values())}
 
 
 def search_of(dc: Any) -> Search:
@@ -173,10 +194,13 @@ def find_matches(
     *,
     eval_dir: str = "",
     progress: Callable[[int], None] | None = None,
+    skipped: dict[str, int] | None = None,
 ) -> dict:
     """Search every pool sample's CLIP image feature against each task's evaluation images; with a copy
     check, verify the candidates from pixels; write the matches and their marker; return the marker
-    (reused when `fp` matches)."""
+    (reused when `fp` matches). `skipped`: evaluation samples the embed stage skipped, per task (a task
+    without any embedded image is recorded, not checked)."""
+    skipped = skipped or {}
     marker, out = marker_path(run.root), matches_path(run.root)
     done = completed(marker, fp, out)
     if done is not None:
@@ -218,8 +242,16 @@ def find_matches(
         "pool_samples": pool_rows,
         "flagged_samples": len(set(table.column("uid").to_pylist())),
         "tasks": {
-            name: {"eval_images": len(keys), "matches": per_task[name]}
-            for name, (_, _, keys) in indexes.items()
+            name: {
+                "eval_images": len(keys),
+                "eval_skipped": skipped.get(name, 0),
+                "repeated_keys": _repeated(shards, keys),
+                "matches": per_task[name],
+            }
+            for name, (_, shards, keys) in indexes.items()
+        },
+        "tasks_without_usable_images": {
+            task: skipped.get(task, 0) for task in sorted({task for task, _ in eval_parts} - set(indexes))
         },
         "faiss": "gpu" if gpu else "cpu",
         "output": output,
@@ -299,12 +331,12 @@ class _Block:
         """Queue one pool shard's candidates, with its candidates' work images (the shard's tar is read
         once, for those images only; an unreadable image matches nothing). True when the block is full."""
         if len(cands.row):
-            keys = t.column("key").to_pylist()
-            images, unreadable = _work_images(task.source, {keys[r] for r in np.unique(cands.row).tolist()})
+            names = _occurrences(t.column("key").to_pylist())
+            images, unreadable = _work_images(task.source, {names[r] for r in np.unique(cands.row).tolist()})
             found.unreadable += unreadable
-            slot = {key: len(self.images) + i for i, key in enumerate(images)}
+            slot = {name: len(self.images) + i for i, name in enumerate(images)}
             self.images += images.values()
-            pool_slot = np.array([slot.get(keys[r], -1) for r in cands.row.tolist()], dtype=np.int64)
+            pool_slot = np.array([slot.get(names[r], -1) for r in cands.row.tolist()], dtype=np.int64)
             cands = cands.take(pool_slot >= 0)
             # keep only the candidates' uid and key (not the shard's features): memory grows with pairs
             rows = np.unique(cands.row)
@@ -342,18 +374,35 @@ def _best(cands: _Cands, threshold: float) -> _Cands:
     return cands.take(best[cands.copy[best] >= threshold])
 
 
-def _work_images(tar: str, keys: set[str]) -> tuple[dict[str, np.ndarray], int]:
-    """{key: work image} of the samples `keys` of one tar (read once, in file order), and how many of them
-    could not be decoded (they match nothing)."""
+def _occurrences(keys: list[str]) -> list[tuple[str, int]]:
+    """(key, n) of each row of an embedded shard, n the rows before it with the same key: a key repeated in
+    a tar names several images, and the n-th row of a key is its n-th image in file order."""
+    seen: dict[str, int] = {}
+    out = []
+    for key in keys:
+        out.append((key, seen.get(key, 0)))
+        seen[key] = out[-1][1] + 1
+    return out
+
+
+def _work_images(tar: str, wanted: set[tuple[str, int]]) -> tuple[dict[tuple[str, int], np.ndarray], int]:
+    """{(key, n): work image} of the `wanted` samples of one tar (`_occurrences`; read once, in file order),
+    and how many of them could not be decoded (they match nothing)."""
+    keys = {key for key, _ in wanted}
+    seen: dict[str, int] = {}
     out = {}
     for sample in iter_tar_samples(tar, SkipStats()):
         data = sample.image_bytes() if sample.key in keys else None
-        if data is not None:
+        if data is None:
+            continue
+        name = (sample.key, seen.get(sample.key, 0))
+        seen[sample.key] = name[1] + 1
+        if name in wanted:
             try:
-                out[sample.key] = work_image(data)
+                out[name] = work_image(data)
             except ImageError:
                 pass
-    return out, len(keys - set(out))
+    return out, len(wanted - set(out))
 
 
 class _EvalImages:
@@ -370,12 +419,13 @@ class _EvalImages:
             for shard, key in zip(shards, keys, strict=True):
                 by_shard.setdefault(shard, []).append(key)
             images = {}
-            for shard, wanted in by_shard.items():
-                got, bad = _work_images(sources[shard], set(wanted))
+            for shard, shard_keys in by_shard.items():
+                names = _occurrences(shard_keys)
+                got, bad = _work_images(sources[shard], set(names))
                 self.unreadable += bad
-                images.update({(shard, k): v for k, v in got.items()})
+                images[shard] = iter([got.get(name) for name in names])  # the shard's rows, in row order
             blank = np.zeros((WORK_SIDE, WORK_SIDE, 3), np.uint8)  # a flat image matches nothing
-            works += [images.get((s, k), blank) for s, k in zip(shards, keys, strict=True)]
+            works += [w if (w := next(images[s])) is not None else blank for s in shards]
         self.offsets = np.asarray(offsets, dtype=np.int64)
         self.works = np.stack(works) if works else np.zeros((0, WORK_SIDE, WORK_SIDE, 3), np.uint8)
         self.nbytes = int(self.works.nbytes)
@@ -441,14 +491,17 @@ def normalise(x: np.ndarray) -> np.ndarray:
 
 
 def _task_indexes(run: RunDir, eval_parts: list[tuple[str, ShardTask]], width: int) -> dict[str, tuple]:
-    """task -> (flat inner-product index of its normalised features, eval shard per row, key per row)."""
+    """task -> (flat inner-product index of its normalised features, eval shard per row, key per row) of
+    the tasks with at least one embedded image."""
     feats: dict[str, list[np.ndarray]] = {}
     shards: dict[str, list[str]] = {}
     keys: dict[str, list[str]] = {}
     for name, part in eval_parts:
         t = read_parquet(run.shard_output(EVAL_STAGE, part), columns=["key", "clip_img"])
+        if not t.num_rows:  # no usable image in this shard (its skips are counted in its _stats.json)
+            continue
         x = embed_format.fixed_list_to_numpy(t.column("clip_img")).reshape(t.num_rows, -1)
-        if t.num_rows and x.shape[1] != width:
+        if x.shape[1] != width:
             raise DecontamError(
                 f"{part.path}: evaluation features of width {x.shape[1]}, the pool's CLIP features have "
                 f"{width}; with --metadata, --clip must be the CLIP model that made the metadata's features"
@@ -459,13 +512,18 @@ def _task_indexes(run: RunDir, eval_parts: list[tuple[str, ShardTask]], width: i
     out = {}
     for name in sorted(feats):
         x = normalise(np.concatenate(feats[name]).reshape(-1, width))
-        if len(x):
-            out[name] = (_flat_ip(x), shards[name], keys[name])
+        out[name] = (_flat_ip(x), shards[name], keys[name])
     if not out:
         raise DecontamError(
             "--decontaminate: no evaluation image could be embedded (see RUN_DIR/decontam_eval/*_stats.json)"
         )
     return out
+
+
+def _repeated(shards: list[str], keys: list[str]) -> int:
+    """Images of a task whose key another image of the same shard has too (each is checked on its own:
+    `_occurrences`; the matches name it by the shared key)."""
+    return sum(n for n in Counter(zip(shards, keys, strict=True)).values() if n > 1)
 
 
 def _use_gpu() -> bool:
