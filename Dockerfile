@@ -2,9 +2,10 @@
 # hype images for Ray clusters. Two targets:
 #   docker build -t hype:gpu --target gpu .   # NVIDIA GPU nodes (CUDA 13 torch wheels from PyPI)
 #   docker build -t hype:cpu --target cpu .   # CPU-only nodes and laptops (CPU torch, no CUDA wheels)
-# The project is installed as README says (`pip install '.[...]'`), not editable, without the dev extra
-# and with the cluster extra, every package pinned by docker/constraints.txt. No weights or data are
-# baked in: mount them (`docker run -v /data:/data hype:gpu score --pool /data/...`).
+# The project is installed as README says (`pip install '.[...]'`: pip builds the wheel, presets inside,
+# and installs it; not editable), without the dev extra and with the cluster extra, every package pinned
+# by docker/constraints.txt. No weights or data are baked in: mount them
+# (`docker run -v /data:/data hype:gpu score --pool /data/...`).
 
 # ---------------------------------------------------------------------------------------------------
 # GPU. torch 2.15 on PyPI bundles the CUDA 13.2 runtime, cuDNN and NCCL as pip wheels, so the base only
@@ -26,6 +27,7 @@ COPY pyproject.toml README.md ./
 COPY hype hype
 COPY pipelines pipelines
 COPY filters filters
+COPY configs configs
 # faiss: PyPI's GPU builds (faiss-gpu 1.15.1, faiss-gpu-cu12 1.14.1; checked 2026-11-27) are CUDA 12
 # (a 135 MB wheel plus the nvidia-*-cu12 runtime beside torch's CUDA 13), so the image keeps faiss-cpu and
 # c_IN's k-means runs on the GPU through torch: `clusters.backend=torch` (clusters.gpu stays false).
@@ -49,6 +51,7 @@ COPY pyproject.toml README.md ./
 COPY hype hype
 COPY pipelines pipelines
 COPY filters filters
+COPY configs configs
 RUN pip install -c docker/constraints.txt '.[s3,cluster]'
 
 # ---------------------------------------------------------------------------------------------------
@@ -64,7 +67,6 @@ RUN apt-get update \
 RUN if id -u ubuntu >/dev/null 2>&1; then userdel ubuntu && rm -rf /home/ubuntu; fi \
     && useradd --create-home --uid 1000 --shell /bin/bash hype
 COPY --from=gpu-builder /opt/venv /opt/venv
-COPY configs /opt/hype/configs
 # Login shells (Ray runs its commands with `bash --login`) rebuild PATH from /etc/profile; keep the venv
 # ($PATH must stay unexpanded: SC2016 is the point).
 # hadolint ignore=SC2016
@@ -72,7 +74,6 @@ RUN echo 'export PATH=/opt/venv/bin:$PATH' > /etc/profile.d/hype-venv.sh
 # HOME must be in the image's environment: Ray reads it from `docker inspect` to place its files.
 ENV PATH=/opt/venv/bin:$PATH \
     HOME=/home/hype \
-    HYPE_CONFIG_DIR=/opt/hype/configs \
     PYTHONUNBUFFERED=1
 # Numeric, so runtimes that check runAsNonRoot can verify it (DL3066): the user hype.
 USER 1000:1000
@@ -89,14 +90,12 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 RUN useradd --create-home --uid 1000 --shell /bin/bash hype
 COPY --from=cpu-builder /opt/venv /opt/venv
-COPY configs /opt/hype/configs
 # Debian's /etc/profile resets PATH in login shells (Ray's `bash --login`); keep the venv first
 # ($PATH must stay unexpanded: SC2016 is the point).
 # hadolint ignore=SC2016
 RUN echo 'export PATH=/opt/venv/bin:$PATH' > /etc/profile.d/hype-venv.sh
 ENV PATH=/opt/venv/bin:$PATH \
     HOME=/home/hype \
-    HYPE_CONFIG_DIR=/opt/hype/configs \
     PYTHONUNBUFFERED=1
 # Numeric, so runtimes that check runAsNonRoot can verify it (DL3066): the user hype.
 USER 1000:1000

@@ -29,7 +29,7 @@ import time
 import numpy as np
 import pandas as pd
 
-import filters  # noqa: F401  (registers the bundled rules)
+import hype.filters  # noqa: F401  (registers the bundled rules)
 from hype.data.uids import uids_to_array
 from hype.select.explain import Wanted, explain_selection
 from hype.select.run import SelectRequest

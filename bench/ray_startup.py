@@ -33,7 +33,7 @@ CHILD = """
 import json, os, sys, time
 t0 = time.monotonic()
 from hype.cli import main
-import pipelines.ray_executor as R
+import hype.pipelines.ray_executor as R
 marks = {"imports_done": time.monotonic() - t0}
 init = R.RayExecutor.__init__
 def timed(self, *a, **k):

@@ -120,8 +120,8 @@ def _streaming(table, rule, k: int, workers: int, progress: bool):
 
 
 def worker(mode: str, table_dir: str, frac: float, out: str, workers: int, progress: bool) -> dict:
-    from filters.hype import HypeScore
     from hype.data.uids import sorted_uids
+    from hype.filters.hype import HypeScore
     from hype.select.outputs import write_subset
     from hype.select.reducer import Target, parse_frac
     from hype.table.reader import ScoresTable

@@ -23,15 +23,15 @@ from __future__ import annotations
 
 # isort: off
 # Registration order is the order `hype select` lists the rules in (its error messages): scores, then masks.
-from filters.hype import HypeScore
-from filters.clip_score import ClipScore
-from filters.specificity import Specificity
-from filters.random import RandomScore
-from filters.image_cluster import ImageCluster
-from filters.basic import BasicFilter
-from filters.uid_set import Intersect
-from filters.decontaminate import Decontaminate
-from filters.dedup import Dedup
+from hype.filters.hype import HypeScore
+from hype.filters.clip_score import ClipScore
+from hype.filters.specificity import Specificity
+from hype.filters.random import RandomScore
+from hype.filters.image_cluster import ImageCluster
+from hype.filters.basic import BasicFilter
+from hype.filters.uid_set import Intersect
+from hype.filters.decontaminate import Decontaminate
+from hype.filters.dedup import Dedup
 
 # isort: on
 

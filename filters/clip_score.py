@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from filters.hype import HypeScore
+from hype.filters.hype import HypeScore
 from hype.select.rules import RULES
 
 

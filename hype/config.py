@@ -6,9 +6,10 @@ parameters) is declared the same way and read through the same functions:
 - Schema: a frozen dataclass whose type hints are the types (`int`, `float`, `str`, `bool`, `X | None`,
   `tuple[T, ...]`, `list[T]`, `dict[str, T]`, `Any`, nested dataclasses as sections); ranges, choices and
   cross-field rules live in `__post_init__`, written with the validators at the end of this module.
-- Where presets live: `<configs>/<kind>/<name>.yaml`, where `<configs>` is `$HYPE_CONFIG_DIR` (read at
-  call time) or the repository's `configs/` folder; `kind` is `models`, `train`, `score`, `download`,
-  `select`, `eval`, ...
+- Where presets live: `<configs>/<kind>/<name>.yaml`, looked up in the folders of `$HYPE_CONFIG_DIR`
+  (read at call time), then those added with `add_config_dir`, then the presets packaged with hype
+  (`hype/configs/`, the repository's `configs/`); `kind` is `models`, `train`, `score`, `download`,
+  `select`, `eval`, `workflows`. `resolve_preset` and `list_presets` are the one place that finds them.
 - Reading one: `read_config(kind, config, default)` takes a preset name, a YAML path or a dict;
   `read_yaml(path)` reads one file; `parse_yaml` is the one YAML parser (aliases refused).
 - `key=value` overrides with dotted keys (`apply_override`), values parsed as YAML (`parse_value`).
@@ -54,34 +55,50 @@ class ConfigError(ValueError):
 # --- where configs live ---------------------------------------------------------------------------
 
 
-def config_dir() -> Path:
-    """The folder of all presets: `$HYPE_CONFIG_DIR` or the repository's `configs/`."""
-    env = os.environ.get("HYPE_CONFIG_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "configs"
+_added: list[Path] = []  # add_config_dir
 
 
-def preset_dir(kind: str) -> Path:
-    """`<configs>/<kind>`, e.g. `configs/train`."""
-    return config_dir() / kind
+def packaged_config_dir() -> Path:
+    """The presets that ship with hype: `hype/configs/` when installed from a wheel or sdist (pyproject maps
+    the repository's `configs/` there), the repository's `configs/` in a checkout (editable or not)."""
+    installed = Path(__file__).resolve().parent / "configs"
+    return installed if installed.is_dir() else installed.parents[1] / "configs"
+
+
+def add_config_dir(path: str | PathLike) -> None:
+    """Look up presets in `path` (`<path>/<kind>/<name>.yaml`) too, before the packaged ones (as open_clip's
+    `add_model_config`): a name there overrides a packaged preset, a new name adds one."""
+    _added.insert(0, Path(path))
+
+
+def config_dirs() -> list[Path]:
+    """Where presets are looked up, first match wins: the folders in `$HYPE_CONFIG_DIR` (read at call time,
+    several joined with os.pathsep), those given to `add_config_dir` (latest first), the packaged ones."""
+    env = [Path(p) for p in os.environ.get("HYPE_CONFIG_DIR", "").split(os.pathsep) if p]
+    return [*env, *_added, packaged_config_dir()]
+
+
+def preset_path(kind: str, name: str) -> Path | None:
+    """`<configs>/<kind>/<name>.yaml` in the first folder of `config_dirs()` that has it, or None."""
+    return next((p for d in config_dirs() if (p := d / kind / f"{name}.yaml").is_file()), None)
 
 
 def list_presets(kind: str) -> list[str]:
-    """The preset names of `kind` (YAML stems), sorted; empty when the folder is missing."""
-    folder = preset_dir(kind)
-    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+    """The preset names of `kind` (YAML stems) in every folder of `config_dirs()`, sorted."""
+    return sorted({p.stem for d in config_dirs() for p in (d / kind).glob("*.yaml")})
 
 
 def resolve_preset(kind: str, config: str | PathLike, what: str | None = None) -> Path:
-    """A YAML path as given, or a preset name -> `<configs>/<kind>/<name>.yaml`; `what` names the kind in
-    messages (`training` -> "unknown training preset 'x'; available: ...")."""
+    """A YAML path as given, or a preset name -> its `<configs>/<kind>/<name>.yaml`; `what` names the kind
+    in messages (`training` -> "unknown training preset 'x'; available: ...")."""
     what = what or kind
     path = Path(config)
     if path.suffix in (".yaml", ".yml") or path.is_file():
         if not path.is_file():
             raise ConfigError("", f"{what} config file not found", str(path))
         return path
-    named = preset_dir(kind) / f"{config}.yaml"
-    if not named.is_file():
+    named = preset_path(kind, str(config))
+    if named is None:
         available = ", ".join(list_presets(kind)) or "(none)"
         raise ConfigError("", f"unknown {what} preset {str(config)!r}; available: {available}")
     return named

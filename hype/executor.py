@@ -12,8 +12,8 @@ the others to the subclass's `_execute` through a `Tally`, which numbers attempt
 at most `retries` times (never a `StageSetupError`: it would fail on every worker), reports each result
 to the caller's callback and progress bar, and collects the per-task stats and the failures into a
 `MapResult`. Subclasses only decide where `run` is called: `PoolExecutor` in this process or a pool of
-local processes (`hype reshard`, `hype synth`, and `pipelines.local`), `pipelines.ray_executor` on a Ray
-cluster. Executors selectable by name (`hype score --executor NAME`, `hype reshard --executor NAME`)
+local processes (`hype reshard`, `hype synth`, and `hype.pipelines.local`), `hype.pipelines.ray_executor`
+on a Ray cluster. Executors selectable by name (`hype score --executor NAME`, `hype reshard --executor NAME`)
 register in `EXECUTORS`; `make_executor` builds the one a config's `executor` section names.
 
 Storage options (credentials for s3:// and the like, `hype.io.storage`) travel to every worker as an

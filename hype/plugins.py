@@ -1,6 +1,7 @@
 """Plug-in registries: how the library finds code that lives above it without importing it.
 
-The top-level `filters/` (selection rules) and `pipelines/` (executors) packages are plug-ins. The library
+`hype.filters` (selection rules) and `hype.pipelines` (executors; the repository's top-level `filters/` and
+`pipelines/` folders, installed under hype's name by pyproject's package-dir) are plug-ins. The library
 (`hype.select`, `hype.scoring`, ...) defines the interface and a `Registry`; a plug-in module registers its
 classes with `registry.register(cls)` when it is imported. Plug-ins are found the way pytest and fsspec
 find theirs: through the package metadata's entry points (group `hype.<registry name>`, declared in

@@ -37,7 +37,7 @@ from os import PathLike
 import numpy as np
 
 from hype import __version__
-from hype.config import preset_dir, read_yaml
+from hype.config import read_yaml, resolve_preset
 from hype.data.errors import SelectError
 from hype.data.uids import UidMultiset, load_uid_file
 from hype.eval.report import aggregate
@@ -57,8 +57,9 @@ def scale_config(scale: str) -> dict:
     architecture as DataComp names it, `model_config` hype's config of it."""
     if scale not in SCALES:
         raise SelectError(f"--scale {scale!r}: DataComp scales are {', '.join(SCALES)}")
-    path = preset_dir("train") / f"datacomp-{scale}.yaml"
+    preset = f"datacomp-{scale}"
     try:
+        path = resolve_preset("train", preset, "training")
         raw = read_yaml(path)
         cfg = {
             "pool_size": int(raw["samples_seen"]),
@@ -67,7 +68,9 @@ def scale_config(scale: str) -> dict:
             "learning_rate": float(raw["optim"]["lr"]),
         }
     except (OSError, KeyError, TypeError, ValueError) as e:  # ValueError includes ConfigError
-        raise SelectError(f"{path}: cannot read the settings of scale {scale} ({e})") from None
+        raise SelectError(
+            f"training preset {preset}: cannot read the settings of scale {scale} ({e})"
+        ) from None
     if cfg["model_config"] not in DATACOMP_MODEL_NAMES:
         raise SelectError(
             f"{path}: model {cfg['model_config']!r} is not an architecture DataComp trains; its scales use "

@@ -5,4 +5,4 @@ Importing a module registers its executor; `hype` finds them through the `hype.e
 The stages live in the library and do not know which executor runs them.
 """
 
-from pipelines import local, ray_executor  # noqa: F401 - importing them registers the executors
+from hype.pipelines import local, ray_executor  # noqa: F401 - importing them registers the executors

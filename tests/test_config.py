@@ -10,13 +10,14 @@ import pytest
 
 from hype.config import (
     ConfigError,
+    add_config_dir,
     apply_override,
     build,
     coerce,
-    config_dir,
     in_range,
     list_presets,
     load,
+    packaged_config_dir,
     parse_override,
     read_config,
     read_yaml,
@@ -86,29 +87,43 @@ def test_build_checks_types_and_names_the_key():
     assert build(Outer, {"rate": "1e-3", "inner": {"size": 2.0}}) == Outer(rate=1e-3, inner=Inner(size=2))
 
 
-def test_presets_honour_hype_config_dir(tmp_path, monkeypatch):
+def test_presets_ship_with_hype_and_a_user_folder_adds_or_overrides(tmp_path, monkeypatch):
+    """The packaged presets are always there; `$HYPE_CONFIG_DIR` (or `add_config_dir`) adds names and
+    overrides packaged ones, as open_clip's `add_model_config` does."""
+    packaged = set(list_presets("train"))
+    assert {"tiny-clip", "datacomp-small"} <= packaged
+    assert resolve_preset("train", "tiny-clip") == packaged_config_dir() / "train" / "tiny-clip.yaml"
     (tmp_path / "train").mkdir()
     (tmp_path / "train" / "mine.yaml").write_text("rate: 0.25\n")
     (tmp_path / "train" / "list.yaml").write_text("- 1\n")
+    (tmp_path / "train" / "tiny-clip.yaml").write_text("rate: 0.5\n")
     monkeypatch.setenv("HYPE_CONFIG_DIR", str(tmp_path))
-    assert config_dir() == tmp_path
-    assert list_presets("train") == ["list", "mine"]
+    assert set(list_presets("train")) == packaged | {"list", "mine"}
     assert list_presets("absent") == []
     assert resolve_preset("train", "mine") == tmp_path / "train" / "mine.yaml"
+    assert resolve_preset("train", "tiny-clip") == tmp_path / "train" / "tiny-clip.yaml"  # the user's wins
     data, source = read_config("train", "mine")
     assert data == {"rate": 0.25, "name": "mine"} and source == str(tmp_path / "train" / "mine.yaml")
     assert read_config("train", None, default="mine")[0]["name"] == "mine"
     given = {"rate": 1.0}
     data, source = read_config("train", given)
     assert data == given and data is not given and source == "<dict>"
-    with pytest.raises(ConfigError, match=r"unknown training preset 'nope'; available: list, mine"):
+    with pytest.raises(
+        ConfigError, match=r"unknown training preset 'nope'; available: .*\blist, meru.*, mine,"
+    ):
         resolve_preset("train", "nope", "training")
-    with pytest.raises(ConfigError, match=r"unknown score preset 'x'; available: \(none\)"):
-        resolve_preset("score", "x")
+    with pytest.raises(ConfigError, match=r"unknown absent preset 'x'; available: \(none\)"):
+        resolve_preset("absent", "x")
     with pytest.raises(ConfigError, match=r"missing.yaml: score config file not found"):
         resolve_preset("score", tmp_path / "missing.yaml")
     with pytest.raises(ConfigError, match=r"list.yaml: must be a mapping, got list"):
         read_config("train", "list")
+    monkeypatch.delenv("HYPE_CONFIG_DIR")
+    monkeypatch.setattr("hype.config._added", [])  # this test's folders leave with it
+    (tmp_path / "more" / "train").mkdir(parents=True)
+    (tmp_path / "more" / "train" / "extra.yaml").write_text("rate: 1\n")
+    add_config_dir(tmp_path / "more")
+    assert set(list_presets("train")) == packaged | {"extra"}
 
 
 def test_configerror_is_the_same_class_everywhere():

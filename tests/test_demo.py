@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import DEMO_OPTIONS, DEMO_VARS
 
-from hype.config import config_dir
+from hype.config import preset_path
 from hype.data.uids import load_subset
 
 pytestmark = pytest.mark.slow
@@ -73,7 +73,7 @@ def test_demo_runs_every_step_and_resumes(demo_run):
         "-m",
         "hype.cli",
         "run",
-        str(config_dir() / "workflows" / "demo.yaml"),
+        str(preset_path("workflows", "demo")),
         f"out={out}",
         *DEMO_VARS,
     ]

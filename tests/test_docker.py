@@ -350,8 +350,8 @@ def test_every_copy_source_exists_and_is_in_the_build_context():
                     assert not ignored(rel, rules), f"COPY {source}: {rel} is excluded by .dockerignore"
     # What setuptools needs to build the project, with every package pyproject names.
     needed = {"pyproject.toml", pyproject()["readme"], "docker/constraints.txt"}
-    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    needed |= {p.rstrip("*") for p in packages["find"]["include"]}
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    needed |= {tool["package-dir"].get(p, p.split(".")[0]) for p in tool["packages"]}  # their folders
     for final in FINAL_STAGES:
         builder = builder_of(stages[final])
         missing = needed - copied.get(builder, set())
@@ -382,9 +382,8 @@ def test_final_stages_run_hype_as_a_non_root_user():
         env = " ".join(stage.args("ENV"))
         # Ray reads HOME from the image's config to place its bootstrap files (else it assumes /root).
         assert re.search(r"\bHOME=/home/hype\b", env), f"{name}: HOME is not set to the user's home"
-        # A non-editable install cannot find configs/ next to the package: the image points at a copy.
-        cfg = re.search(r"\bHYPE_CONFIG_DIR=(\S+)", env)
-        assert cfg and f"configs {cfg.group(1)}" in stage.args("COPY"), f"{name}: configs/ not shipped"
+        # The presets ship inside the installed package: the image needs no copy of configs/ beside it.
+        assert "HYPE_CONFIG_DIR" not in env and not any("configs" in a for a in stage.args("COPY")), name
 
 
 # --- (e) the Ray cluster config ----------------------------------------------------------------------
@@ -440,12 +439,10 @@ def test_cluster_config_runs_the_gpu_image_on_gpu_workers():
 
 @pytest.mark.slow
 def test_what_the_builder_copies_builds_a_working_non_editable_install(tmp_path):
-    """The builder's COPY set builds the wheel, and the installed package finds the copied configs.
-
-    A non-editable install looks for configs/ next to site-packages, where there is none: the image
-    needs its copy and HYPE_CONFIG_DIR (without them `--config default` is an unknown preset)."""
+    """The builder's COPY set builds the wheel, and the installed package finds its presets inside itself
+    (without them `--config default` would be an unknown preset): no configs/ copy, no HYPE_CONFIG_DIR."""
     stages = read_dockerfile()
-    builder, final = stages[builder_of(stages["gpu"])], stages["gpu"]
+    builder = stages[builder_of(stages["gpu"])]
     src = tmp_path / "src"
     for args in builder.args("COPY"):
         *sources, dest = args.split()
@@ -468,11 +465,6 @@ def test_what_the_builder_copies_builds_a_working_non_editable_install(tmp_path)
     shutil.unpack_archive(wheel, site, format="zip")
     entry_points = next(site.glob("*.dist-info/entry_points.txt")).read_text()
     assert re.search(r"^hype = hype\.cli:main$", entry_points, re.M)
-    # The final stage's configs copy and HYPE_CONFIG_DIR, as the container sees them.
-    config_dir = re.search(r"\bHYPE_CONFIG_DIR=(\S+)", " ".join(final.args("ENV"))).group(1)
-    (source,) = [a.split()[0] for a in final.args("COPY") if a.split()[-1] == config_dir]
-    configs = tmp_path / "configs"
-    shutil.copytree(ROOT / source, configs)
     probe = (
         "import hype, sys; from pathlib import Path;"
         "assert Path(hype.__file__).is_relative_to(sys.argv[1]), hype.__file__;"
@@ -480,7 +472,7 @@ def test_what_the_builder_copies_builds_a_working_non_editable_install(tmp_path)
         "from hype.scoring.config import load_score_config; load_score_config('default', []);"
         "from hype.cli import main; sys.argv = ['hype', 'score', '--help']; main()"
     )
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "HYPE_CONFIG_DIR": str(configs)}
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)}
     ran = subprocess.run(
         [sys.executable, "-c", probe, str(site)], cwd=tmp_path, env=env, capture_output=True, text=True
     )

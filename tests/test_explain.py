@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 from test_select_helpers import make_world, truth_scores, write_scores
 
-import filters  # noqa: F401  (registers the bundled rules)
+import hype.filters  # noqa: F401  (registers the bundled rules)
 from hype.cli import main
 from hype.table.schema import METRICS
 

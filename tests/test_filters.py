@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from test_select_helpers import write_scores
 
-import filters  # noqa: F401  (the bundled rules register themselves; the installed entry points may lag)
+import hype.filters  # noqa: F401  (the bundled rules register themselves; the installed entry points may lag)
 from hype.data.uids import save_subset
 from hype.select import SelectError
 from hype.select.rules import RULES, Rule, make_rule, parse_spec, rule_names
@@ -73,7 +73,7 @@ def test_every_bundled_rule_is_a_declared_plug_in():
 
     pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     declared = pyproject["project"]["entry-points"][RULES.group]
-    bundled = {name: cls.__module__ for name, cls in RULES.items() if cls.__module__.startswith("filters.")}
+    bundled = {n: cls.__module__ for n, cls in RULES.items() if cls.__module__.startswith("hype.filters.")}
     assert declared == bundled
 
 

@@ -5,7 +5,7 @@
               hype.table (the scores table that scoring writes and every later stage reads)
     stages    hype.synth, hype.download, hype.train, hype.scoring, hype.select, hype.reshard, hype.eval,
               hype.report, hype.submit, hype.convert
-    plug-ins  filters (selection rules), pipelines (executors)
+    plug-ins  hype.filters (selection rules, the folder filters/), hype.pipelines (executors, pipelines/)
     top       hype.cli, hype.demo and hype.workflow (they compose the stages; the demo runs them as child
               `hype` processes), and every `__main__` module (a program, not library code)
 
@@ -32,10 +32,19 @@ still be in use: one that no longer is fails the test, so the lists never allow 
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FIRST_PARTY = ("hype", "filters", "pipelines")
+FOLDERS = ("hype", "filters", "pipelines")  # the repository's top-level code folders
+# Their import names (pyproject's package-dir: the folder filters/ installs as hype.filters).
+PACKAGE_DIR = {
+    folder: name
+    for name, folder in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"
+    ].items()
+}
+FIRST_PARTY = ("hype",)
 
 CORE, STAGE, PLUGIN, TOP = 0, 1, 2, 3
 LAYER_NAMES = {CORE: "core", STAGE: "stage", PLUGIN: "plug-in", TOP: "top"}
@@ -73,8 +82,8 @@ LAYERS: dict[str, int] = {
             "convert",
         )
     },
-    "filters": PLUGIN,
-    "pipelines": PLUGIN,
+    "hype.filters": PLUGIN,
+    "hype.pipelines": PLUGIN,
     "hype.cli": TOP,
     "hype.demo": TOP,
     "hype.workflow": TOP,
@@ -121,16 +130,16 @@ def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
-    return ".".join(parts)
+    return ".".join([PACKAGE_DIR.get(parts[0], parts[0]), *parts[1:]])
 
 
 def all_modules() -> dict[str, Path]:
-    return {module_name(p): p for top in FIRST_PARTY for p in sorted((ROOT / top).rglob("*.py"))}
+    return {module_name(p): p for top in FOLDERS for p in sorted((ROOT / top).rglob("*.py"))}
 
 
 def owner(module: str) -> str:
-    """The top-level package a module belongs to: `hype.select.run` -> `hype.select`, `filters.hype` ->
-    `filters`."""
+    """The top-level package a module belongs to: `hype.select.run` -> `hype.select`, `hype.filters.hype`
+    -> `hype.filters`."""
     parts = module.split(".")
     return ".".join(parts[:2]) if parts[0] == "hype" and len(parts) > 1 else parts[0]
 
@@ -193,17 +202,17 @@ def test_the_walk_sees_every_kind_of_import():
     """The checker itself: absolute, relative, function-level and importlib imports are all found."""
     modules = all_modules()
     known = set(modules)
-    assert "hype.select.rules" in imports("filters.hype", modules["filters.hype"], known)
+    assert "hype.select.rules" in imports("hype.filters.hype", modules["hype.filters.hype"], known)
     assert "hype.cli.train" in imports("hype.train.__main__", modules["hype.train.__main__"], known)
-    assert "filters" in imports("hype.cli", modules["hype.cli"], known)  # importlib.import_module("filters")
+    assert "hype.filters" in imports("hype.cli", modules["hype.cli"], known)  # importlib.import_module(...)
     assert "hype.data.uids" in imports("hype.submit", modules["hype.submit"], known)  # inside a function
-    assert violation("hype.select.run", "filters.hype") == "upward: stage imports plug-in"
-    assert violation("filters.hype", "hype.cli") == "upward: plug-in imports top"
+    assert violation("hype.select.run", "hype.filters.hype") == "upward: stage imports plug-in"
+    assert violation("hype.filters.hype", "hype.cli") == "upward: plug-in imports top"
     assert violation("hype.data.uids", "hype.select.errors") == "upward: core imports stage"
-    assert violation("filters.hype", "pipelines.local") == "one plug-in package imports another"
+    assert violation("hype.filters.hype", "hype.pipelines.local") == "one plug-in package imports another"
     assert violation("hype.reshard.run", "hype.select.errors").startswith("a stage imports another stage")
-    assert violation("hype.cli.select", "filters") is None
-    assert violation("filters.hype", "hype.select") is None
+    assert violation("hype.cli.select", "hype.filters") is None
+    assert violation("hype.filters.hype", "hype.select") is None
 
 
 def test_relative_imports_are_resolved(tmp_path):

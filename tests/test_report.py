@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from PIL import Image
 from test_select_helpers import make_world, truth_scores, write_scores
 
-import filters  # noqa: F401  (registers the bundled rules for select_subset without the CLI)
+import hype.filters  # noqa: F401  (registers the bundled rules for select_subset without the CLI)
 from hype.cli import main
 from hype.data.uids import uid_to_pair
 from hype.report import write_report

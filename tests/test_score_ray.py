@@ -92,7 +92,7 @@ def test_ray_executor_survives_a_killed_worker_and_matches_the_local_run(
 def _map(address: str, stage, tasks: list, task_timeout: float, cwd: Path | None = None):
     import ray.cloudpickle
 
-    from pipelines.ray_executor import RayExecutor
+    from hype.pipelines.ray_executor import RayExecutor
 
     if cwd is not None:  # the folder the user runs hype from
         os.chdir(cwd)

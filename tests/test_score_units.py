@@ -108,9 +108,9 @@ def _write_embed_shards(run: RunDir, tasks, img, txt, cos, sizes, curv):
 
 
 def test_streaming_reference_selection_selects_exactly_what_select_references_selects(tmp_path):
+    from hype.pipelines.local import LocalExecutor
     from hype.scoring.dedup import find_duplicates, load_duplicates
     from hype.scoring.stage_reference import CandidateStage, select_top_m, select_top_pairs
-    from pipelines.local import LocalExecutor
 
     g = torch.Generator().manual_seed(0)
     n, dim, curv = 230, 8, 0.7
@@ -178,7 +178,7 @@ class _Flaky:
 
 
 def test_local_executor_retries_and_reports_failing_shards(tmp_path):
-    from pipelines.local import LocalExecutor
+    from hype.pipelines.local import LocalExecutor
 
     tasks = make_tasks([str(tmp_path / f"{i}.tar") for i in range(4)])
     done = []

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 from test_select_helpers import make_world, reference_top, save_memmap_subset, truth_scores, write_scores
 
-import filters  # noqa: F401  (registers the bundled rules for select_subset without the CLI)
+import hype.filters  # noqa: F401  (registers the bundled rules for select_subset without the CLI)
 from hype.cli import main
 from hype.data.uids import array_to_uids, load_subset
 from hype.select import SelectError

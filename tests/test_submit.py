@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from test_select_helpers import save_memmap_subset, write_scores
 
-import filters  # noqa: F401  (registers the bundled rules for select_subset without the CLI)
+import hype.filters  # noqa: F401  (registers the bundled rules for select_subset without the CLI)
 from hype.cli import main
 from hype.data.uids import save_subset
 from hype.eval.tasks import load_suite

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from conftest import DEMO_VARS
 
 from hype.cli import main
-from hype.config import ConfigError, config_dir
+from hype.config import ConfigError, list_presets
 from hype.data.uids import array_to_uids, load_subset, save_subset, uids_to_array
 from hype.workflow import StepError, WorkflowError, load_workflow
 
@@ -177,7 +177,7 @@ def test_fingerprints_ignore_runtime_options_and_the_run_folder_s_place(tmp_path
                        "eval-random", "results"]  # fmt: skip
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in (config_dir() / "workflows").glob("*.yaml")))
+@pytest.mark.parametrize("name", list_presets("workflows"))
 def test_every_bundled_workflow_plans_and_dry_runs(name, tmp_path):
     wf = load_workflow(name, [f"out={tmp_path}"])
     text = wf.dry_run()

@@ -11,7 +11,7 @@ import os
 
 import click
 
-import pipelines  # noqa: F401 - registers the bundled executors; hype.cli composes the layers
+import hype.pipelines  # noqa: F401 - registers the bundled executors; hype.cli composes the layers
 from hype import __version__
 
 # name -> (module, attribute, one-line help shown by `hype --help`)
@@ -117,7 +117,8 @@ class LazyGroup(click.Group):
         if name not in COMMANDS:
             return None
         module, attr, _ = COMMANDS[name]
-        importlib.import_module("filters")  # the bundled rules register themselves (here: --help stays fast)
+        # The bundled rules register themselves (imported here: `hype --help` stays fast).
+        importlib.import_module("hype.filters")
         return getattr(importlib.import_module(module), attr)
 
     def invoke(self, ctx: click.Context):

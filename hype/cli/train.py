@@ -91,13 +91,13 @@ def train(
     model.vision.layers=2, ...). Outputs in --out: checkpoints/step-*.safetensors (+ .state.pt),
     model.safetensors (final weights), metrics.jsonl, summary.json, config.yaml.
     """
-    from hype.train.config import list_train_configs, load_train_config, train_config_dir
+    from hype.train.config import list_train_configs, load_train_config, resolve_config_path
 
     if list_presets:
         from hype.config import read_yaml
 
         for name in list_train_configs():
-            desc = read_yaml(train_config_dir() / f"{name}.yaml").get("description", "")
+            desc = read_yaml(resolve_config_path(name)).get("description", "")
             click.echo(f"{name:<28} {desc}")
         return
     if config is None:

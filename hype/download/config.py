@@ -15,7 +15,6 @@ import dataclasses
 import ipaddress
 from dataclasses import dataclass, field
 from os import PathLike
-from pathlib import Path
 from typing import Any
 
 from hype.config import (
@@ -26,7 +25,6 @@ from hype.config import (
     load,
     one_of,
     positive,
-    preset_dir,
     to_dict,
 )
 
@@ -115,10 +113,6 @@ class DownloadConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> DownloadConfig:
         return build(cls, data, source=source)
-
-
-def download_config_dir() -> Path:
-    return preset_dir("download")
 
 
 def list_download_configs() -> list[str]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hype.config import ConfigError, build, list_presets, preset_dir, read_yaml
+from hype.config import ConfigError, build, list_presets, preset_path, read_yaml
 from hype.eval.metrics import GROUP_EVALUATORS
 from hype.io import AnyPath, storage
 
@@ -72,10 +72,6 @@ class Suite:
         return next((t for t in self.tasks if t.key == key), None)
 
 
-def suites_dir() -> Path:
-    return preset_dir("eval")
-
-
 def list_suites() -> list[str]:
     return list_presets("eval")
 
@@ -85,14 +81,12 @@ def load_suite(name_or_path: str | Path) -> Suite:
     text = str(name_or_path)
     path = Path(text)
     if not (path.suffix in (".yaml", ".yml") or path.is_file()):
-        name = SUITE_ALIASES.get(text, text)
-        path = suites_dir() / f"{name}.yaml"
-        if not path.is_file():
+        found = preset_path("eval", SUITE_ALIASES.get(text, text))
+        if found is None:
             raise TaskConfigError(
-                "",
-                f"unknown evaluation suite {text!r} (looked in {path.parent}); "
-                f"available: {', '.join(['all'] + list_suites())}",
+                "", f"unknown evaluation suite {text!r}; available: {', '.join(['all'] + list_suites())}"
             )
+        path = found
     if not path.is_file():
         raise TaskConfigError("", "suite file not found", str(path))
     try:

@@ -1,7 +1,7 @@
 """Build models from a config object, a dict (checkpoints), a YAML path or a shipped config name.
 
-Names resolve to `<configs>/models/<name>.yaml`, where `<configs>` is the repository's `configs/`
-folder, or `$HYPE_CONFIG_DIR` when set (read at call time).
+Names resolve to `<configs>/models/<name>.yaml` through `hype.config.resolve_preset`: the packaged
+presets, or a folder in `$HYPE_CONFIG_DIR` (read at call time) that adds or overrides names.
 """
 
 from __future__ import annotations

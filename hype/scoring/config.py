@@ -35,7 +35,6 @@ from hype.config import (
     one_of,
     parse_override,
     positive,
-    preset_dir,
     to_dict,
 )
 from hype.executor import ExecutorConfig
@@ -269,10 +268,6 @@ class ScoreConfig:
                 "embedding class images needs --clip (the CLIP that made the metadata features), or pass "
                 "precomputed features with --class-features",
             )
-
-
-def score_config_dir() -> Path:
-    return preset_dir("score")
 
 
 def list_score_configs() -> list[str]:

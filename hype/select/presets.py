@@ -16,17 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hype.config import ConfigError, build, one_of, preset_dir, read_yaml
-from hype.config import config_dir as config_root  # noqa: F401 (public here: `$HYPE_CONFIG_DIR` or configs/)
+from hype.config import ConfigError, build, one_of, preset_path, read_yaml
 from hype.config import list_presets as _list_presets
 from hype.select.errors import SelectError
 from hype.table.combine import NORMALIZATIONS, parse_weights
 
 DEFAULT_PRESET = "hype"
-
-
-def presets_dir() -> Path:
-    return preset_dir("select")
 
 
 def list_presets() -> list[str]:
@@ -57,16 +52,17 @@ class Preset:
 def load_preset(name_or_path: str | os.PathLike) -> Preset:
     text = os.fspath(name_or_path)
     path = Path(text)
+    name = str(path)  # a YAML file is named by its path, a preset by its name
     if path.suffix not in (".yaml", ".yml") and not path.is_file():
-        path = presets_dir() / f"{text}.yaml"
-        if not path.is_file():
+        name, path = text, preset_path("select", text)
+        if path is None:
             raise SelectError(
                 f"--preset {text!r}: no such preset; presets: {', '.join(list_presets()) or '(none)'} "
                 "(or pass a YAML file)"
             )
     try:
         data = read_yaml(path)
-        data.setdefault("name", path.stem if path.parent == presets_dir() else str(path))
+        data.setdefault("name", name)
         return build(Preset, data, source=str(path))
     except ConfigError as e:
         raise SelectError(str(e)) from None  # `hype select` reports SelectErrors; the message stays as is

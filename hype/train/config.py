@@ -26,7 +26,6 @@ from hype.config import (
     one_of,
     parse_override,
     positive,
-    preset_dir,
     resolve_preset,
     set_path,
     to_dict,
@@ -171,10 +170,6 @@ class TrainConfig:
 
 
 # --- presets, files and overrides (the shared machinery is hype.config) ----------------------------
-
-
-def train_config_dir() -> Path:
-    return preset_dir("train")
 
 
 def list_train_configs() -> list[str]:
