@@ -125,49 +125,52 @@ def work_image(data: bytes) -> np.ndarray:
 
 
 def _resample(image: np.ndarray, check: CopyCheck, size: int, whole_only: bool) -> np.ndarray:
-    """(windows, channels, size, size): every window of a (WORK_SIDE, WORK_SIDE, channels) image of integers
-    (float64, < 2^21) in `windows` order. Per group of k x k windows two products: the k row offsets of
-    every channel's plane, then those rows against the k column offsets. The result is the exact pixel
-    sums times WEIGHT_ONE^2: integers, whatever order BLAS adds them in."""
+    """(windows, channels, size, size) float32: every window of a (WORK_SIDE, WORK_SIDE, channels) image of
+    integers (float64, < 2^18) in `windows` order, times WEIGHT_ONE^2. Per group of k x k windows two
+    products: the k row offsets of every channel's plane, then those rows against the k column offsets.
+    Their sums are integers, exact whatever order BLAS adds them in; float32 rounds them once."""
     c = image.shape[2]
     planes = np.ascontiguousarray(image.transpose(0, 2, 1)).reshape(WORK_SIDE, c * WORK_SIDE)
-    out = []
-    for wy, wx in _window_weights(check, size, whole_only):
+    groups = _window_weights(check, size, whole_only)
+    out = np.empty((sum((len(wy) // size) ** 2 for wy, _ in groups), c, size, size), np.float32)
+    at = 0
+    for wy, wx in groups:
         k = len(wy) // size
         rows = (wy @ planes).reshape(k * size * c, WORK_SIDE)  # (k row offsets, size, c, WORK_SIDE)
         grid = (rows @ wx).reshape(k, size, c, k, size)  # (y offset, row, c, x offset, column)
-        out.append(grid.transpose(0, 3, 2, 1, 4).reshape(k * k, c, size, size))
-    return np.concatenate(out)
+        out[at : at + k * k].reshape(k, k, c, size, size)[...] = grid.transpose(0, 3, 2, 1, 4)
+        at += k * k
+    return out
 
 
 def _unit_rows(x: np.ndarray) -> np.ndarray:
-    """Rows with their mean removed, scaled to unit norm and rounded to integers over `UNIT_ONE` (float32,
-    exact); a row with (almost) no variation stays zero: a flat image has no layout to compare and matches
-    nothing. Each row's sums run along the row (numpy's pairwise sum: an order set by the row's length)."""
+    """Rows with their mean removed, scaled to unit norm and rounded to integers over `UNIT_ONE` (exact in
+    float32); a row with (almost) no variation stays zero: a flat image has no layout to compare and
+    matches nothing. Each row's sums run along the row (numpy's pairwise sum: an order set by the row's
+    length alone)."""
     x = x.reshape(len(x), -1)
     x = x - x.mean(axis=1, keepdims=True)
     norms = np.sqrt(np.add.reduce(np.square(x), axis=1, keepdims=True))
     x *= UNIT_ONE / np.maximum(norms, 1e-12)
     np.rint(x, out=x)
     x[norms[:, 0] <= 1e-2] = 0.0
-    return x.astype(np.float32)
+    return x
 
 
 def thumbnails(work: np.ndarray, check: CopyCheck, whole_only: bool = False) -> Descriptor:
     """The (colour, edge) thumbnail rows of a work image's windows (row 0: the whole image; `whole_only`:
     that row alone)."""
     pixels = work.astype(np.float64)
-    colour = _resample(pixels, check, check.colour_size, whole_only) / (255.0 * WEIGHT_ONE**2)
+    colour = _resample(pixels, check, check.colour_size, whole_only)
+    colour *= np.float32(1.0 / (255.0 * WEIGHT_ONE**2))
     n = len(colour)
-    planes = colour.reshape(n, colour.shape[1], -1)
-    colour = planes - planes.mean(axis=2, keepdims=True)  # each channel's: a tint or brightness is no layout
-    luma = _resample((pixels @ LUMA)[:, :, None], check, check.edge_size, whole_only)[
-        :, 0
-    ]  # exact: integer weights
+    colour = colour.reshape(n, colour.shape[1], -1)
+    colour -= colour.mean(axis=2, keepdims=True)  # each channel's: a tint or brightness is no layout
+    luma = _resample((pixels @ LUMA)[:, :, None], check, check.edge_size, whole_only)[:, 0]
+    luma *= np.float32(1.0 / (1000.0 * 255.0 * WEIGHT_ONE**2))
     dx = (luma[:, :, 1:] - luma[:, :, :-1]).reshape(n, -1)
     dy = (luma[:, 1:, :] - luma[:, :-1, :]).reshape(n, -1)
-    edges = np.concatenate([dx, dy], axis=1) / (255_000.0 * WEIGHT_ONE**2)
-    return _unit_rows(colour), _unit_rows(edges)
+    return _unit_rows(colour), _unit_rows(np.concatenate([dx, dy], axis=1))
 
 
 def _match(wholes: Descriptor, windows_: Descriptor) -> np.ndarray:
