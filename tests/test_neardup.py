@@ -13,7 +13,14 @@ import pytest
 from test_score_support import NEARDUP_OVERRIDES, models, neardup_run, run_cli, score_args, world
 
 from hype.scoring import embed_format
-from hype.scoring.neardup import cluster_forest, components, keepers, random_keys
+from hype.scoring.neardup import (
+    cluster_forest,
+    components,
+    keepers,
+    normalize_rows,
+    random_keys,
+    similar_pairs,
+)
 from hype.select import SelectError
 
 THRESHOLD = float(NEARDUP_OVERRIDES[1].split("=")[1])
@@ -89,6 +96,33 @@ def test_groups_equal_a_brute_force_float64_reference(kw):
         assert found_groups(x, cluster, threshold, **kw) == want, threshold
     # Every exact copy is in a group with its source at any threshold below 1.
     assert len(reference_groups(x, cluster, 0.999)) >= 20
+
+
+def test_pairs_are_the_same_bytes_in_blocks_of_any_size_and_one_pair_at_a_time():
+    """The search's own cosines depend on its block's shape (and the BLAS kernel, the threads); the pairs
+    kept and their similarities do not: query blocks of 1, 2, 7 and all rows, on faiss and torch, give
+    the same bytes as a reference computed one pair at a time (float64 products, summed per pair)."""
+    x, cluster = pool_with_copies(seed=2)
+    xc = normalize_rows(x[cluster == 0])
+    threshold = 0.9
+    want = []
+    for i in range(len(xc)):
+        for j in range(i + 1, len(xc)):
+            sim = np.float32(np.add.reduce(xc[i].astype(np.float64) * xc[j].astype(np.float64)))
+            if sim >= threshold:
+                want.append((i, j, sim))
+    assert len(want) >= 20
+    want_bytes = [
+        np.array(col, dtype).tobytes()
+        for col, dtype in zip(zip(*want, strict=True), (np.int64, np.int64, np.float32), strict=True)
+    ]
+    for device in ("cpu", "cpu:0"):
+        for rows in (1, 2, 7, len(xc)):
+            blocks = list(similar_pairs(xc, threshold, pairs_per_block=rows * len(xc), device=device))
+            a, b, sim = (np.concatenate(col) for col in zip(*blocks, strict=True))
+            order = np.lexsort((b, a))
+            got = [a[order].tobytes(), b[order].tobytes(), sim[order].tobytes()]
+            assert got == want_bytes, (device, rows)
 
 
 def test_the_stored_forest_answers_every_stricter_threshold():

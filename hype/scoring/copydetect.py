@@ -75,7 +75,11 @@ class CopyCheck:
             )
 
     def settings(self) -> dict:
-        return asdict(self) | {"work_side": WORK_SIDE, "descriptor": "RGB + luminance-gradient NCC, min"}
+        return asdict(self) | {
+            "work_side": WORK_SIDE,
+            "descriptor": "RGB + luminance-gradient NCC, min",
+            "sums": "exact",
+        }
 
 
 def _offset_groups(check: CopyCheck) -> list[tuple[float, np.ndarray]]:

@@ -13,6 +13,12 @@ threshold later (`hype select --filter dedup:threshold=...`) with at most one ed
 folded in one at a time (the forest of the forest plus a block's pairs is the forest of everything so
 far), so a cluster of identical copies costs one block of pairs, not m².
 
+Same bytes on any machine: the search's own cosines (BLAS or the GPU, in blocks) depend on the kernel, the
+block's shape and the thread count, so the search runs `search_margin` below the threshold and every pair
+it finds is measured again by `pair_cosines` (float64 products, exact, summed in numpy's pairwise order,
+which depends on the vector length alone); the threshold, the forest and the stored similarities use
+those. The groups and edges are then the same for any block size, thread count, CPU kernel or device.
+
 Keeper rules (one member of each group stays, the others are marked): `hype`: the highest HYPE score
 (paper Eq. 1; the most specific and best aligned copy), `semdedup`: the member farthest from its cluster's
 centroid (lowest cosine to it, as SemDeDup keeps), `random`: the smallest seeded hash of the uid. Ties go
@@ -38,6 +44,24 @@ def normalize_rows(x: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(x, dtype=np.float32)
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     return x / np.where(norms > 0, norms, 1.0).astype(np.float32)
+
+
+def search_margin(dim: int) -> float:
+    """How far below the threshold the search runs: twice the bound d * 2^-24 on a float32 dot product's
+    rounding error for unit vectors (summed in any order), so no pair at or above the threshold is missed."""
+    return dim * 2.0**-23
+
+
+def pair_cosines(x: np.ndarray, a: np.ndarray, b: np.ndarray, chunk: int = 1 << 12) -> np.ndarray:
+    """float32 cosine of each pair of rows (a[i], b[i]) of unit `x`, the same bytes on any machine: float64
+    products of float32 values are exact and numpy sums each row in its pairwise order, set by its length
+    alone; `chunk` pairs at a time (2 x 24 MiB at 768-d)."""
+    out = np.empty(len(a), np.float32)
+    for i in range(0, len(a), chunk):
+        prod = x[a[i : i + chunk]].astype(np.float64)
+        prod *= x[b[i : i + chunk]]
+        out[i : i + chunk] = np.add.reduce(prod, axis=1)
+    return out
 
 
 def _faiss_pairs(x: np.ndarray, threshold: float, block: int) -> Iterator[tuple[np.ndarray, ...]]:
@@ -66,14 +90,17 @@ def _torch_pairs(
 def similar_pairs(
     x: np.ndarray, threshold: float, *, pairs_per_block: int = PAIRS_PER_BLOCK, device: str = "cpu"
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Blocks of (a, b, sim) with a < b and cosine sim >= threshold (rows of unit `x`); each pair once."""
+    """Blocks of (a, b, sim) with a < b and cosine sim >= threshold (rows of unit `x`); each pair once, in
+    (a, b) order, sim from `pair_cosines`."""
     block = max(1, pairs_per_block // max(1, len(x)))
-    found = (
-        _faiss_pairs(x, threshold, block) if device == "cpu" else _torch_pairs(x, threshold, block, device)
-    )
-    for a, b, s in found:
-        keep = (a < b) & (s >= threshold)  # faiss keeps sim > radius; >= here either way
-        yield a[keep], b[keep], s[keep].astype(np.float32)
+    wide = threshold - search_margin(x.shape[1])
+    found = _faiss_pairs(x, wide, block) if device == "cpu" else _torch_pairs(x, wide, block, device)
+    for a, b, _ in found:
+        a, b = a[a < b], b[a < b]
+        s = pair_cosines(x, a, b)
+        keep = s >= threshold
+        order = np.lexsort((b[keep], a[keep]))
+        yield a[keep][order], b[keep][order], s[keep][order]
 
 
 def spanning_forest(

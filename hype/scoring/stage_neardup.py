@@ -53,6 +53,7 @@ from hype.scoring.neardup import (
     components,
     keepers,
     normalize_rows,
+    pair_cosines,
 )
 from hype.scoring.rundir import (
     RUN_DIGEST,
@@ -251,6 +252,7 @@ class GroupStage(ShardStage):
                 "keeper": self.keeper,
                 "seed": self.seed,
                 "max_cluster": self.max_cluster,
+                "cosines": "pair_cosines",  # fixed-order float64 (earlier runs: the search's own, redone)
             }
         )
 
@@ -326,12 +328,12 @@ class GroupStage(ShardStage):
         )
         keeper_of = np.zeros(group.max() + 1, np.int64)
         keeper_of[group[keep]] = np.flatnonzero(keep)
-        sim_to_keeper = np.einsum("ij,ij->i", x[nodes], x[nodes[keeper_of[group]]])
+        sim_to_keeper = pair_cosines(x, nodes, nodes[keeper_of[group]])
         members = {
             "uid": t.column("uid").take(pa.array(rows)).combine_chunks(),
             "group": group,
             "keeper": keep,
-            "sim_to_keeper": sim_to_keeper.astype(np.float32),
+            "sim_to_keeper": sim_to_keeper,
             "cluster": t.column("cluster").to_numpy()[rows],
             "hype": hype,
             "centroid_sim": csim,
