@@ -3,8 +3,67 @@
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
+import urllib.error
+from pathlib import Path
 
 import click
+
+
+def _fetcher(folder: str, allow_private: bool):
+    """`fetch(role, url)` for `verify_card`: a model URL the card names (data from whoever wrote the card)
+    fetched through the download's network guard into `folder`: loopback, private and link-local
+    addresses refused unless --allow-private-network, and only http(s) URLs."""
+    from hype.download.network import NetworkPolicy, guarded_opener
+    from hype.scoring.card import CardError
+
+    def fetch(role: str, url: str) -> str:
+        if not url.lower().startswith(("http://", "https://")):
+            return url  # a bucket: read with the user's own storage options, as for --pool
+        out = Path(folder) / f"{role}.model"
+        try:
+            with (
+                guarded_opener(NetworkPolicy(allow_private)).open(url, timeout=60) as r,
+                open(out, "wb") as f,
+            ):
+                shutil.copyfileobj(r, f, 1 << 20)
+        except (OSError, urllib.error.URLError) as e:
+            reason = getattr(e, "reason", None) or e
+            raise CardError(f"the card's {role} model {url}: {reason}; or pass --{role} FILE") from None
+        return str(out)
+
+    return fetch
+
+
+def _check_subset(card: str, subset: str) -> dict:
+    """The selection SUBSET's record (SUBSET.json) describes, redone from the card's verified scores: the
+    same bytes, or a CardError. Binds the published subset to the scores the card certifies."""
+    from hype.io import file_digest, read_json
+    from hype.scoring.card import CardError
+    from hype.select.errors import SelectError
+    from hype.select.explain import request_from_summary
+    from hype.select.run import SelectRequest, select_subset
+
+    record = str(Path(subset).with_suffix(".json"))
+    summary = read_json(record)
+    if summary is None or "scores" not in summary:
+        raise CardError(f"--subset {subset}: {record} (what `hype select` wrote beside it) is needed")
+    with tempfile.TemporaryDirectory(prefix="hype-verify-subset-") as tmp:
+        fields = request_from_summary(summary, str(Path(card).parent), record)
+        try:
+            redone = select_subset(SelectRequest(**fields, out=Path(tmp) / "subset.npy", progress=False))
+            same = file_digest(Path(tmp) / "subset.npy") == file_digest(subset)
+        except (SelectError, OSError, TypeError, KeyError) as e:
+            raise CardError(
+                f"--subset {subset}: the selection {record} records cannot be redone ({e})"
+            ) from None
+    if not same:
+        raise CardError(
+            f"--subset {subset}: not the subset its record's selection gives from the card's scores: "
+            "the subset or its record was altered"
+        )
+    return {"file": subset, "reproduced": True, "rows": redone.get("subset_rows")}
 
 
 @click.command("verify")
@@ -20,13 +79,28 @@ import click
     help="Towers' precision [default: the run's].",
 )
 @click.option("--tolerance", type=float, default=None, help="Largest |difference| accepted per column.")
+@click.option(
+    "--subset",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="A published subset.npy (with its subset.json): redo its selection from the card's scores, compare.",
+)
+@click.option(
+    "--allow-private-network",
+    is_flag=True,
+    help="Also fetch the card's model URLs from loopback, private and link-local addresses.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def verify(card, pool, meru, clip, device, precision, tolerance, as_json) -> None:
+def verify(
+    card, pool, meru, clip, device, precision, tolerance, subset, allow_private_network, as_json
+) -> None:
     """Check a published selection's scores: recompute the sampled rows of CARD (RUN_DIR/card.json,
     written by `hype score`) from the pool with the models it names, through the same stages, and compare
     each column with the card. The models must have the card's digests; `reference.safetensors` and
     `clusters/` must lie beside the card, as in the run directory. Exit status 1 when a column differs
     by more than the tolerance (default: 2e-3 in fp32, 0.05 when either side ran bf16 towers).
+    The scores parts and stage markers beside the card must have the digests it names; --subset also
+    redoes the subset's selection from them. A card is not a signature: see README "Score cards".
 
     \b
     Examples:
@@ -37,9 +111,23 @@ def verify(card, pool, meru, clip, device, precision, tolerance, as_json) -> Non
     from hype.scoring.card import CardError, verify_card
 
     try:
-        report = verify_card(
-            card, pool, meru=meru, clip=clip, device=device, precision=precision, tolerance=tolerance
-        )
+        with tempfile.TemporaryDirectory(prefix="hype-verify-models-") as models:
+            report = verify_card(
+                card,
+                pool,
+                meru=meru,
+                clip=clip,
+                device=device,
+                precision=precision,
+                tolerance=tolerance,
+                fetch=_fetcher(models, allow_private_network),
+            )
+        if subset is not None:
+            if not report["scores_checked"]:
+                raise CardError(
+                    f"--subset {subset}: the scores table must lie beside {card} (RUN_DIR/scores)"
+                )
+            report["subset"] = _check_subset(card, subset)
     except CardError as e:
         raise click.UsageError(str(e)) from None
     if as_json:
@@ -52,6 +140,15 @@ def verify(card, pool, meru, clip, device, precision, tolerance, as_json) -> Non
             f"{report['found_in_pool']} found in the pool; {report['precision']} on {report['device']})\n"
             f"  max |difference|: {diffs}; c_IN flips: {report['c_in_flips']} "
             f"(tolerance {report['tolerance']})"
+        )
+        checked = [
+            w
+            for w, k in (("scores parts", "scores_checked"), ("stage digests", "stages_checked"))
+            if report[k]
+        ]
+        click.echo(
+            f"  checked against the card: {', '.join(checked) or 'the sample only'}"
+            + (f"; subset {subset} reproduced" if subset else "")
         )
         if report["missing"]:
             click.echo(f"  not in the pool: {', '.join(report['missing'])}")

@@ -12,6 +12,14 @@ which recomputes the sampled rows from the pool with the named models, through t
 specificity stages `hype score` runs, and reports the largest difference per column against a stated
 tolerance (fp32 on the same kind of device: float rounding, ~1e-5; bf16 towers or another device: larger,
 see `TOLERANCE`).
+
+What a card binds, and what a verifier can establish: the card names every scores part by its digest and
+row count (from the merge markers), and carries its own content digest (`digest`, over everything else in
+it). `hype verify` checks the parts beside the card against those digests, redoes the stage digests from
+the markers when they are there, and recomputes the sample from the pool. The content digest detects a
+card edited by hand (a stage digest, the code version) or cut short; it is not a signature: whoever can
+write the card can recompute it. A card proves who made it only when its digest is signed or published
+through a channel the reader trusts.
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
+import os
 import tarfile
 import tempfile
 from pathlib import Path
@@ -30,11 +40,18 @@ import pyarrow.dataset as pads
 import hype
 from hype.data.samples import SkipStats, iter_tar_samples, sample_uid
 from hype.data.shards import expand_shards
-from hype.io import load_npy, read_json, read_parquet, storage
+from hype.executor import available_memory
+from hype.io import load_npy, open_input, read_json, read_parquet, storage
 from hype.scoring.rundir import SHARD_STAGES, RunDir, atomic_write_json, file_digest, fingerprint, make_tasks
 from hype.table.schema import scores_dir
 
-FORMAT = "hype-score-card/1"
+FORMAT = "hype-score-card/2"
+OLD_FORMATS = ("hype-score-card/1",)  # without the bindings `hype verify` checks now
+MAX_CARD_BYTES = 16 << 20  # a card is ~50 KiB (256 sampled rows); more is not a card, read no further
+RECREATE = (
+    "re-create it: rerun `hype score --config RUN_DIR/config.yaml` (complete stages are reused) and publish "
+    "the new RUN_DIR/card.json"
+)
 COLUMNS = ("eps_i", "eps_t", "neg_d_l", "cos_theta", "c_in")
 SAMPLE_ROWS = 256
 SAMPLE_PARTS = 16  # parts read for the sample: bounded cost on a 100M-row table
@@ -88,6 +105,27 @@ def _stage_digests(run: RunDir) -> dict[str, str]:
     return out
 
 
+def _scores_binding(run: RunDir) -> dict:
+    """Every scores part by name, with the rows and digest its merge marker recorded (no part is read)."""
+    folder = run.root / "merge"
+    names = (
+        sorted(n for n in storage.list_names(folder) if n.endswith("_stats.json"))
+        if storage.exists(folder)
+        else []
+    )
+    parts = {}
+    for name in names:
+        out = (read_json(storage.join(folder, name)) or {}).get("output") or {}
+        parts[out["file"]] = {"rows": out["rows"], "digest": out["digest"]}
+    return {"rows": sum(p["rows"] for p in parts.values()), "parts": parts}
+
+
+def seal(card: dict) -> dict:
+    """`card` with its content digest: the fingerprint of everything else in it."""
+    body = {k: v for k, v in card.items() if k != "digest"}
+    return body | {"digest": fingerprint(body)}
+
+
 def _optional_digest(path) -> str | None:
     return file_digest(path) if storage.is_file(path) else None
 
@@ -109,20 +147,146 @@ def write_card(
         "config": _optional_digest(run.config),
         "settings": settings,
         "stages": _stage_digests(run),
+        "scores": _scores_binding(run),
         "sample": {"seed": seed, "columns": ["uid", *COLUMNS], "rows": rows, "checksum": _checksum(rows)},
     }
+    card = seal(card)
     atomic_write_json(run.root / "card.json", card)
     return card
 
 
-def load_card(path: str | Path) -> dict:
-    card = read_json(path)
-    if not isinstance(card, dict) or card.get("format") != FORMAT:
+_DIGEST = (str, None)
+# The card's schema, in one place: a type (tuple: any of them, None: null), a dict of required keys, or
+# {"*": spec} for a mapping of any keys.
+SCHEMA: dict = {
+    "format": str,
+    "code": {"hype": str},
+    "models": {"meru": _DIGEST, "clip": _DIGEST},
+    "model_paths": {"*": _DIGEST},
+    "reference": _DIGEST,
+    "centroids": _DIGEST,
+    "targets": _DIGEST,
+    "config": _DIGEST,
+    "settings": {
+        "precision": str,
+        "resolved_precision": str,
+        "embed": {
+            "batch_size": int,
+            "decode_workers": int,
+            "decode": str,
+            "prefetch_batches": int,
+            "jpeg_draft": bool,
+        },
+        "specificity": {"curv": float, "K": float, "hinge": bool, "budget_elems": int},
+        "caption_filter": bool,
+        "config": dict,
+    },
+    "stages": {"*": str},
+    "scores": {"rows": int, "parts": {"*": {"rows": int, "digest": str}}},
+    "sample": {"seed": int, "columns": list, "rows": list, "checksum": str},
+    "digest": str,
+}
+_VALUES = {  # (keys path, check, what it must be)
+    ("settings", "precision"): (lambda v: v in ("auto", "fp32", "bf16", "fp16"), "auto, fp32, bf16 or fp16"),
+    ("settings", "resolved_precision"): (lambda v: v in TOLERANCE, "fp32, bf16 or fp16"),
+    ("settings", "embed", "batch_size"): (lambda v: v >= 1, "at least 1"),
+    ("settings", "embed", "decode_workers"): (lambda v: v >= 0, "at least 0"),
+    ("settings", "embed", "prefetch_batches"): (lambda v: v >= 1, "at least 1"),
+    ("settings", "embed", "decode"): (lambda v: v in ("processes", "threads"), "processes or threads"),
+    ("settings", "specificity", "curv"): (lambda v: math.isfinite(v) and v > 0, "a positive number"),
+    ("settings", "specificity", "K"): (lambda v: math.isfinite(v), "a finite number"),
+    ("settings", "specificity", "budget_elems"): (lambda v: v >= 1, "at least 1"),
+    ("sample", "columns"): (lambda v: v == ["uid", *COLUMNS], f"{['uid', *COLUMNS]}"),
+    ("sample", "rows"): (lambda v: all(_row_ok(r) for r in v), "rows of a uid and 5 finite numbers"),
+    ("scores", "rows"): (lambda v: v >= 1, "at least 1 (a card must certify some rows)"),
+}
+
+
+def _row_ok(row: Any) -> bool:
+    return (
+        isinstance(row, list)
+        and len(row) == 1 + len(COLUMNS)
+        and isinstance(row[0], str)
+        and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in row[1:])
+    )
+
+
+def _schema_problem(value: Any, spec: Any, where: str) -> str | None:
+    """The first place where `value` does not follow `spec`, or None."""
+    if isinstance(spec, dict):
+        if not isinstance(value, dict):
+            return f"{where or 'the card'}: expected an object, got {type(value).__name__}"
+        if "*" in spec:
+            items = [(k, spec["*"]) for k in value]
+        else:
+            missing = [k for k in spec if k not in value]
+            if missing:
+                return f"{where + '.' if where else ''}{missing[0]}: missing"
+            items = list(spec.items())
+        for key, sub in items:
+            problem = _schema_problem(value[key], sub, f"{where}.{key}" if where else key)
+            if problem:
+                return problem
+        return None
+    types = tuple(type(None) if t is None else t for t in (spec if isinstance(spec, tuple) else (spec,)))
+    accepted = (*types, int) if float in types else types  # JSON writes 2.0 as 2
+    if not isinstance(value, accepted) or (isinstance(value, bool) and bool not in types):
+        names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+        return f"{where}: expected {names}, got {type(value).__name__}"
+    return None
+
+
+def validate_card(card: Any, path: str | Path) -> dict:
+    """`card` when it follows the schema and binds what it certifies; else a CardError naming the key."""
+    if not isinstance(card, dict) or (card.get("format") not in (FORMAT, *OLD_FORMATS)):
         raise CardError(f"{path}: not a hype score card ({FORMAT}); `hype score` writes RUN_DIR/card.json")
-    sample = card.get("sample") or {}
-    if _checksum(sample.get("rows", [])) != sample.get("checksum"):
+    if card["format"] in OLD_FORMATS:
+        raise CardError(
+            f"{path}: written by an earlier hype ({card['format']}): it does not bind the scores parts it "
+            f"certifies; {RECREATE}"
+        )
+    problem = _schema_problem(card, SCHEMA, "")
+    for keys, (ok, what) in _VALUES.items():
+        if problem:
+            break
+        value = card
+        for k in keys:
+            value = value[k]
+        if not ok(value):
+            problem = f"{'.'.join(keys)}: must be {what}, got {str(value)[:60]}"
+    if problem:
+        raise CardError(f"{path}: not a valid score card ({problem}); {RECREATE}")
+    rows = card["sample"]["rows"]
+    if not rows or len(rows) > card["scores"]["rows"] or len({r[0] for r in rows}) != len(rows):
+        raise CardError(
+            f"{path}: the sample must hold 1 to {card['scores']['rows']} distinct rows of the scores table "
+            f"(it holds {len(rows)}); {RECREATE}"
+        )
+    if sum(p["rows"] for p in card["scores"]["parts"].values()) != card["scores"]["rows"]:
+        raise CardError(f"{path}: scores.rows is not the sum of its parts' rows: the card was altered")
+    if _checksum(rows) != card["sample"]["checksum"]:
         raise CardError(f"{path}: the sample's checksum does not match its rows: the card was altered")
+    if seal(card)["digest"] != card["digest"]:
+        raise CardError(f"{path}: the card's content digest does not match its content: the card was altered")
     return card
+
+
+def load_card(path: str | Path) -> dict:
+    """The card at `path`, read no further than MAX_CARD_BYTES, parsed and validated (`validate_card`)."""
+    try:
+        with open_input(path) as f:
+            data = f.read(MAX_CARD_BYTES + 1)
+    except OSError as e:
+        raise CardError(
+            f"{path}: cannot be read ({e.strerror or e}); pass the card `hype score` wrote"
+        ) from None
+    if len(data) > MAX_CARD_BYTES:
+        raise CardError(f"{path}: over {MAX_CARD_BYTES >> 20} MiB, not a score card (one is ~50 KiB)")
+    try:
+        card = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise CardError(f"{path}: not JSON ({str(e)[:80]}); pass the card.json `hype score` wrote") from None
+    return validate_card(card, path)
 
 
 def _check_file(card: dict, key: str, path: Path, card_path: Path) -> None:
@@ -150,6 +314,56 @@ def _sample_tar(pool: str, uids: set[str], out: Path) -> int:
     return len(found)
 
 
+def _check_scores(card: dict, source: RunDir, card_path: Path) -> bool:
+    """The scores parts beside the card are the ones it names (names, digests); False when none lie there."""
+    folder = scores_dir(source.root)
+    if not storage.exists(folder):
+        return False
+    want = card["scores"]["parts"]
+    names = {n for n in storage.list_names(folder) if n.startswith("part-") and n.endswith(".parquet")}
+    if names != set(want):
+        odd = sorted(names ^ set(want))[:3]
+        raise CardError(
+            f"{card_path}: {folder} does not hold the parts the card names ({', '.join(odd)} differ)"
+        )
+    for name, part in want.items():
+        if file_digest(storage.join(folder, name)) != part["digest"]:
+            raise CardError(
+                f"{card_path}: {folder}/{name} is not the part the card names: the scores were altered"
+            )
+    return True
+
+
+def _check_stages(card: dict, source: RunDir, card_path: Path) -> bool:
+    """The stage digests redone from the markers beside the card; False when no markers lie there."""
+    redone = _stage_digests(source)
+    if redone and redone != card["stages"]:
+        stage = next(
+            k for k in sorted(set(redone) | set(card["stages"])) if redone.get(k) != card["stages"].get(k)
+        )
+        raise CardError(f"{card_path}: the {stage} stage's outputs are not the ones the card names")
+    return bool(redone)
+
+
+def usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+IMAGE_BYTES = 3 * 224 * 224 * 4 * 4  # one decoded image in a batch (fp32 input), ~4x for the towers' copies
+
+
+def machine_settings(embed: dict, rows: int) -> dict:
+    """The card's embed settings fitted to this machine: a card is data, it does not size the run. Decode
+    workers at most the usable CPUs, a batch at most the sample and what half the free memory holds."""
+    memory = available_memory()
+    fits = max(1, (memory // 2) // (IMAGE_BYTES * (1 + embed["prefetch_batches"]))) if memory else rows
+    return embed | {
+        "decode_workers": min(embed["decode_workers"] or usable_cpus(), usable_cpus()),
+        "batch_size": max(1, min(embed["batch_size"], rows, fits)),
+        "prefetch_batches": min(embed["prefetch_batches"], 4),
+    }
+
+
 def verify_card(
     card_path: str | Path,
     pool: str,
@@ -159,8 +373,11 @@ def verify_card(
     device: str = "cpu",
     precision: str | None = None,
     tolerance: float | None = None,
+    fetch: Any = None,
 ) -> dict:
-    """Recompute the card's sampled rows from `pool`; the report (`ok`, max |difference| per column)."""
+    """Recompute the card's sampled rows from `pool`; the report (`ok`, max |difference| per column).
+    `fetch(role, url)`: a local copy of a model URL the card records (the CLI fetches it through the
+    download's network guard); without it such a URL is refused, --meru/--clip FILE stand in."""
     from hype.scoring.clusters import c_in, nearest_centroid
     from hype.scoring.embed import EmbedStage, ModelRef, resolve_precision
     from hype.scoring.embed_format import read_embeddings
@@ -170,15 +387,21 @@ def verify_card(
     card_path = Path(card_path)
     card = load_card(card_path)
     source, s = RunDir(card_path.parent), card["settings"]
+    scores_checked = _check_scores(card, source, card_path)
+    stages_checked = _check_stages(card, source, card_path)
     for key, path in (("reference", source.reference), ("centroids", source.centroids)):
         _check_file(card, key, path, card_path)
     _check_file(card, "targets", source.targets, card_path)
     refs = {}
     for role, given in (("meru", meru), ("clip", clip)):
-        path = given or (card.get("model_paths") or {}).get(role)
+        path = given or card["model_paths"].get(role)
         want = card["models"].get(role)
         if want is None:
             continue
+        if not given and path is not None and storage.is_url(path):
+            if fetch is None:
+                raise CardError(f"{card_path}: the {role} model is a URL ({path}); pass --{role} FILE")
+            path = fetch(role, path)
         if path is None or not storage.is_file(path):
             raise CardError(
                 f"--{role}: the card's {role} model is needed (digest {want}); pass --{role} FILE"
@@ -198,7 +421,10 @@ def verify_card(
         run.create()
         (task,) = make_tasks([str(tar)])
         kw = {"device": device, "threads": 0}
-        embed = EmbedStage(run, meru=refs["meru"], clip=refs["clip"], precision=precision, **s["embed"], **kw)
+        embed_settings = machine_settings(s["embed"], len(rows))
+        embed = EmbedStage(
+            run, meru=refs["meru"], clip=refs["clip"], precision=precision, **embed_settings, **kw
+        )
         embed.setup()
         try:
             embed.run(task)
@@ -231,6 +457,10 @@ def verify_card(
     return {
         "card": str(card_path),
         "rows": len(want),
+        "scores_rows": card["scores"]["rows"],
+        "scores_checked": scores_checked,  # every part beside the card has the digest the card names
+        "stages_checked": stages_checked,  # the stage digests redone from the markers beside the card
+        "embed": embed_settings,
         "found_in_pool": found,
         "missing": missing[:10],
         "max_abs_diff": {c: round(v, 8) for c, v in diffs.items() if c != "c_in"},
