@@ -16,8 +16,8 @@ of the two parts: a copy must agree in colour layout and in edges at once.
 Exact on any machine: every sum that BLAS computes here is a sum of integers below 2^53 in float64, so its
 value does not depend on the order BLAS adds in (the kernel the CPU gets, the blocking, the batch's shape).
 The area weights are integers over `WEIGHT_ONE` (the resampled pixel sums are exact, then rounded to
-float32 once), and the thumbnails
-are rounded to integers over `UNIT_ONE` before their dot products (|row . row| <= 2^40 * 1104 < 2^51).
+float32 once), and the thumbnails are rounded to integers over `UNIT_ONE` before their dot products
+(|row . row| <= 2^40 * 1104 < 2^51).
 The remaining sums (a row's mean and norm) are numpy's own, along a contiguous row: their order depends on
 the row's length only. So a pair's copy similarity is the same bytes whether it is computed alone, in a
 block of any size, on any thread count or CPU kernel (tests/test_copydetect.py, against numpy's int64
