@@ -6,7 +6,7 @@ outputs (from the stage markers, so writing a card reads no output), and a seede
 (uid, ε_i, ε_t, −d_L, cos θ, c_IN) with its checksum. Published next to a subset, with `reference.safetensors`
 and `clusters/centroids.npy` + `targets.npy` beside it (the run directory holds them), it lets anyone run
 
-    hype verify RUN_DIR/card.json --pool SHARDS [--meru M --clip C] [--device cuda]
+    hype verify RUN_DIR/card.json --pool SHARDS [--meru M --clip C] [--device cuda] [--subset SUBSET]
 
 which recomputes the sampled rows from the pool with the named models, through the same embed and
 specificity stages `hype score` runs, and reports the largest difference per column against a stated
@@ -87,8 +87,8 @@ def _sample(run: RunDir, seed: int, n: int) -> list[list]:
     return [[rows[i][0], *(float(v) for v in rows[i][1:])] for i in take]
 
 
-def _stage_digests(run: RunDir) -> dict[str, str]:
-    """Per stage, the digest of its outputs' digests as its markers record them (no output is read)."""
+def _stage_outputs(run: RunDir) -> dict[str, list[tuple[str, dict]]]:
+    """Per stage, each marker's name and the output it records, read once (no output is read)."""
     out = {}
     for stage in SHARD_STAGES:
         folder = run.root / stage
@@ -97,26 +97,20 @@ def _stage_digests(run: RunDir) -> dict[str, str]:
             if storage.exists(folder)
             else []
         )
-        recorded = [
-            (n, (read_json(storage.join(folder, n)) or {}).get("output", {}).get("digest")) for n in names
-        ]
+        recorded = [(n, (read_json(storage.join(folder, n)) or {}).get("output") or {}) for n in names]
         if recorded:
-            out[stage] = fingerprint(recorded)
+            out[stage] = recorded
     return out
 
 
-def _scores_binding(run: RunDir) -> dict:
-    """Every scores part by name, with the rows and digest its merge marker recorded (no part is read)."""
-    folder = run.root / "merge"
-    names = (
-        sorted(n for n in storage.list_names(folder) if n.endswith("_stats.json"))
-        if storage.exists(folder)
-        else []
-    )
-    parts = {}
-    for name in names:
-        out = (read_json(storage.join(folder, name)) or {}).get("output") or {}
-        parts[out["file"]] = {"rows": out["rows"], "digest": out["digest"]}
+def _stage_digests(outputs: dict[str, list[tuple[str, dict]]]) -> dict[str, str]:
+    """Per stage, the digest of its outputs' digests as its markers record them."""
+    return {stage: fingerprint([(n, o.get("digest")) for n, o in rec]) for stage, rec in outputs.items()}
+
+
+def _scores_binding(outputs: dict[str, list[tuple[str, dict]]]) -> dict:
+    """Every scores part by name, with the rows and digest its merge marker recorded."""
+    parts = {o["file"]: {"rows": o["rows"], "digest": o["digest"]} for _, o in outputs.get("merge", [])}
     return {"rows": sum(p["rows"] for p in parts.values()), "parts": parts}
 
 
@@ -135,7 +129,7 @@ def write_card(
 ) -> dict:
     """Write RUN_DIR/card.json for a complete run. `settings`: what decides the numbers (precision,
     device kind, embed and specificity settings); `models`: role -> model digest (None: from metadata)."""
-    rows = _sample(run, seed, SAMPLE_ROWS)
+    rows, outputs = _sample(run, seed, SAMPLE_ROWS), _stage_outputs(run)
     card = {
         "format": FORMAT,
         "code": {"hype": hype.__version__},
@@ -146,8 +140,8 @@ def write_card(
         "targets": _optional_digest(run.targets),
         "config": _optional_digest(run.config),
         "settings": settings,
-        "stages": _stage_digests(run),
-        "scores": _scores_binding(run),
+        "stages": _stage_digests(outputs),
+        "scores": _scores_binding(outputs),
         "sample": {"seed": seed, "columns": ["uid", *COLUMNS], "rows": rows, "checksum": _checksum(rows)},
     }
     card = seal(card)
@@ -336,7 +330,7 @@ def _check_scores(card: dict, source: RunDir, card_path: Path) -> bool:
 
 def _check_stages(card: dict, source: RunDir, card_path: Path) -> bool:
     """The stage digests redone from the markers beside the card; False when no markers lie there."""
-    redone = _stage_digests(source)
+    redone = _stage_digests(_stage_outputs(source))
     if redone and redone != card["stages"]:
         stage = next(
             k for k in sorted(set(redone) | set(card["stages"])) if redone.get(k) != card["stages"].get(k)
