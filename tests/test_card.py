@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from test_score_support import baseline, models, world
 
 from hype.cli import main
+from hype.executor import available_memory
 from hype.scoring.card import seal, usable_cpus
 
 
@@ -138,6 +139,7 @@ def test_verify_checks_every_binding_of_the_card(tmp_path_factory, tmp_path):
     assert res.exit_code == 0, res.output
     embed = card["settings"]["embed"]
     embed |= {"decode_workers": 40, "batch_size": 10**9, "prefetch_batches": 10**6}  # a card sizing the run
+    card["settings"]["specificity"]["budget_elems"] = 1 << 60  # 8 EiB of working set
     (run / "card.json").write_text(json.dumps(seal(card)))
     res = _verify(str(run / "card.json"), "--pool", pool, "--subset", str(sub))
     report = json.loads(res.output)
@@ -147,6 +149,7 @@ def test_verify_checks_every_binding_of_the_card(tmp_path_factory, tmp_path):
     assert report["subset"]["reproduced"] and report["subset"]["rows"] > 0
     assert report["embed"]["decode_workers"] == min(40, usable_cpus())
     assert report["embed"]["batch_size"] <= report["rows"] and report["embed"]["prefetch_batches"] <= 4
+    assert report["budget_elems"] * 16 <= available_memory()
 
     def refused(*extra: str) -> str:
         return _one_line_error(["verify", str(run / "card.json"), "--pool", pool, *extra])

@@ -346,15 +346,24 @@ def usable_cpus() -> int:
 IMAGE_BYTES = 3 * 224 * 224 * 4 * 4  # one decoded image in a batch (fp32 input), ~4x for the towers' copies
 
 
-def machine_settings(embed: dict, rows: int) -> dict:
-    """The card's embed settings fitted to this machine: a card is data, it does not size the run. Decode
-    workers at most the usable CPUs, a batch at most the sample and what half the free memory holds."""
-    memory = available_memory()
-    fits = max(1, (memory // 2) // (IMAGE_BYTES * (1 + embed["prefetch_batches"]))) if memory else rows
-    return embed | {
-        "decode_workers": min(embed["decode_workers"] or usable_cpus(), usable_cpus()),
-        "batch_size": max(1, min(embed["batch_size"], rows, fits)),
-        "prefetch_batches": min(embed["prefetch_batches"], 4),
+def machine_settings(settings: dict, rows: int) -> dict:
+    """The card's settings fitted to this machine: a card is data, it does not size the run. Decode workers
+    at most the usable CPUs; a batch at most the sample and what half the free memory holds; the
+    specificity working set (elements, float32, a few copies) within half the free memory too. None of
+    these changes a score (the stages' outputs do not depend on them)."""
+    embed, memory = settings["embed"], available_memory()
+    half = memory // 2 if memory else None
+    fits = max(1, half // (IMAGE_BYTES * (1 + embed["prefetch_batches"]))) if half else rows
+    budget = settings["specificity"]["budget_elems"]
+    return settings | {
+        "embed": embed
+        | {
+            "decode_workers": min(embed["decode_workers"] or usable_cpus(), usable_cpus()),
+            "batch_size": max(1, min(embed["batch_size"], rows, fits)),
+            "prefetch_batches": min(embed["prefetch_batches"], 4),
+        },
+        "specificity": settings["specificity"]
+        | {"budget_elems": max(1024, min(budget, half // 16)) if half else budget},
     }
 
 
@@ -380,7 +389,7 @@ def verify_card(
 
     card_path = Path(card_path)
     card = load_card(card_path)
-    source, s = RunDir(card_path.parent), card["settings"]
+    source, s = RunDir(card_path.parent), machine_settings(card["settings"], len(card["sample"]["rows"]))
     scores_checked = _check_scores(card, source, card_path)
     stages_checked = _check_stages(card, source, card_path)
     for key, path in (("reference", source.reference), ("centroids", source.centroids)):
@@ -415,10 +424,7 @@ def verify_card(
         run.create()
         (task,) = make_tasks([str(tar)])
         kw = {"device": device, "threads": 0}
-        embed_settings = machine_settings(s["embed"], len(rows))
-        embed = EmbedStage(
-            run, meru=refs["meru"], clip=refs["clip"], precision=precision, **embed_settings, **kw
-        )
+        embed = EmbedStage(run, meru=refs["meru"], clip=refs["clip"], precision=precision, **s["embed"], **kw)
         embed.setup()
         try:
             embed.run(task)
@@ -454,7 +460,8 @@ def verify_card(
         "scores_rows": card["scores"]["rows"],
         "scores_checked": scores_checked,  # every part beside the card has the digest the card names
         "stages_checked": stages_checked,  # the stage digests redone from the markers beside the card
-        "embed": embed_settings,
+        "embed": s["embed"],  # as this machine runs them (`machine_settings`)
+        "budget_elems": s["specificity"]["budget_elems"],
         "found_in_pool": found,
         "missing": missing[:10],
         "max_abs_diff": {c: round(v, 8) for c, v in diffs.items() if c != "c_in"},
