@@ -72,6 +72,11 @@ class ExecutorConfig:
         positive(self, "gpus_per_worker")
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a container's or a job's share, not the machine's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def available_memory() -> int | None:
     """Bytes this process can still allocate, or None when nothing says: the least of the machine's
     available memory (`MemAvailable`), what its cgroup's limit leaves and what its address-space limit

@@ -17,8 +17,8 @@ from click.testing import CliRunner
 from test_score_support import baseline, models, world
 
 from hype.cli import main
-from hype.executor import available_memory
-from hype.scoring.card import seal, usable_cpus
+from hype.executor import available_memory, usable_cpus
+from hype.scoring.card import seal
 
 
 def _verify(*args: str):

@@ -28,7 +28,6 @@ import dataclasses
 import io
 import json
 import math
-import os
 import tarfile
 import tempfile
 from pathlib import Path
@@ -40,7 +39,7 @@ import pyarrow.dataset as pads
 import hype
 from hype.data.samples import SkipStats, iter_tar_samples, sample_uid
 from hype.data.shards import expand_shards
-from hype.executor import available_memory
+from hype.executor import available_memory, usable_cpus
 from hype.io import load_npy, open_input, read_json, read_parquet, storage
 from hype.scoring.rundir import SHARD_STAGES, RunDir, atomic_write_json, file_digest, fingerprint, make_tasks
 from hype.table.schema import scores_dir
@@ -337,10 +336,6 @@ def _check_stages(card: dict, source: RunDir, card_path: Path) -> bool:
         )
         raise CardError(f"{card_path}: the {stage} stage's outputs are not the ones the card names")
     return bool(redone)
-
-
-def usable_cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 IMAGE_BYTES = 3 * 224 * 224 * 4 * 4  # one decoded image in a batch (fp32 input), ~4x for the towers' copies

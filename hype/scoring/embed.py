@@ -20,7 +20,6 @@ world's `eval/reference`) with the CLIP model for c_IN, with the same machinery.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ import torch
 
 from hype.data.imageprep import Preprocess
 from hype.data.samples import MISSING_SHARD, UNREADABLE_SHARD, SkipStats
+from hype.executor import usable_cpus
 from hype.geometry import get_geometry
 from hype.io import cached_copy, storage
 from hype.scoring import embed_format
@@ -138,7 +138,8 @@ class _EmbedBase(ShardStage):
         self._models = models
         self._preps = {role: Preprocess.of(m) for role, m in models.items()}
         spec = DecodeSpec(tuple(self._preps.values()), self.jpeg_draft, labelled, label_required)
-        n = self.decode_workers or self.threads or len(os.sched_getaffinity(0))
+        # at most the usable CPUs, whatever a config file or card asks: more only adds processes and memory
+        n = min(self.decode_workers or self.threads or usable_cpus(), usable_cpus())
         self._decoder = DecodePool(spec, n, self.decode)
 
     def teardown(self) -> None:
