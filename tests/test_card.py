@@ -71,6 +71,13 @@ def test_verify_recomputes_the_sample_from_the_pool(tmp_path_factory, tmp_path):
         )
         assert res.exit_code == 2 and "refused private network target (loopback" in res.output, res.output
         assert "--allow-private-network" in res.output and not requests
+        card["model_paths"]["meru"] = f"ftp://127.0.0.1:{server.server_address[1]}/meru"  # never fetched
+        (pub / "card.json").write_text(json.dumps(seal(card)))
+        args = ["verify", str(pub / "card.json"), "--pool", str(w), "--allow-private-network"]
+        line = _one_line_error(args)
+        assert "refused url scheme ftp:" in line and not requests
+        card["model_paths"]["meru"] = base + str(meru)
+        (pub / "card.json").write_text(json.dumps(seal(card)))
         res = _verify(str(pub / "card.json"), "--pool", str(w / "pool" / "shards"), "--allow-private-network")
     finally:
         server.shutdown()

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import click
 
+BUCKETS = ("s3", "gs", "gcs", "az", "abfs", "abfss")  # object stores, reached through their own endpoints
+
 
 def _fetcher(folder: str, allow_private: bool):
     """`fetch(role, url)` for `verify_card`: a model URL the card names (data from whoever wrote the card)
@@ -19,8 +21,13 @@ def _fetcher(folder: str, allow_private: bool):
     from hype.scoring.card import CardError
 
     def fetch(role: str, url: str) -> str:
-        if not url.lower().startswith(("http://", "https://")):
+        scheme = url.split("://", 1)[0].lower()
+        if scheme in BUCKETS:
             return url  # a bucket: read with the user's own storage options, as for --pool
+        if scheme not in ("http", "https"):  # ftp://, sftp://, ...: unguarded connections to any host
+            raise CardError(
+                f"the card's {role} model {url}: refused url scheme {scheme}:; pass --{role} FILE"
+            )
         out = Path(folder) / f"{role}.model"
         try:
             with (
