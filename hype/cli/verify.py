@@ -57,11 +57,11 @@ def _check_subset(card: str, subset: str) -> dict:
     if summary is None or "scores" not in summary:
         raise CardError(f"--subset {subset}: {record} (what `hype select` wrote beside it) is needed")
     with tempfile.TemporaryDirectory(prefix="hype-verify-subset-") as tmp:
-        fields = request_from_summary(summary, str(Path(card).parent), record)
         try:
+            fields = request_from_summary(summary, str(Path(card).parent), record)
             redone = select_subset(SelectRequest(**fields, out=Path(tmp) / "subset.npy", progress=False))
             same = file_digest(Path(tmp) / "subset.npy") == file_digest(subset)
-        except (SelectError, OSError, TypeError, KeyError) as e:
+        except (SelectError, OSError, TypeError, KeyError, ValueError) as e:
             raise CardError(
                 f"--subset {subset}: the selection {record} records cannot be redone ({e})"
             ) from None
@@ -114,6 +114,7 @@ def verify(
       hype verify runs/small/card.json --pool /data/pool
       hype verify published/card.json --pool /data/pool --meru meru.safetensors --clip clip.safetensors \\
           --device cuda --precision bf16
+      hype verify runs/small/card.json --pool /data/pool --subset sub/subset.npy
     """
     from hype.scoring.card import CardError, verify_card
 
