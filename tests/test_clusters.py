@@ -204,3 +204,64 @@ def test_the_backend_is_checked_in_the_config():
         load_score_config(None, ["clusters.backend=cuda"])
     with pytest.raises(ConfigError, match=r"clusters\.gpu: faiss-gpu's switch"):
         load_score_config(None, ["clusters.backend=torch", "clusters.gpu=true"])
+
+
+def _tied_world(seed=5, d=64, bases=6, n=240):
+    """Points and centroids of multiples of 2^-20 (their float64 dot products are exact) with exact ties
+    and 2^-40 near-ties that fp32 sums, in whatever order BLAS adds them, cannot resolve: each base
+    centroid in 10 variants, its first 10 coordinates cyclically shifted (shuffled among the others);
+    points near a base, half with their first 10 coordinates equal (10 exact ties: more than TOP, so the
+    row is measured against every centroid), a quarter with two of them 1 apart (near-ties)."""
+    rng = np.random.default_rng(seed)
+    base = rng.integers(-(1 << 19), 1 << 19, size=(bases, d))
+    base[:, :10] = base[:, :1] + rng.integers(-(1 << 10), 1 << 10, size=(bases, 10))  # variants close
+    cents = np.array([np.r_[np.roll(b[:10], s), b[10:]] for b in base for s in range(10)])
+    cents = cents[rng.permutation(len(cents))]
+    pts = base[rng.integers(0, bases, n)] + rng.integers(-(1 << 16), 1 << 16, size=(n, d))
+    pts[: n // 2, :10] = pts[: n // 2, :1]
+    pts[n // 2 : 3 * n // 4, :10] = pts[n // 2 : 3 * n // 4, :1]
+    pts[n // 2 : 3 * n // 4, 1] += 1
+    return pts, cents
+
+
+def _reference(pts, cents, l2=False):
+    """One point at a time, exact int64 sums (no BLAS): the first centroid of the largest x·c (2^-40
+    units), or with l2 of the largest 2x·c - |c|² (the same order as x·c - |c|²/2)."""
+    return np.array([np.argmax(2 * (c @ p) - l2 * (cents * cents).sum(1)) for p in pts for c in [cents]])
+
+
+@pytest.mark.parametrize("backend", ["faiss", "torch"])
+def test_assignment_is_exact_with_ties_to_the_lower_index_in_any_block(monkeypatch, backend):
+    """#34 item 17: the fp32 search only proposes candidates; the best is decided on exact sums, ties to
+    the lower index, so any block of points (1, 2, 7, all) gives the exact one-point-at-a-time answer."""
+    pts, cents = _tied_world()
+    x, c = np.ldexp(pts, -20).astype(np.float32), np.ldexp(cents, -20).astype(np.float32)
+    expected = _reference(pts, cents)
+    for rows in (1, 2, 7, len(x)):
+        monkeypatch.setattr(clusters, "TORCH_BLOCK_BYTES", 4 * len(c) * rows)
+        assert np.array_equal(nearest_centroid(x, c, batch=rows, backend=backend), expected), rows
+    # the L2 rule of the Lloyd steps, on the same exact sums
+    got = np.concatenate([n for _, n in clusters._torch_blocks(x, c, "cpu", l2=True)])
+    assert np.array_equal(got, _reference(pts, cents, l2=True))
+
+
+def test_torch_kmeans_step_is_exact_and_the_same_bytes_in_any_assignment_block(monkeypatch):
+    """#34 item 17: a Lloyd step assigns by exact sums (ties to the lower index) in any block of points, so
+    torch-trained centroids do not depend on the block or the BLAS kernel: one step from the first k
+    points of the seed's draw is the float64 mean, summed in row order, of the exact assignment."""
+    import torch
+
+    pts, cents = _tied_world(seed=6, n=160)
+    both = np.concatenate([cents, pts])  # the shifted variants among the points: ties between centroids
+    x, k = np.ldexp(both, -20).astype(np.float32), 80
+    first = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))[:k].numpy()
+    near, sums = _reference(both, both[first], l2=True), np.zeros((k, x.shape[1]))
+    for i, j in enumerate(near):
+        sums[j] += x[i]
+    counts = np.bincount(near, minlength=k)
+    assert counts.min() > 0  # no empty cluster to split
+    expected = (sums / counts[:, None]).astype(np.float32)
+    for rows in (1, 2, 7, len(x)):
+        monkeypatch.setattr(clusters, "TORCH_BLOCK_BYTES", 4 * k * rows)
+        assert torch_kmeans(x, k, niter=1).tobytes() == expected.tobytes(), rows
+    assert len({torch_kmeans(x, k, niter=3).tobytes() for _ in range(2)}) == 1

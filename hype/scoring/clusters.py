@@ -12,6 +12,8 @@ import contextlib
 
 import numpy as np
 
+from hype.geometry._numerics import pair_dots
+
 C_IN_VALUE = 10.0
 DATACOMP_K = 100_000
 DATACOMP_POOL_PER_CENTROID = 128  # 12.8M-sample small pool / 100,000 centroids
@@ -21,6 +23,9 @@ BACKENDS = ("faiss", "torch")
 FAISS_MAX_POINTS_PER_CENTROID = 256  # faiss.Kmeans's default subsample, kept by the torch backend
 SPLIT_EPS = 1.0 / 1024  # faiss's perturbation when an empty cluster takes half of a large one
 TORCH_BLOCK_BYTES = 1 << 30  # the (points, K) fp32 distance block of one torch assignment step
+TOP = 8  # candidates per point from the fp32 search; more inside the margin: all K measured exactly
+# Enters the assignments' fingerprints (and torch k-means's): change it when the assignment rule changes.
+ASSIGN = {"assign": "fp32 candidates, float64 fixed-order best, ties to the lower index"}
 
 
 def default_num_clusters(pool_size: int) -> int:
@@ -39,8 +44,9 @@ def placement(backend: str, device: str) -> dict:
 
 
 def backend_key(backend: str) -> dict:
-    """The backend as a fingerprint or marker entry: none for faiss, so faiss runs keep the keys they had."""
-    return {} if backend == "faiss" else {"backend": backend}
+    """The backend as a fingerprint or marker entry: none for faiss, so faiss runs keep the keys they had;
+    torch's centroids also depend on the assignment rule of its Lloyd steps."""
+    return {} if backend == "faiss" else {"backend": backend} | ASSIGN
 
 
 def kmeans_centroids(
@@ -75,8 +81,8 @@ def nearest_centroid(
     backend: str = "faiss",
     device: str = "cpu",
 ) -> np.ndarray:
-    """Index of the centroid with the largest inner product, for every row (batched, exact in fp32; the
-    two backends differ only where two products tie to fp32 rounding)."""
+    """Index of the centroid with the largest inner product for every row, ties to the lower index: the
+    same on both backends, any batch, device or BLAS kernel (`exact_best`)."""
     x, c = _as_f32(features), _as_f32(centroids)
     if backend == "torch":
         return _torch_nearest(x, c, device, l2=False)
@@ -86,18 +92,53 @@ def nearest_centroid(
     index.add(c)
     out = np.empty(x.shape[0], dtype=np.int64)
     for start in range(0, x.shape[0], batch):
-        _, ids = index.search(x[start : start + batch], 1)
-        out[start : start + batch] = ids[:, 0]
+        top, ids = index.search(x[start : start + batch], min(TOP, c.shape[0]))
+        out[start : start + batch] = exact_best(x[start : start + batch], c, top, ids)
     return out
+
+
+def exact_best(
+    x: np.ndarray, c: np.ndarray, top: np.ndarray, ids: np.ndarray, *, l2: bool = False
+) -> np.ndarray:
+    """Each row's best centroid by `pair_dots` (x·c, or with `l2` x·c - |c|²/2), ties to the lower index,
+    from the fp32 search's `top` scores (descending) of centroids `ids`.
+
+    A float32 dot product of d terms, summed in any order or blocking (BLAS, faiss, a GPU, TF32 off), is
+    within γ·Σ|x_i c_i| <= γ|x||c| of the true one (γ = d·2^-24/(1 - d·2^-24)); with `l2` the fp32 -|c|²/2
+    and the one addition add at most γ|c|²/2 + 2^-24·|score|. Two candidates' search scores can then swap
+    by twice that, and the float64 sums differ from the true ones by ~d·2^-53 of it, so every centroid that
+    could be the best (or tie with it) by `pair_dots` scores within `margin` = (d + 2)·2^-22·(|x|·max|c| +
+    max|c|²/2) of the search's best. One candidate inside: it is the best; several: they are measured
+    again; the last of the `top` still inside: the row is measured against all K."""
+    d = x.shape[1]
+    half = pair_dots(c, c, *[np.arange(len(c))] * 2) / 2 if l2 else np.zeros(len(c))
+    cmax = float(np.sqrt(half.max() * 2)) if l2 else float(np.sqrt(np.einsum("ij,ij->i", c, c).max()))
+    xnorm = np.sqrt(np.einsum("ij,ij->i", x, x, dtype=np.float64))
+    margin = (d + 2) * 2.0**-22 * (xnorm * cmax + (cmax * cmax / 2 if l2 else 0.0))
+    inside = top >= top[:, :1] - margin[:, None]
+    best = ids[:, 0].astype(np.int64)
+    full = inside[:, -1] & (ids.shape[1] < len(c))
+    rows, cols = np.nonzero(inside & (inside.sum(1, keepdims=True) > 1) & ~full[:, None])
+    if len(rows):
+        cand = ids[rows, cols].astype(np.int64)
+        score = pair_dots(x, c, rows, cand) - half[cand]
+        first = np.lexsort((cand, -score, rows))  # per row: the best score, then the lower index
+        rows, cand = rows[first], cand[first]
+        head = np.r_[True, rows[1:] != rows[:-1]]
+        best[rows[head]] = cand[head]
+    every = np.arange(len(c))
+    for r in np.flatnonzero(full):  # rare: more than TOP centroids inside the margin
+        best[r] = int(np.argmax(pair_dots(x, c, np.full(len(c), r), every) - half))  # first: lower index
+    return best
 
 
 def torch_kmeans(x: np.ndarray, k: int, *, niter: int = 20, seed: int = 0, device: str = "cpu") -> np.ndarray:
     """Lloyd's k-means in torch on `device`: on a GPU, K = 100,000 over DataComp small's pool takes minutes
     where faiss-cpu takes hours (bench/gpu_suite.py `kmeans`). faiss.Kmeans's algorithm, not its random
     draws: at most 256 points per centroid and the k initial centroids are drawn with `seed`; each
-    iteration assigns every point to its nearest centroid (L2, fp32 products, TF32 off) and moves each
-    centroid to the mean of its points (sums in float64, accumulated in a fixed order: the same input and
-    seed give the same bytes); an empty cluster takes half of the largest one (faiss draws the one to split,
+    iteration assigns every point to its nearest centroid (L2; fp32 candidates, TF32 off, decided by
+    `exact_best`) and moves each centroid to the mean of its points (sums in float64 in row order: the
+    same input and seed give the same bytes on any CPU, whatever its BLAS kernel or the block); an empty cluster takes half of the largest one (faiss draws the one to split,
     with odds by size; the split itself is faiss's). Points stream from host memory in blocks: the device
     holds the centroids, their sums and one (block, K) distance block."""
     return _lloyd(_as_f32(x), k, niter, seed, device)
@@ -111,16 +152,17 @@ def _lloyd(x: np.ndarray, k: int, niter: int, seed: int, device: str) -> np.ndar
     if x.shape[0] > FAISS_MAX_POINTS_PER_CENTROID * k:
         x = x[np.sort(torch.randperm(x.shape[0], generator=g)[: FAISS_MAX_POINTS_PER_CENTROID * k].numpy())]
     dev = torch.device(device)
-    c = torch.from_numpy(x[torch.randperm(x.shape[0], generator=g)[:k].numpy()]).to(dev)
+    c = np.ascontiguousarray(x[torch.randperm(x.shape[0], generator=g)[:k].numpy()])
     with _ieee_fp32():
         for _ in range(niter):
             sums = torch.zeros(k, x.shape[1], dtype=torch.float64, device=dev)
             counts = torch.zeros(k, dtype=torch.int64, device=dev)
             for block, nearest in _torch_blocks(x, c, dev, l2=True):
+                nearest = torch.from_numpy(nearest).to(dev)
                 sums.index_put_((nearest,), block.double(), accumulate=True)
                 counts += torch.bincount(nearest, minlength=k)
-            c = _split_empty((sums / counts.clamp(min=1)[:, None]).float(), counts.cpu())
-    return np.ascontiguousarray(c.cpu().numpy(), dtype=np.float32)
+            c = _split_empty((sums / counts.clamp(min=1)[:, None]).float(), counts.cpu()).cpu().numpy()
+    return np.ascontiguousarray(c, dtype=np.float32)
 
 
 def _split_empty(c, counts):
@@ -142,25 +184,27 @@ def _split_empty(c, counts):
 def _torch_nearest(x: np.ndarray, c: np.ndarray, device: str, *, l2: bool) -> np.ndarray:
     import torch
 
-    dev = torch.device(device)
     with _ieee_fp32():
-        ct = torch.from_numpy(c).to(dev)
-        return torch.cat(
-            [n.cpu() for _, n in _torch_blocks(x, ct, dev, l2=l2)] or [torch.zeros(0, dtype=torch.int64)]
-        ).numpy()
+        return np.concatenate(
+            [n for _, n in _torch_blocks(x, c, torch.device(device), l2=l2)] or [np.zeros(0, np.int64)]
+        )
 
 
-def _torch_blocks(x: np.ndarray, c, dev, *, l2: bool):
-    """(points block on `dev`, index of each point's nearest centroid): largest inner product, or with `l2`
-    smallest L2 distance (largest x·c - |c|²/2)."""
+def _torch_blocks(x: np.ndarray, c: np.ndarray, dev, *, l2: bool):
+    """(points block on `dev`, index of each point's nearest centroid as numpy): largest inner product, or
+    with `l2` smallest L2 distance (largest x·c - |c|²/2); the device's fp32 top candidates, decided by
+    `exact_best` on the host."""
     import torch
 
     rows = max(1, TORCH_BLOCK_BYTES // (4 * c.shape[0]))
-    neg_half = -0.5 * (c * c).sum(1) if l2 else None
+    ct = torch.from_numpy(c).to(dev)
+    neg_half = -0.5 * (ct * ct).sum(1) if l2 else None
     for start in range(0, x.shape[0], rows):
         block = torch.from_numpy(x[start : start + rows]).to(dev)
         # addmm: the -|c|²/2 added in the matmul's epilogue, not in another pass over the (block, K) scores
-        yield block, (torch.addmm(neg_half, block, c.T) if l2 else block @ c.T).argmax(1)
+        scores = torch.addmm(neg_half, block, ct.T) if l2 else block @ ct.T
+        top, ids = (t.cpu().numpy() for t in scores.topk(min(TOP, len(c)), dim=1))
+        yield block, exact_best(x[start : start + rows], c, top, ids, l2=l2)
 
 
 @contextlib.contextmanager

@@ -31,6 +31,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from hype.geometry._numerics import pair_dots
+
 KEEPERS = ("hype", "semdedup", "random")
 PAIRS_PER_BLOCK = 1 << 24  # range-search results held at once (int64 ids + float32 sims: ~200 MB)
 
@@ -53,15 +55,9 @@ def search_margin(dim: int) -> float:
 
 
 def pair_cosines(x: np.ndarray, a: np.ndarray, b: np.ndarray, chunk: int = 1 << 12) -> np.ndarray:
-    """float32 cosine of each pair of rows (a[i], b[i]) of unit `x`, the same bytes on any machine: float64
-    products of float32 values are exact and numpy sums each row in its pairwise order, set by its length
-    alone; `chunk` pairs at a time (2 x 24 MiB at 768-d)."""
-    out = np.empty(len(a), np.float32)
-    for i in range(0, len(a), chunk):
-        prod = x[a[i : i + chunk]].astype(np.float64)
-        prod *= x[b[i : i + chunk]]
-        out[i : i + chunk] = np.add.reduce(prod, axis=1)
-    return out
+    """float32 cosine of each pair of rows (a[i], b[i]) of unit `x`, the same bytes on any machine
+    (`pair_dots`, rounded once to float32)."""
+    return pair_dots(x, x, a, b, chunk).astype(np.float32)
 
 
 def _faiss_pairs(x: np.ndarray, threshold: float, block: int) -> Iterator[tuple[np.ndarray, ...]]:

@@ -797,7 +797,7 @@ def _given_centroids(state: _Run, pool: _Embedded, feats, class_digest: str) -> 
 def _train_clusters(state: _Run, pool: _Embedded, feats, class_digest: str, captions: str | None) -> dict:
     """k-means of the pool's CLIP image features, on the caption-filtered rows when `captions`
     (resumable: keyed on everything it depends on)."""
-    from hype.scoring.clusters import backend_key, default_num_clusters
+    from hype.scoring.clusters import ASSIGN, backend_key, default_num_clusters
     from hype.scoring.stage_clusters import ClustersError, train_clusters
 
     cc = state.cfg.clusters
@@ -817,6 +817,7 @@ def _train_clusters(state: _Run, pool: _Embedded, feats, class_digest: str, capt
             "max_points": max_points,
             "gpu": cc.gpu,
             **backend_key(cc.backend),
+            **ASSIGN,  # the targets
         }
     )
     try:

@@ -39,6 +39,7 @@ from hype.data.uids import uids_to_pairs
 from hype.io import load_npy, local_file, read_parquet, storage
 from hype.scoring import embed_format
 from hype.scoring.clusters import (
+    ASSIGN,
     backend_key,
     c_in,
     faiss_index_vectors,
@@ -218,7 +219,7 @@ def train_clusters(
         "pool": pool,
         "niter": niter,
         "seed": seed,
-        **(where if backend_key(where["backend"]) else {}),  # faiss runs' markers as they were
+        **(where if where["backend"] != "faiss" else {}),  # faiss runs' markers as they were
         "seconds": round(time.perf_counter() - started, 4),
     }
     atomic_write_json(run.clusters_marker, info)
@@ -377,8 +378,9 @@ class AssignStage(ShardStage):
                 "embed": self.upstream_digest("embed", task),
                 "model": self.model_digest,
                 "captions": self.upstream_digest("captions", task) if self.caption_filter else None,
-                # the backends differ only at fp32 ties, but one run's flags come from one of them
+                # both backends assign the same (exact sums, ties to the lower index): kept for old runs
                 **backend_key(self.backend),
+                **ASSIGN,
             }
         )
 

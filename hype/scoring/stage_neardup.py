@@ -44,7 +44,7 @@ from hype.executor import Resources
 from hype.io import load_npy, read_json, read_parquet
 from hype.io.storage import AnyPath
 from hype.scoring import embed_format
-from hype.scoring.clusters import default_num_clusters, kmeans_centroids, nearest_centroid
+from hype.scoring.clusters import ASSIGN, default_num_clusters, kmeans_centroids, nearest_centroid
 from hype.scoring.dedup import keep_mask
 from hype.scoring.neardup import (
     PAIRS_PER_BLOCK,
@@ -126,6 +126,7 @@ class SplitStage(ShardStage):
                 "model": self.model_digest,
                 "groups": self.groups,
                 "format": SPLIT_FORMAT,
+                **ASSIGN,  # the rows' clusters
             }
         )
 
