@@ -3,30 +3,9 @@ bucket requests), from a short probe on the actual device and models. `hype scor
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from hype.cli.score import score, score_config
-
-
-def print_plan(cfg, *, as_json: bool, probe_samples: int | None = None, count_tars: bool = False) -> dict:
-    """Plan `cfg` (nothing is written to its run folder, whose lock is not taken) and print the plan."""
-    from hype.scoring.decode import share_cores_with_decoders
-    from hype.scoring.plan import PROBE_SAMPLES, PlanError, format_plan, plan_score
-
-    share_cores_with_decoders()  # as `hype score` does, before torch starts its threads
-    try:
-        plan = plan_score(
-            cfg,
-            probe_samples=probe_samples or PROBE_SAMPLES,
-            count_tars=count_tars,
-            log=lambda m: click.echo(f"hype plan: {m}", err=True),
-        )
-    except PlanError as e:
-        raise click.ClickException(str(e)) from None
-    click.echo(json.dumps(plan, indent=2) if as_json else format_plan(plan))
-    return plan
+from hype.cli.score import print_plan, score, score_config
 
 
 def _plan(config, overrides, as_json, probe_samples, count_tars, **options) -> None:

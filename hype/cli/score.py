@@ -13,6 +13,25 @@ from hype.cli import executor_choice
 EXIT_FAILED_SHARDS = 2
 
 
+def print_plan(cfg, *, as_json: bool, probe_samples: int | None = None, count_tars: bool = False) -> dict:
+    """Plan `cfg` (nothing is written to its run folder, whose lock is not taken) and print the plan."""
+    from hype.scoring.decode import share_cores_with_decoders
+    from hype.scoring.plan import PROBE_SAMPLES, PlanError, format_plan, plan_score
+
+    share_cores_with_decoders()  # as `hype score` does, before torch starts its threads
+    try:
+        plan = plan_score(
+            cfg,
+            probe_samples=probe_samples or PROBE_SAMPLES,
+            count_tars=count_tars,
+            log=lambda m: click.echo(f"hype plan: {m}", err=True),
+        )
+    except PlanError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(json.dumps(plan, indent=2) if as_json else format_plan(plan))
+    return plan
+
+
 class _Warnings(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         click.echo(f"hype score: {record.levelname.lower()}: {record.getMessage()}", err=True)
@@ -184,8 +203,6 @@ def score(
 
     cfg = score_config(config, overrides, **{k: v for k, v in locals().items() if k in OPTION_KEYS})
     if dry_run:
-        from hype.cli.plan import print_plan
-
         print_plan(cfg, as_json=as_json)
         return
 
