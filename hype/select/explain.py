@@ -41,6 +41,7 @@ import numpy as np
 from hype.data.uids import UidMultiset, pair_to_uid, splitmix64
 from hype.io import storage
 from hype.select.reducer import Sink
+from hype.select.request import build_rules, make_target
 from hype.select.rules import RULES, Rule
 from hype.table.reader import Batch, ScoresTable
 from hype.table.stats import RunningStats
@@ -512,7 +513,6 @@ def explain_selection(sel, wanted: Wanted) -> dict:
     explained rows' ranks, a rank pass."""
     from hype.select.nominal import nominal_rows
     from hype.select.reducer import reduce
-    from hype.select.run import build_rules, make_target
 
     _, ranker, masks = build_rules(sel)
     table = ScoresTable(sel.scores)
