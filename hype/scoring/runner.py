@@ -49,6 +49,7 @@ from hype.scoring.config import (
 )
 from hype.scoring.dedup import find_duplicates, load_duplicates
 from hype.scoring.embed import ClassEmbedStage, EmbedStage, ModelRef
+from hype.scoring.errors import ScoreError, ScoreFailed
 from hype.scoring.grow import Frozen, GrowError, grow_plan
 from hype.scoring.rundir import (
     RunDir,
@@ -62,18 +63,6 @@ from hype.scoring.rundir import (
 )
 
 log = logging.getLogger("hype.score")
-
-
-class ScoreError(RuntimeError):
-    """A run that cannot start or finish; the message says what to do."""
-
-
-class ScoreFailed(RuntimeError):
-    """Some shards failed after their retries; `summary` lists them. Rerunning retries them."""
-
-    def __init__(self, message: str, summary: dict):
-        super().__init__(message)
-        self.summary = summary
 
 
 def _abs(path: str | None) -> str | None:

@@ -49,6 +49,7 @@ from hype.scoring.decontam import (
     matches_path,
 )
 from hype.scoring.embed import ClassEmbedStage
+from hype.scoring.errors import ScoreError
 from hype.scoring.rundir import (
     RunDir,
     ShardTask,
@@ -117,8 +118,6 @@ class EvalEmbedStage(ClassEmbedStage):
 
 def decontaminate(state: Any, pool: Any) -> dict | None:
     """The decontamination step of a `hype score` run (`hype.scoring.runner`), or None when not asked for."""
-    from hype.scoring.runner import ScoreError
-
     dc = state.cfg.decontam
     if dc.eval_dir is None:
         return None
