@@ -42,7 +42,12 @@ from hype.models.open_clip_format import (
     state_dict_from_open_clip,
     unsupported_features,
 )
-from hype.models.open_clip_native import OpenClipModel, build_open_clip_model, open_clip_state_dict
+from hype.models.open_clip_native import (
+    OpenClipModel,
+    build_open_clip_model,
+    confine_to_entry,
+    open_clip_state_dict,
+)
 
 HF_CONFIG = "open_clip_config.json"
 # open_clip's own preference among the weight files of a folder (factory._find_checkpoint_in_dir).
@@ -216,32 +221,8 @@ def _hf_snapshot(folder: Path) -> Path:
                 "one; pass the snapshot folder itself (snapshots/<commit>/)"
             )
         snap = snaps[0]
-    _confine(snap, folder)
+    confine_to_entry(snap, folder)
     return snap
-
-
-def _confine(snap: Path, entry: Path) -> None:
-    # Every entry at any depth: readers look into subfolders too (checkpoints/epoch_N.pt). Each folder is
-    # walked once, by its real location, so a link to a folder is checked and a loop ends.
-    root, seen, folders = entry.resolve(), set(), [snap]
-    while folders:
-        folder = folders.pop()
-        if folder.resolve() in seen:
-            continue
-        seen.add(folder.resolve())
-        for item in folder.iterdir():
-            try:
-                target = item.resolve()
-            except (OSError, RuntimeError):  # a symlink loop (RuntimeError before Python 3.13)
-                target = None
-            if target is None or not target.is_relative_to(root):
-                raise ModelFileError(
-                    f"{item}: resolves to {target or 'a symlink loop'}, outside the Hugging Face cache entry "
-                    f"{entry}; hype reads a cache entry's files only inside it. Pass a folder holding the "
-                    "model's own files"
-                )
-            if target.is_dir():
-                folders.append(item)
 
 
 def _train_checkpoints(folder: Path) -> list[Path]:

@@ -375,19 +375,43 @@ def _hf_local(repo: str, filenames: tuple[str, ...], what: str, name: str) -> Pa
         return Path(repo)
     from huggingface_hub import constants, try_to_load_from_cache
 
-    from hype.models.open_clip_files import _confine  # here: open_clip_files imports this module
-
     for filename in filenames:
         found = try_to_load_from_cache(repo, filename)
         if isinstance(found, str):
             snap = Path(found).parent  # <cache>/models--org--name/snapshots/<commit>/
-            _confine(snap, snap.parent.parent)  # read only inside the entry, as model folders are
+            confine_to_entry(snap, snap.parent.parent)  # read only inside the entry, as model folders are
             return snap
     raise ModelFileError(
         f"open_clip architecture {name!r} needs the Hugging Face {what} {repo!r}, which is neither beside "
         f"the model nor in the Hugging Face cache ({constants.HF_HUB_CACHE}); hype never downloads at run "
         f"time: fetch it once with `hf download {repo}` (or set HF_HUB_CACHE to where it is)"
     )
+
+
+def confine_to_entry(snap: Path, entry: Path) -> None:
+    """Refuse a Hugging Face cache snapshot `snap` with an entry (at any depth) that resolves outside its
+    cache entry `entry` (`models--org--name/`): a crafted link would read files hype was not given."""
+    # Every entry at any depth: readers look into subfolders too (checkpoints/epoch_N.pt). Each folder is
+    # walked once, by its real location, so a link to a folder is checked and a loop ends.
+    root, seen, folders = entry.resolve(), set(), [snap]
+    while folders:
+        folder = folders.pop()
+        if folder.resolve() in seen:
+            continue
+        seen.add(folder.resolve())
+        for item in folder.iterdir():
+            try:
+                target = item.resolve()
+            except (OSError, RuntimeError):  # a symlink loop (RuntimeError before Python 3.13)
+                target = None
+            if target is None or not target.is_relative_to(root):
+                raise ModelFileError(
+                    f"{item}: resolves to {target or 'a symlink loop'}, outside the Hugging Face cache entry "
+                    f"{entry}; hype reads a cache entry's files only inside it. Pass a folder holding the "
+                    "model's own files"
+                )
+            if target.is_dir():
+                folders.append(item)
 
 
 __all__ = ["OpenClipConfig", "OpenClipModel", "build_open_clip_model", "open_clip_state_dict"]
