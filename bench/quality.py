@@ -30,6 +30,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -134,8 +135,6 @@ def main() -> None:
 def _scores(run, args, out: Path, world: Path, extra: tuple[str, ...] = ()) -> Path:
     """The world, its two scorers and the scored pool (each step skipped when its output exists), with the
     near-duplicate stage (the dedup arms); `extra`: more `hype score` settings."""
-    from hype.workflow import train_args
-
     if not (world / "world.json").is_file():
         run.hype("synth", "synth", "--out", str(world), "--size", str(args.size),
                  "--clean-size", str(args.clean_size), "--seed", str(args.world_seed),
@@ -162,7 +161,7 @@ def _scores(run, args, out: Path, world: Path, extra: tuple[str, ...] = ()) -> P
 def _train_arm(run, args, out: Path, world: Path, score: Path, arm: str, seeds: list[int]) -> dict:
     """Select the arm's subset, then train and evaluate one tiny CLIP per seed; per-seed metrics."""
     from hype.data.uids import load_subset
-    from hype.workflow import eval_args, read_eval, select_args, subset_composition, train_args
+    from hype.workflow import read_eval, subset_composition
 
     info = json.loads((world / "world.json").read_text())
     subset, samples = None, info["counts"]["pool"]
@@ -188,6 +187,25 @@ def _train_arm(run, args, out: Path, world: Path, score: Path, arm: str, seeds: 
             run.hype(f"eval-{arm}-{seed}", *eval_args(model, world, results), "--no-progress")
         per_seed.append(read_eval(results))
     return {"samples": samples, "composition": composition, "per_seed": per_seed}
+
+
+# The `hype` command lines of the benchmark's steps.
+def train_args(
+    preset: str, data: Path, out: Path, *, subset: Path | None = None, overrides: Sequence[str] = ()
+) -> list[str]:
+    args = ["train", "--config", preset, "--data", str(data), "--out", str(out)]
+    if subset is not None:
+        args += ["--subset", str(subset)]
+    return [*args, "--no-progress", *overrides]
+
+
+def select_args(scores: Path, frac: float, out: Path, rule: Sequence[str]) -> list[str]:
+    return ["select", "--scores", str(scores), "--frac", str(frac), "--out", str(out), *rule]
+
+
+def eval_args(model: Path, world: Path, out: Path) -> list[str]:
+    what = ["--model", str(model), "--data-dir", str(world), "--tasks", "synthetic"]
+    return ["eval", *what, "--out", str(out)]
 
 
 def _finished(out: Path, arm: str, seeds: list[int]) -> bool:

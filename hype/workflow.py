@@ -1,5 +1,6 @@
 """Chains of `hype` commands run as child processes: `hype run WORKFLOW.yaml` (and `hype demo`, which is
-configs/workflows/demo.yaml), and the `Runner` that `bench/quality.py` drives by hand.
+configs/workflows/demo.yaml), through the `Runner` that the benchmarks (`bench/quality.py`) also drive by
+hand; the command lines they build by hand are theirs (bench/).
 
 Each step runs the same command a user would type (echoed before it runs), so a workflow doubles as a
 worked example. A workflow step is skipped when its completion marker holds its fingerprint; the commands
@@ -105,24 +106,6 @@ def child_env() -> dict[str, str]:
     if options:
         env[storage.ENV_OPTIONS] = json.dumps(options)
     return env
-
-
-def train_args(
-    preset: str, data: Path, out: Path, *, subset: Path | None = None, overrides: Sequence[str] = ()
-) -> list[str]:
-    args = ["train", "--config", preset, "--data", str(data), "--out", str(out)]
-    if subset is not None:
-        args += ["--subset", str(subset)]
-    return [*args, "--no-progress", *overrides]
-
-
-def select_args(scores: Path, frac: float, out: Path, rule: Sequence[str]) -> list[str]:
-    return ["select", "--scores", str(scores), "--frac", str(frac), "--out", str(out), *rule]
-
-
-def eval_args(model: Path, world: Path, out: Path) -> list[str]:
-    what = ["--model", str(model), "--data-dir", str(world), "--tasks", "synthetic"]
-    return ["eval", *what, "--out", str(out)]
 
 
 def read_eval(path: Path) -> dict[str, float]:
