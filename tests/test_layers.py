@@ -23,7 +23,9 @@ literal name too):
 4. inside core, a package imports only packages before it in `CORE_ORDER` (lowest first), except along
    an edge listed in `CORE_EXCEPTIONS`;
 5. no two top-level packages import each other, directly or round a longer loop, except a cycle listed
-   in `CYCLES` (each with the plan that removes it).
+   in `CYCLES` (each with the plan that removes it);
+6. no two modules (files) import each other, directly or round a longer loop, with no exception: an
+   import inside a function only hides a loop, so what both need moves to a module both import.
 Inside one top-level package (`hype.select.*` among themselves) imports are free. A new `hype.*` package
 fails the test until it is given a layer here. Every allow-list entry (a layer, an edge, a cycle) must
 still be in use: one that no longer is fails the test, so the lists never allow more than is used.
@@ -253,7 +255,8 @@ def test_core_packages_import_only_lower_ones():
 
 
 def package_cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
-    """The strongly connected components of more than one package (Tarjan's algorithm, iterative)."""
+    """The strongly connected components of more than one node, packages or modules (Tarjan's algorithm,
+    iterative)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -303,6 +306,22 @@ def test_no_import_cycles_between_packages():
     cycles = package_cycles(graph)
     assert not [sorted(c) for c in cycles if c not in CYCLES], "import cycles between packages"
     assert not [sorted(c) for c in CYCLES if c not in cycles], "CYCLES lists a cycle that no longer exists"
+
+
+def test_no_import_cycles_between_modules():
+    """No file imports itself round a loop, not even through an import inside a function (such an import
+    only postpones the loop to run time): what two modules share lives in a module both import."""
+    graph: dict[str, set[str]] = {}
+    for src, dst in edges():
+        if src != dst:
+            graph.setdefault(src, set()).add(dst)
+    loops = [
+        "; ".join(f"{m} imports {', '.join(sorted(graph[m] & c))}" for m in sorted(c))
+        for c in package_cycles(graph)
+    ]
+    assert not loops, "import cycles between modules (move what they share down):\n" + "\n".join(
+        sorted(loops)
+    )
 
 
 # What hype.io may import besides the standard library and itself (docs/DESIGN.md §9), per module.
