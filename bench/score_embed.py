@@ -165,9 +165,10 @@ def main() -> None:
     from hype.data.samples import SkipStats, decode_pair, iter_tar_samples
     from hype.data.shards import expand_shards
     from hype.geometry import get_geometry
+    from hype.io import blake2b128_file
     from hype.scoring.embed import EmbedStage, ModelRef
     from hype.scoring.embed import _autocast as embed_autocast
-    from hype.scoring.rundir import RunDir, file_digest, make_tasks
+    from hype.scoring.rundir import RunDir, make_tasks
 
     with tempfile.TemporaryDirectory(prefix="hype-bench-embed-") as tmp_str:
         tmp = Path(tmp_str)
@@ -185,8 +186,8 @@ def main() -> None:
         run.create()
         stage = EmbedStage(
             run,
-            meru=ModelRef(meru_path, file_digest(meru_path)),
-            clip=ModelRef(clip_path, file_digest(clip_path)),
+            meru=ModelRef(meru_path, blake2b128_file(meru_path)),
+            clip=ModelRef(clip_path, blake2b128_file(clip_path)),
             metadata=_metadata(world, tmp, 768, run.metadata_index) if args.metadata else None,
             batch_size=args.batch_size,
             decode_workers=args.decode_workers,

@@ -49,8 +49,9 @@ def upload_tree(local: Path, url: str) -> None:
 
 def bench_embed(args, tmp: Path, bucket: str) -> dict:
     from hype.data.shards import expand_shards
+    from hype.io import blake2b128_file
     from hype.scoring.embed import EmbedStage, ModelRef
-    from hype.scoring.rundir import RunDir, file_digest, make_tasks
+    from hype.scoring.rundir import RunDir, make_tasks
 
     embed_bench = _import_bench("score_embed")
     world = embed_bench._world(args.size, args.shard_size, tmp)
@@ -62,8 +63,8 @@ def bench_embed(args, tmp: Path, bucket: str) -> dict:
     def stage(run) -> EmbedStage:
         s = EmbedStage(
             RunDir(run),
-            meru=ModelRef(meru, file_digest(meru)),
-            clip=ModelRef(clip, file_digest(clip)),
+            meru=ModelRef(meru, blake2b128_file(meru)),
+            clip=ModelRef(clip, blake2b128_file(clip)),
             batch_size=args.batch_size,
             decode_workers=0,
             decode="processes",

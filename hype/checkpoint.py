@@ -249,11 +249,11 @@ def load_model_file(
 
 def model_file_digest(path: str | PathLike, digest=None) -> str:
     """Content digest of what `load_model_file(path)` reads, each file hashed with `digest` (default:
-    `hype.io.file_digest`); an open_clip source's covers its weights and the config beside them."""
-    from hype.io import file_digest
+    `hype.io.sha256_file`); an open_clip source's covers its weights and the config beside them."""
+    from hype.io import sha256_file
     from hype.models.open_clip_files import source_digest
 
-    digest = digest or file_digest
+    digest = digest or sha256_file
     return source_digest(path, digest) if is_open_clip_source(path) else digest(path)
 
 

@@ -42,7 +42,17 @@ from hype.data.errors import SelectError
 from hype.data.uids import UidMultiset, load_uid_file
 from hype.eval.report import aggregate
 from hype.eval.tasks import Suite, TaskSpec, load_suite
-from hype.io import AnyPath, atomic_path, file_digest, open_input, read_bytes, read_json, runs, storage
+from hype.io import (
+    AnyPath,
+    atomic_path,
+    blake2b128_file,
+    open_input,
+    read_bytes,
+    read_json,
+    runs,
+    sha256_file,
+    storage,
+)
 
 SCALES = ("debug", "small", "medium", "large", "xlarge")
 # DataComp records the architecture by open_clip's name (scale_configs.py: ViT-B-32 for debug, small and
@@ -291,14 +301,14 @@ def make_submission(
     arr, facts = check_subset(subset, cfg["pool_size"])
     results = check_results(eval_results)
     folder = storage.join(out, f"{scale}_scale")
-    subset_sha = file_digest(subset)  # sha256: what submission.json shows (sha256sum)
+    subset_sha = sha256_file(subset)  # what submission.json shows (sha256sum)
     selection = read_json(subset.with_suffix(".json"))
     inputs = {
         "scale": scale,
         "method_name": method_name,
         "subset": subset_sha,
         "selection": selection,
-        "results": runs.file_digest(eval_results),
+        "results": blake2b128_file(eval_results),
         "scores": None if scores is None else _scores_identity(scores),
     }
     marker = runs.Marker(folder / "submission.json")

@@ -11,7 +11,6 @@ goes to a per-step log; stderr (progress bars, warnings, errors) goes to the ter
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -40,7 +39,7 @@ from hype.data.uids import (
     to_structured,
 )
 from hype.io.files import read_json, write_json, write_text
-from hype.io.runs import Marker, fingerprint
+from hype.io.runs import Marker, fingerprint, legacy_fingerprint
 
 
 class StepError(RuntimeError):
@@ -462,9 +461,8 @@ class Workflow:
         runtime = _options(interpolate(s.runtime, scope, f"{where}.runtime"))
         needs = sorted({r.partition(".")[0] for r in _refs(list(s.inputs.values()))})
         digest = fingerprint({"argv": argv, "inputs": [self.steps[n].fingerprint for n in needs]})
-        legacy = hashlib.sha256(
-            json.dumps({"argv": argv, "inputs": [self.steps[n].legacy_fingerprint for n in needs]}).encode()
-        ).hexdigest()
+        legacy_inputs = [self.steps[n].legacy_fingerprint for n in needs]
+        legacy = legacy_fingerprint({"argv": argv, "inputs": legacy_inputs}, sort_keys=False)
         return Step(s, number, argv, runtime, needs, digest, legacy)
 
     def _input_paths(self, value: Any) -> Any:

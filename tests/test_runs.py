@@ -11,10 +11,36 @@ from pathlib import Path
 import pytest
 
 from hype.io import location, runs
-from hype.io.runs import Marker, absolute, fingerprint, identity_kind, input_identity, is_done, write_marker
+from hype.io.runs import (
+    Marker,
+    absolute,
+    fingerprint,
+    identity_kind,
+    input_identity,
+    is_done,
+    legacy_fingerprint,
+    legacy_identity,
+    write_marker,
+)
 from hype.scoring import rundir
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_pre_contract_markers_are_read_in_one_place():
+    # What hype's readers of markers written before the run contract (reshard, run, eval) compare with:
+    # sha256 of the JSON, keys sorted or in order as each command wrote it; an identity without fingerprint.
+    job = {"b": [1, 2], "a": "x"}
+    assert (
+        legacy_fingerprint(job, sort_keys=True)
+        == "5125d018f84d57c49a8d3c2cfa6063d23cc3f4cd7ff13f4fdedfa2c1d3162f30"
+    )
+    assert (
+        legacy_fingerprint(job, sort_keys=False)
+        == "cd6bcdba65ff2de806c2823235dae75287d6d3277ba01ef70ff05c67a7be6758"
+    )
+    assert legacy_identity(job) == {"model": job, "fingerprint": fingerprint(job)}
+    assert legacy_identity({"fingerprint": "f"}) == {"fingerprint": "f"} and legacy_identity(None) is None
 
 
 def test_fingerprint_matches_markers_written_before_the_contract():
@@ -25,7 +51,7 @@ def test_fingerprint_matches_markers_written_before_the_contract():
         "model": {"digest": "ab" * 16},
         "batch": 256,
     }
-    assert runs.RUN_DIGEST == rundir.RUN_DIGEST == "blake2b-128"
+    assert runs.RUN_DIGEST == "blake2b-128"
     assert fingerprint(described) == "faddf646bb792e7c8fe8ee2fbcad5fc7"
     assert rundir.fingerprint is fingerprint and rundir.file_identity is input_identity
     assert rundir.shard_id("/data/pool/00000000.tar") == "00000000-726e8808"

@@ -17,6 +17,7 @@ from test_select_helpers import make_world, reference_top, save_memmap_subset, t
 import hype.filters  # noqa: F401  (registers the bundled rules for select_subset without the CLI)
 from hype.cli import main
 from hype.data.uids import array_to_uids, load_subset
+from hype.io import json_text
 from hype.select import SelectError
 from hype.select import reducer as reducer_module
 from hype.select.run import SelectRequest, select_subset
@@ -558,6 +559,17 @@ def test_a_recorded_selection_is_redone_with_its_rule_options(world, tmp_path):
         again = select_subset(SelectRequest(**fields, out=tmp_path / f"b{i}.npy", progress=False))
         assert again["rank"] == first["rank"], options
         assert load_subset(tmp_path / f"b{i}.npy").tolist() == load_subset(out).tolist()
+
+
+def test_subset_json_is_written_by_the_run_contract(world, tmp_path):
+    """subset.json is written as every marker is (`hype.io.runs.Marker`): UTF-8 text, state and fingerprint
+    last (a folder with a non-ASCII name shows the difference from a hand-written summary)."""
+    out = tmp_path / "sélection" / "s.npy"
+    run_cli("--scores", str(world["run"]), "--frac", "0.2", "--out", str(out))
+    text = out.with_suffix(".json").read_text(encoding="utf-8")
+    marker = json.loads(text)
+    assert list(marker)[-2:] == ["state", "fingerprint"] and "sélection" in text
+    assert text == json_text(marker, sort_keys=False, ensure_ascii=False)
 
 
 def test_a_rerun_of_the_same_selection_skips_and_a_changed_input_or_option_redoes_it(world, tmp_path):

@@ -18,6 +18,7 @@ from hype.data.uids import (
     sorted_uids,
     to_structured,
     uids_to_array,
+    write_subset,
 )
 from hype.table.keys import KeyHistogram, bins64, key32, key64, unkey32, unkey64
 
@@ -54,6 +55,24 @@ def test_codec_agrees_with_hype_data_uids():
 def test_codec_names_bad_uids(values, message):
     with pytest.raises(UidError, match=message):
         arrow_to_pairs(pa.array(values, type=pa.string()), "t.parquet")
+
+
+def test_select_writes_its_subset_through_the_codec(tmp_path):
+    """`hype select`'s subset.npy is the codec's `write_subset`: np.save's bytes, read back before the file
+    gets its name; an unsorted array is refused, never written."""
+    import hype.select.outputs
+    import hype.select.run
+
+    hi, lo = random_pairs(3000)
+    arr = to_structured(hi, lo)[sort_order(hi, lo)]
+    back = write_subset(tmp_path / "subset.npy", arr)
+    np.save(tmp_path / "plain.npy", arr, allow_pickle=False)
+    assert (tmp_path / "subset.npy").read_bytes() == (tmp_path / "plain.npy").read_bytes()
+    np.testing.assert_array_equal(back, arr)
+    with pytest.raises(UidError, match="sorted"):
+        write_subset(tmp_path / "other.npy", arr[::-1])
+    assert not (tmp_path / "other.npy").exists()
+    assert hype.select.run.write_subset is write_subset and not hasattr(hype.select.outputs, "write_subset")
 
 
 @pytest.mark.parametrize("shared", [0, 1, 1000])

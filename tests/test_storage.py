@@ -21,11 +21,11 @@ from s3_support import CopiesAModel, S3Server
 from hype.io import (
     atomic_write,
     cached_copy,
-    file_digest,
     open_input,
     read_bytes,
     read_json,
     read_parquet,
+    sha256_file,
     storage,
     write_json,
     write_parquet,
@@ -118,11 +118,11 @@ def test_the_plans_price_of_each_storage_operation_is_what_the_server_counts(s3)
     assert count(lambda: storage.list_sizes(root)) == {"LIST": plan._lists(4)}
     assert count(lambda: storage.list_sizes(f"{root}/empty")) == {"LIST": plan._lists(0)}
     big = f"{root}/t2500000.parquet"
-    assert count(lambda: file_digest(big)) == {"GET": plan._stream_get(storage.size(big))}
+    assert count(lambda: sha256_file(big)) == {"GET": plan._stream_get(storage.size(big))}
 
     def written_digest():  # the reference stage's sets: written, then their size and digest for the marker
         write_json(f"{root}/set.json", {"k": 2})
-        assert storage.size(f"{root}/set.json") and file_digest(f"{root}/set.json")
+        assert storage.size(f"{root}/set.json") and sha256_file(f"{root}/set.json")
 
     assert count(written_digest) == {"PUT": 1, "GET": plan._written_digest(20)}
 
@@ -254,7 +254,7 @@ def test_streamed_tar_equals_the_local_one(s3, tmp_path):
     assert list(read_samples(url, p_url)) == list(read_samples(local, p_local))
     assert list(index_samples(url, p_url)) == list(index_samples(local, p_local))
     assert p_url.seen == p_local.seen == []
-    assert file_digest(url) == hashlib.sha256(local.read_bytes()).hexdigest()
+    assert sha256_file(url) == hashlib.sha256(local.read_bytes()).hexdigest()
     # Small chunks: many read-ahead ranges, seeks back and forth.
     f = io.BufferedReader(
         storage.RemoteStream(

@@ -46,7 +46,7 @@ def _fetcher(folder: str, allow_private: bool):
 def _check_subset(card: str, subset: str) -> dict:
     """The selection SUBSET's record (SUBSET.json) describes, redone from the card's verified scores: the
     same bytes, or a CardError. Binds the published subset to the scores the card certifies."""
-    from hype.io import file_digest, read_json
+    from hype.io import read_json, sha256_file
     from hype.scoring.card import CardError
     from hype.select.errors import SelectError
     from hype.select.explain import request_from_summary
@@ -60,7 +60,7 @@ def _check_subset(card: str, subset: str) -> dict:
         try:
             fields = request_from_summary(summary, str(Path(card).parent), record)
             redone = select_subset(SelectRequest(**fields, out=Path(tmp) / "subset.npy", progress=False))
-            same = file_digest(Path(tmp) / "subset.npy") == file_digest(subset)
+            same = sha256_file(Path(tmp) / "subset.npy") == sha256_file(subset)
         except (SelectError, OSError, TypeError, KeyError, ValueError) as e:
             raise CardError(
                 f"--subset {subset}: the selection {record} records cannot be redone ({e})"

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hype.data.errors import SelectError
-from hype.io import NPY_ERRORS, local_file, save_npy, storage
+from hype.io import NPY_ERRORS, atomic_path, local_file, storage
 
 UID_DTYPE = np.dtype("u8,u8")
 _UID_RE = re.compile(r"[0-9a-f]{32}", re.ASCII)  # always with fullmatch: `$` would let a final "\n" in
@@ -115,13 +115,30 @@ def is_sorted(arr: np.ndarray) -> bool:
 
 
 def save_subset(path: str | PathLike, uids: Iterable[str] | np.ndarray) -> Path:
-    """Write a DataComp subset file (sorted `"u8,u8"` `.npy`). Written atomically."""
+    """Write a DataComp subset file (sorted `"u8,u8"` `.npy`), sorting the uids first. Written atomically."""
     arr = uids if isinstance(uids, np.ndarray) else uids_to_array(uids)
     arr = _check_dtype(arr, "subset")
-    arr = arr[sort_order(arr["f0"], arr["f1"])]  # NumPy's structured sort takes ~40 s for 20M uids
+    if not is_sorted(arr):
+        arr = arr[sort_order(arr["f0"], arr["f1"])]  # NumPy's structured sort takes ~40 s for 20M uids
+    write_subset(path, arr)
+    return storage.location(path)
+
+
+def write_subset(path: str | PathLike, arr: np.ndarray) -> np.ndarray:
+    """Write an already sorted `"u8,u8"` array as a DataComp subset file (`np.save`, atomically) and return
+    it as `load_subset` reads it back: checked before the file gets its name (for a URL: before the
+    upload, not by downloading it back)."""
     if storage.location(path).suffix != ".npy":
         raise UidError(f"{path}: subset files must end in .npy (np.save would append it)")
-    return save_npy(path, arr)
+    if arr.dtype != UID_DTYPE or not is_sorted(arr):
+        raise UidError(f"{path}: a subset file is a sorted 'u8,u8' array; write it with save_subset")
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.save(f, arr, allow_pickle=False)
+        back = load_subset(tmp)
+        if len(back) != len(arr):
+            raise UidError(f"{path}: wrote {len(arr)} uids, read back {len(back)}")
+    return back
 
 
 def load_subset(path: str | PathLike) -> np.ndarray:

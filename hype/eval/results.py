@@ -20,7 +20,7 @@ from os import PathLike
 from typing import Any
 
 from hype.io import AnyPath, read_bytes, storage, sync, write_bytes
-from hype.io.runs import Marker, fingerprint
+from hype.io.runs import Marker, fingerprint, legacy_identity
 
 
 class ResultsFileError(ValueError):
@@ -132,9 +132,7 @@ def check_identity(path: str | PathLike, identity: dict) -> None:
     marker = Marker(side)
     fp = fingerprint(identity)
     if storage.exists(side):
-        stored = marker.read()
-        if stored is not None and "fingerprint" not in stored:  # written before the run contract: the
-            stored = {"model": stored, "fingerprint": fingerprint(stored)}  # identity itself
+        stored = legacy_identity(marker.read())
         if (stored or {}).get("fingerprint") != fp:
             model = (stored or {}).get("model")
             raise ResultsFileError(

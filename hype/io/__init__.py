@@ -1,5 +1,5 @@
 """hype's I/O layer: atomic writes, tolerant reads, digests, webdataset tars and the one lock on an output
-(see `files`, `tar`, `lock`).
+(see `files`, `digests`, `tar`, `lock`).
 
 A core module: it imports the standard library, numpy, pyarrow and (for URLs, on first use) fsspec and
 universal_pathlib, not torch, not webdataset (which imports torch), and nothing of the commands'
@@ -8,17 +8,25 @@ packages, so every command reads and writes files one way, on a local disk or an
 `hype.io.torchscript` (TorchScript archives read as state dicts) needs torch, so it is not imported here.
 """
 
+from hype.io.digests import (
+    blake2b32_bytes,
+    blake2b128_bytes,
+    blake2b128_chunks,
+    blake2b128_file,
+    sha1_bytes,
+    sha256_bytes,
+    sha256_chunks,
+    sha256_file,
+)
 from hype.io.files import (
     NPY_ERRORS,
     UnsafePathError,
     atomic_path,
     atomic_sink,
     atomic_write,
-    bytes_digest,
     cached_copy,
     check_own_folder,
     create_own_file,
-    file_digest,
     is_temp_name,
     json_text,
     load_npy,
@@ -43,6 +51,14 @@ from hype.io.pickled import PickledArrayError, read_pickled_array
 from hype.io.storage import AnyPath, StorageError, is_url, location
 
 __all__ = [
+    "blake2b32_bytes",
+    "blake2b128_bytes",
+    "blake2b128_chunks",
+    "blake2b128_file",
+    "sha1_bytes",
+    "sha256_bytes",
+    "sha256_chunks",
+    "sha256_file",
     "NPY_ERRORS",
     "AnyPath",
     "StorageError",
@@ -52,11 +68,9 @@ __all__ = [
     "atomic_path",
     "atomic_sink",
     "atomic_write",
-    "bytes_digest",
     "cached_copy",
     "check_own_folder",
     "create_own_file",
-    "file_digest",
     "is_temp_name",
     "json_text",
     "load_npy",

@@ -17,7 +17,6 @@ final name (object stores have no rename), so the guarantee is the same: the old
 from __future__ import annotations
 
 import errno
-import hashlib
 import io
 import json
 import multiprocessing.util
@@ -27,7 +26,7 @@ import stat
 import tempfile
 import tokenize
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from os import PathLike
 from pathlib import Path
@@ -40,10 +39,6 @@ import pyarrow.parquet as pq
 from hype.io import storage
 
 TMP_TAG = ".tmp-"
-_DIGESTS: dict[str, Callable[[], Any]] = {
-    "sha256": hashlib.sha256,  # what a user can check with sha256sum: checkpoints, subsets, submissions
-    "blake2b-128": lambda: hashlib.blake2b(digest_size=16),  # the scoring run directory's fingerprints
-}
 
 
 # --- in and out -----------------------------------------------------------------------------------
@@ -432,19 +427,3 @@ def save_npy(path: str | PathLike, array: np.ndarray) -> Path:
     with atomic_write(path) as f:
         np.save(f, array, allow_pickle=False)
     return storage.location(path)
-
-
-# --- digests --------------------------------------------------------------------------------------
-
-
-def file_digest(path: str | PathLike, algorithm: str = "sha256") -> str:
-    """Hex digest of a file's bytes, read in blocks (checkpoints and subsets can be gigabytes)."""
-    with open_input(path, stream=True) as f:
-        return hashlib.file_digest(f, _DIGESTS[algorithm]).hexdigest()
-
-
-def bytes_digest(data: bytes, algorithm: str = "sha256") -> str:
-    """Hex digest of `data`, with the same algorithms as `file_digest`."""
-    h = _DIGESTS[algorithm]()
-    h.update(data)
-    return h.hexdigest()

@@ -22,7 +22,8 @@ A step's unit of work is a *stage*: an output (a file or a folder) plus its comp
   an object in a bucket: URL, size and the ETag (or version id) the store gives (`{"path", "size",
   "etag"}`: kind "etag"); a missing file `{"path", "missing": true}`, which differs from any file that
   appears later. `identity_kind` names the kind. An output whose content must be proven (a model file,
-  a subset, an upstream output) is named by `file_digest` instead: the digest of its bytes.
+  a subset, an upstream output) is named by `blake2b128_file` (`hype.io.digests`) instead: the digest of
+  its bytes.
 - Completion marker (`Marker`): a JSON file written LAST, atomically, after all of the stage's data, with
   `state` ("done"; "running" while a step that cannot be split is under way), `fingerprint`, and the
   stage's stats. An output counts as done only when its marker says done with the fingerprint the rerun
@@ -60,7 +61,6 @@ Where each step keeps its markers (and what its fingerprint covers):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -68,7 +68,7 @@ from os import PathLike
 from typing import Any
 
 from hype.io import storage
-from hype.io.files import file_digest as _file_digest
+from hype.io.digests import blake2b128_bytes, sha256_bytes
 from hype.io.files import read_json, write_json
 from hype.io.lock import FileLock, LockError, ObjectLock, lock_at, output_lock
 from hype.io.storage import AnyPath
@@ -82,11 +82,12 @@ __all__ = [
     "Marker",
     "ObjectLock",
     "absolute",
-    "file_digest",
     "fingerprint",
     "identity_kind",
     "input_identity",
     "is_done",
+    "legacy_fingerprint",
+    "legacy_identity",
     "lock_at",
     "output_lock",
     "write_marker",
@@ -100,12 +101,28 @@ def fingerprint(obj: Any) -> str:
     """`RUN_DIGEST` of a JSON-able description of everything an output depends on (keys sorted; objects
     JSON cannot hold are written as `str()`)."""
     text = json.dumps(obj, sort_keys=True, default=str)
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+    return blake2b128_bytes(text.encode())
 
 
-def file_digest(path: str | PathLike) -> str:
-    """`RUN_DIGEST` of a file's bytes (read in blocks): what names an input whose content must be proven."""
-    return _file_digest(path, RUN_DIGEST)
+# Markers written before the run contract (hype 0.1.0 until commit b8e72ca), which readers still accept so
+# that finished work is not redone; no other pre-contract marker is read:
+# - `hype reshard`'s meta.json: `job_sha256`, the `legacy_fingerprint` of its job (keys sorted);
+# - `hype run`'s .hype/steps/<step>.json: `fingerprint`, the `legacy_fingerprint` of {argv, inputs} (keys in
+#   order; the inputs are the steps' legacy fingerprints);
+# - `hype eval`'s <results>.model.json: the model identity itself, with no fingerprint (`legacy_identity`).
+
+
+def legacy_fingerprint(obj: Any, *, sort_keys: bool) -> str:
+    """The fingerprint a hype before the run contract recorded: sha256 of `obj`'s JSON."""
+    return sha256_bytes(json.dumps(obj, sort_keys=sort_keys).encode())
+
+
+def legacy_identity(stored: dict | None) -> dict | None:
+    """An identity marker (`{"fingerprint", "model"}`) as read; one written before the run contract (the
+    identity itself) as the marker the contract would have written for it."""
+    if stored is not None and "fingerprint" not in stored:
+        return {"model": stored, "fingerprint": fingerprint(stored)}
+    return stored
 
 
 def absolute(path: str | PathLike | AnyPath) -> str:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from hype.geometry import GEOMETRIES
-from hype.io import bytes_digest, file_digest
+from hype.io import sha256_bytes, sha256_file
 from hype.io.weights import ModelFileError, load_source, unwrap_state_dict
 from hype.models.config import fit_scalar_bounds
 from hype.models.contrastive import ContrastiveModel
@@ -76,7 +76,7 @@ class ImportedModel:
     ignored_top_level: list[str] = field(default_factory=list)
 
 
-def source_digest(path: str | Path, digest: Callable[[Path], str] = file_digest) -> str:
+def source_digest(path: str | Path, digest: Callable[[Path], str] = sha256_file) -> str:
     """Content digest of what `read_open_clip(path)` reads (weights plus the config beside them), each
     file hashed with `digest`."""
     p = Path(path)
@@ -85,7 +85,7 @@ def source_digest(path: str | Path, digest: Callable[[Path], str] = file_digest)
     for extra in (config, _params_file(weights)):
         if extra is not None:
             parts.append(digest(extra))
-    return parts[0] if len(parts) == 1 else bytes_digest("+".join(parts).encode())
+    return parts[0] if len(parts) == 1 else sha256_bytes("+".join(parts).encode())
 
 
 def read_open_clip(

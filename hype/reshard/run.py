@@ -28,8 +28,6 @@ The subset file may be an `.npy` or DataComp's raw memmap layout (`hype.data.uid
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Iterator
 from os import PathLike
@@ -44,17 +42,25 @@ from hype.data.shards import ShardError, expand_shards
 from hype.data.uids import UidMultiset, load_uid_file, normalize_uid
 from hype.executor import Executor, MapResult, PoolExecutor, Progress, Resources, Stage
 from hype.io import (
-    bytes_digest,
-    file_digest,
+    blake2b128_bytes,
     is_temp_name,
     load_npy,
     open_input,
     read_json,
     save_npy,
+    sha1_bytes,
+    sha256_file,
     storage,
     write_json,
 )
-from hype.io.runs import RUN_DIGEST, absolute, fingerprint, input_identity, is_done, write_marker
+from hype.io.runs import (
+    absolute,
+    fingerprint,
+    input_identity,
+    is_done,
+    legacy_fingerprint,
+    write_marker,
+)
 from hype.io.storage import AnyPath
 from hype.io.tar import write_tar
 from hype.reshard.index import INDEX_FORMAT, index_tar
@@ -67,7 +73,7 @@ STATS_FORMAT = "{:08d}_stats.json"
 
 
 def _tar_id(path: str) -> str:
-    return hashlib.sha1(absolute(path).encode()).hexdigest()[:20]
+    return sha1_bytes(absolute(path).encode())[:20]
 
 
 def _load_subset(state_dir: str) -> UidMultiset:
@@ -252,7 +258,7 @@ def reshard(
     out = storage.location(out)
     if not storage.is_url(out):  # absolute: a worker may run in another folder, or on another node
         out = Path(absolute(out))
-    subset_sha = file_digest(subset_path)  # sha256: what meta.json shows a user (sha256sum)
+    subset_sha = sha256_file(subset_path)  # what meta.json shows a user (sha256sum)
     inputs = [absolute(p) for p in shards.paths]
     job = {"subset_sha256": subset_sha, "inputs": inputs, "shard_size": shard_size}
     identities = [input_identity(t) for t in inputs]
@@ -271,7 +277,7 @@ def reshard(
     storage.makedirs(state / "index")
     ms = UidMultiset(arr)
     # The subset as the shards see it (its uids and their repeats), whatever file layout held it.
-    uids_fp = fingerprint([bytes_digest(a.tobytes(), RUN_DIGEST) for a in (ms.hi, ms.lo, ms.counts)])
+    uids_fp = fingerprint([blake2b128_bytes(a.tobytes()) for a in (ms.hi, ms.lo, ms.counts)])
     save_npy(state / "subset_hi.npy", ms.hi)
     save_npy(state / "subset_lo.npy", ms.lo)
     save_npy(state / "subset_counts.npy", ms.counts)
@@ -370,8 +376,7 @@ def _finished_job(meta: dict, job: dict, job_fp: str) -> bool:
     before the run contract, the sha256 of the same job (its inputs' identities were not recorded then)."""
     if "fingerprint" in meta:
         return meta["fingerprint"] == job_fp
-    legacy = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()
-    return meta.get("job_sha256") == legacy
+    return meta.get("job_sha256") == legacy_fingerprint(job, sort_keys=True)
 
 
 def _datacomp_fields(n_out: int) -> dict:

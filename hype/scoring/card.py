@@ -40,8 +40,8 @@ import hype
 from hype.data.samples import SkipStats, iter_tar_samples, sample_uid
 from hype.data.shards import expand_shards
 from hype.executor import available_memory, usable_cpus
-from hype.io import load_npy, open_input, read_json, read_parquet, storage
-from hype.scoring.rundir import SHARD_STAGES, RunDir, atomic_write_json, file_digest, fingerprint, make_tasks
+from hype.io import blake2b128_file, load_npy, open_input, read_json, read_parquet, storage
+from hype.scoring.rundir import SHARD_STAGES, RunDir, atomic_write_json, fingerprint, make_tasks
 from hype.table.schema import scores_dir
 
 FORMAT = "hype-score-card/2"
@@ -126,7 +126,7 @@ def seal(card: dict) -> dict:
 
 
 def _optional_digest(path) -> str | None:
-    return file_digest(path) if storage.is_file(path) else None
+    return blake2b128_file(path) if storage.is_file(path) else None
 
 
 def write_card(
@@ -324,7 +324,10 @@ def _check_scores(card: dict, source: RunDir, card_path: Path) -> bool:
             f"{card_path}: {folder} holds {len(names)} scores parts, the card names "
             f"{card['scores']['parts']}: the scores were altered, or publish all of them"
         )
-    if _parts_digest({n: file_digest(storage.join(folder, n)) for n in names}) != card["scores"]["digest"]:
+    if (
+        _parts_digest({n: blake2b128_file(storage.join(folder, n)) for n in names})
+        != card["scores"]["digest"]
+    ):
         raise CardError(
             f"{card_path}: the scores parts in {folder} are not the ones the card names: the scores were "
             "altered"
@@ -409,7 +412,7 @@ def verify_card(
             raise CardError(
                 f"--{role}: the card's {role} model is needed (digest {want}); pass --{role} FILE"
             )
-        if file_digest(path) != want:
+        if blake2b128_file(path) != want:
             raise CardError(f"--{role} {path}: not the model the card names (digest {want})")
         refs[role] = ModelRef(str(path), want)
     if "clip" not in refs:

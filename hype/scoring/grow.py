@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hype.io import load_npy, read_json
-from hype.scoring.rundir import RunDir, ShardTask, file_digest
+from hype.io import blake2b128_file, load_npy, read_json
+from hype.scoring.rundir import RunDir, ShardTask
 
 CARD = "card.json"
 
@@ -86,7 +86,7 @@ def _frozen(run: RunDir, card: dict, added: int) -> Frozen:
     if card.get("centroids") is not None:
         files += [("centroids", run.centroids, clusters), ("targets", run.targets, clusters)]
     for key, path, marker in files:
-        if marker is None or not path.is_file() or file_digest(path) != card[key]:
+        if marker is None or not path.is_file() or blake2b128_file(path) != card[key]:
             raise GrowError(
                 f"{path}: missing or not the {key} {run.root / CARD} records (digest {card[key]}): the run "
                 "was changed after it completed; rerun it with its last pool to complete it, then grow it, "

@@ -572,7 +572,7 @@ def _put(nbytes: float) -> float:
 
 
 def _stream_get(nbytes: float) -> float:
-    """A whole object read front to back (`RemoteStream`, `file_digest`): its size (HEAD), its chunks."""
+    """A whole object read front to back (`RemoteStream`, `blake2b128_file`): its size (HEAD), its chunks."""
     return 1 + max(1, math.ceil(nbytes / STREAM_CHUNK))
 
 

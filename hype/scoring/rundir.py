@@ -69,7 +69,6 @@ is refused before anything changes; plan.json's `frozen` keeps every later run o
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -80,14 +79,12 @@ from typing import Any
 import pyarrow as pa
 
 import hype.io as hype_io
-from hype.io import is_temp_name, storage
+from hype.io import blake2b32_bytes, blake2b128_bytes, blake2b128_file, is_temp_name, storage
 from hype.io import read_json as read_json  # re-exported: the stages read markers with it
 from hype.io.runs import (  # the run contract (hype.io.runs): this module is its layout for `hype score`
-    RUN_DIGEST,
     FileLock,
     ObjectLock,
     absolute,
-    file_digest,
     input_identity,
     is_done,
     lock_at,
@@ -152,7 +149,7 @@ def shard_id(path: str | PathLike) -> str:
     """`<stem>-<8 hex>` from the absolute path (or the URL) of an input tar."""
     full = absolute(path)
     name = full.rstrip("/").rsplit("/", 1)[-1]
-    digest = hashlib.blake2b(full.encode(), digest_size=4).hexdigest()
+    digest = blake2b32_bytes(full.encode())
     stem = name[: -len(".tar")] if name.endswith(".tar") else name.rsplit(".", 1)[0]
     return f"{stem}-{digest}"
 
@@ -187,7 +184,7 @@ def write_parquet(path: str | PathLike, table: pa.Table) -> dict:
         "file": written.name,
         "rows": table.num_rows,
         "bytes": len(data),
-        "digest": hype_io.bytes_digest(data, RUN_DIGEST),
+        "digest": blake2b128_bytes(data),
     }
 
 
@@ -344,6 +341,6 @@ def completed(
             return None
         if want is None or have != want:
             return None
-        if verify and file_digest(output) != stats["output"].get("digest"):
+        if verify and blake2b128_file(output) != stats["output"].get("digest"):
             return None  # damaged in place (same size): redone
     return stats

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hype.executor import MapResult, Progress, StageSetupError, make_executor
-from hype.io import StorageError, cached_copy, read_json, storage
+from hype.io import StorageError, blake2b128_file, cached_copy, read_json, storage
 from hype.io.lock import LockError
 from hype.scoring import summary as summary_mod
 from hype.scoring.config import (
@@ -57,7 +57,6 @@ from hype.scoring.rundir import (
     ShardTask,
     atomic_write_bytes,
     atomic_write_json,
-    file_digest,
     fingerprint,
     make_tasks,
 )
@@ -226,7 +225,7 @@ def _model_ref(path: str | None, role: str) -> ModelRef | None:
         local = cached_copy(path)  # a URL: downloaded once here, once per worker (`load_scorer`)
         geometry = model_file_config(local).get("geometry", "")
         # open_clip sources (folders, OpenAI releases) are digested with the config beside their weights.
-        digest = model_file_digest(local, file_digest)
+        digest = model_file_digest(local, blake2b128_file)
     except (ValueError, OSError) as e:  # CheckpointError, ModelFileError, ConfigError
         raise ScoreError(f"--{role}: {e}") from None
     if role == "meru" and not geometry.startswith("hyperbolic"):
@@ -601,7 +600,7 @@ def _reference(state: _Run, rc: ReferenceConfig, inputs: dict) -> dict:
         return state.timed(
             "reference",
             lambda: copy_reference_file(
-                run, rc.file, pool.dims["meru"], fingerprint({"file": file_digest(rc.file)})
+                run, rc.file, pool.dims["meru"], fingerprint({"file": blake2b128_file(rc.file)})
             ),
         )
     except (ReferenceError, OSError) as e:
@@ -729,7 +728,7 @@ def _class_features(
     cc = state.cfg.clusters
     try:
         if cc.class_features is not None:
-            return read_class_features_file(cc.class_features, width), file_digest(cc.class_features)
+            return read_class_features_file(cc.class_features, width), blake2b128_file(cc.class_features)
         from hype.data.shards import ShardError, expand_shards
 
         try:
@@ -773,7 +772,7 @@ def _given_centroids(state: _Run, pool: _Embedded, feats, class_digest: str) -> 
     try:
         # The path too, so the summary names the file given now (the model is cheap to redo).
         fp = fingerprint(
-            {"centroids": file_digest(cc.centroids), "path": cc.centroids, "classes": class_digest}
+            {"centroids": blake2b128_file(cc.centroids), "path": cc.centroids, "classes": class_digest}
         )
         return state.timed(
             "clusters",

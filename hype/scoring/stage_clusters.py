@@ -24,7 +24,6 @@ new shards.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import time
@@ -36,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from hype.data.uids import uids_to_pairs
-from hype.io import load_npy, local_file, read_parquet, storage
+from hype.io import blake2b128_chunks, load_npy, local_file, read_parquet, storage
 from hype.scoring import embed_format
 from hype.scoring.clusters import (
     ASSIGN,
@@ -322,10 +321,7 @@ def _save_model(run: RunDir, centroids: np.ndarray, class_features: np.ndarray, 
 
 
 def _digest_arrays(*arrays: np.ndarray) -> str:
-    h = hashlib.blake2b(digest_size=16)
-    for a in arrays:
-        h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()
+    return blake2b128_chunks(np.ascontiguousarray(a).tobytes() for a in arrays)
 
 
 class CaptionStage(ShardStage):

@@ -8,14 +8,13 @@ numbered by shard order, so reading `part-*.parquet` sorted gives the pool order
 
 from __future__ import annotations
 
-import hashlib
 import time
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hype.io import read_parquet
+from hype.io import blake2b128_bytes, read_parquet
 from hype.scoring.dedup import keep_mask
 from hype.scoring.rundir import RunDir, ShardTask, fingerprint
 from hype.scoring.stagebase import ShardStage
@@ -42,9 +41,7 @@ class MergeStage(ShardStage):
                 "clusters": self.upstream_digest("clusters", task) if self.c_in else None,
                 # This shard's dropped rows, not the pool's duplicate list: they depend only on this shard
                 # and the ones before it, so a pool that grows at the end keeps its old parts.
-                "drops": hashlib.blake2b(
-                    np.asarray(self.drops.get(task.index, ()), np.int64).tobytes(), digest_size=16
-                ).hexdigest(),
+                "drops": blake2b128_bytes(np.asarray(self.drops.get(task.index, ()), np.int64).tobytes()),
                 "schema": SCHEMA.to_string(),
             }
         )

@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 
 import hype.io as hype_io
 from hype.executor import Resources
-from hype.io import load_npy, read_json, read_parquet
+from hype.io import blake2b128_bytes, load_npy, read_json, read_parquet
 from hype.io.storage import AnyPath
 from hype.scoring import embed_format
 from hype.scoring.clusters import ASSIGN, default_num_clusters, kmeans_centroids, nearest_centroid
@@ -56,7 +56,6 @@ from hype.scoring.neardup import (
     pair_cosines,
 )
 from hype.scoring.rundir import (
-    RUN_DIGEST,
     RunDir,
     ShardTask,
     atomic_write_bytes,
@@ -202,7 +201,7 @@ class SplitStage(ShardStage):
             "file": written.name,
             "rows": table.num_rows,
             "bytes": len(data),
-            "digest": hype_io.bytes_digest(data, RUN_DIGEST),
+            "digest": blake2b128_bytes(data),
         }
 
 
@@ -429,7 +428,7 @@ def _model(state: Any, pool: Any, clusters_info: dict | None) -> Model:
         np.save(buf, centroids, allow_pickle=False)
         data = buf.getvalue()
         atomic_write_bytes(centroids_path(run), data)
-        digest = hype_io.bytes_digest(data, RUN_DIGEST)
+        digest = blake2b128_bytes(data)
         done = {"fingerprint": fp, "k": k, "digest": digest, "output": {"bytes": len(data), "digest": digest}}
         atomic_write_json(marker, done)
     return Model(done["digest"], False, int(done["k"]))

@@ -26,7 +26,7 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import save
 
 from hype.geometry import lorentz
-from hype.io import read_bytes, read_parquet
+from hype.io import blake2b128_file, read_bytes, read_parquet
 from hype.scoring import embed_format
 from hype.scoring.dedup import keep_mask
 from hype.scoring.reference import ReferenceSet, load_reference
@@ -36,7 +36,6 @@ from hype.scoring.rundir import (
     atomic_write_bytes,
     atomic_write_json,
     completed,
-    file_digest,
     read_json,
 )
 from hype.scoring.stage_specificity import MeanEnergyStage
@@ -99,7 +98,7 @@ def select_top_pairs(
     info = {
         "fingerprint": fp,
         "output": {"file": run.top_n.name, "bytes": run.top_n.stat().st_size},
-        "digest": file_digest(run.top_n),
+        "digest": blake2b128_file(run.top_n),
         "n_top": len(top),
         "pool": pool,
         "seconds": round(time.perf_counter() - started, 4),
@@ -161,7 +160,7 @@ def select_top_m(
     info = {
         "fingerprint": fp,
         "output": {"file": run.reference.name, "bytes": run.reference.stat().st_size},
-        "digest": file_digest(run.reference),
+        "digest": blake2b128_file(run.reference),
         "source": "selected",
         "meta": refs.meta,
         "seconds": round(time.perf_counter() - started, 4),
@@ -185,7 +184,7 @@ def copy_reference_file(run: RunDir, path: str, dim: int, fp: str) -> dict:
     info = {
         "fingerprint": fp,
         "output": {"file": run.reference.name, "bytes": run.reference.stat().st_size},
-        "digest": file_digest(run.reference),
+        "digest": blake2b128_file(run.reference),
         "source": str(path),
         "meta": {"m_img": refs.img.shape[0], "m_txt": refs.txt.shape[0]},
         "seconds": round(time.perf_counter() - started, 4),

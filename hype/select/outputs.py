@@ -1,16 +1,19 @@
 """What `hype select` writes next to each other:
 
-- `subset.npy`: the DataComp subset file (sorted `"u8,u8"`, `hype.data.uids` format);
+- `subset.npy`: the DataComp subset file (sorted `"u8,u8"`), written by the uid codec
+  (`hype.data.uids.write_subset`);
 - `subset.parquet`: the selected rows of the scores table with their combined `score` and metrics (rows
   in table order, then the rows chosen at the cut, best first; uids added by `--union` are not in it:
   they have no row in the scores table);
-- `subset.json`: the machine-readable summary (counts, target, rules, cut, pool vs subset statistics).
+- `subset.json`: the machine-readable summary (counts, target, rules, cut, pool vs subset statistics), the
+  selection's completion marker (`hype.io.runs.Marker`), written last.
 
 Every file is written under a temporary name and renamed into place.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -18,9 +21,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hype.data.uids import UID_DTYPE, is_sorted, load_subset, pair_to_uid, pairs_to_arrow, sorted_uids
-from hype.io import atomic_path, atomic_sink, storage
+from hype.data.uids import pair_to_uid, pairs_to_arrow, sorted_uids
+from hype.io import atomic_sink, json_text, storage
 from hype.io import write_json as _write_json
+from hype.io.runs import Marker
 from hype.io.storage import AnyPath
 from hype.select.errors import SelectError
 from hype.table.stats import RunningStats
@@ -113,26 +117,15 @@ class SubsetWriter:
             self._target.__exit__(RuntimeError, aborted, None)  # removes the temporary, keeps no file
 
 
-def write_subset(path: Path, arr: np.ndarray) -> np.ndarray:
-    """Write a sorted `"u8,u8"` array as a DataComp subset file and read it back through `load_subset`.
-
-    Same bytes as `hype.data.uids.save_subset` (np.save of a sorted "u8,u8" array, atomically), but
-    without its structured-array sort, which alone takes ~30 s for 20M already-sorted uids.
-    """
-    if arr.dtype != UID_DTYPE or not is_sorted(arr):
-        raise AssertionError("write_subset expects a sorted 'u8,u8' array")
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            np.save(f, arr, allow_pickle=False)
-        # Checked before the file gets its name (for a URL: before the upload, not by downloading it back).
-        back = load_subset(tmp)
-        if len(back) != len(arr):
-            raise AssertionError(f"{path}: wrote {len(arr)} uids, read back {len(back)}")
-    return back
-
-
 def write_json(path: Path, obj: dict) -> None:
     _write_json(path, obj, sort_keys=False, allow_nan=False, default=_json_default)
+
+
+def write_summary(path: AnyPath, fp: str, summary: dict) -> dict:
+    """Mark the selection done: `summary` (numpy numbers and paths as JSON values, NaN refused) as the run
+    contract's marker with fingerprint `fp`. Returns the marker."""
+    fields = json.loads(json_text(summary, sort_keys=False, allow_nan=False, default=_json_default))
+    return Marker(path).write(fp, **fields)
 
 
 def _json_default(o):

@@ -13,14 +13,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from hype import __version__
-from hype.data.uids import to_structured
+from hype.data.uids import to_structured, write_subset
 from hype.io import read_bytes, storage
-from hype.io.runs import DONE, Marker, absolute, fingerprint, input_identity
+from hype.io.runs import Marker, absolute, fingerprint, input_identity
 from hype.io.storage import AnyPath
 from hype.select import rules
 from hype.select.explain import CutWatcher, review_cut
 from hype.select.nominal import nominal_rows
-from hype.select.outputs import SubsetWriter, output_paths, write_json, write_subset
+from hype.select.outputs import SubsetWriter, output_paths, write_json, write_summary
 from hype.select.reducer import Target, describe_cut, reduce
 from hype.select.request import SelectRequest, build_rules, make_target
 from hype.select.union import union
@@ -136,10 +136,8 @@ def select_subset(req: SelectRequest) -> dict:
         "passes": [*result.passes, "explain"],
         "seconds": round(time.perf_counter() - start, 3),
         "hype_version": __version__,
-        "state": DONE,  # subset.json is the selection's completion marker (hype.io.runs), written last
-        "fingerprint": fp,
     }
-    write_json(summary_path, summary)
+    summary = write_summary(summary_path, fp, summary)  # last: the selection's completion marker
     summary["summary"] = str(summary_path)
     return summary
 

@@ -11,7 +11,6 @@ Each chosen evaluation image is written once per kind of copy, as a pool sample 
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import tarfile
@@ -22,6 +21,7 @@ import numpy as np
 from PIL import Image
 
 from hype.data.samples import IMAGE_EXTS, SkipStats, iter_tar_samples
+from hype.io import blake2b128_bytes
 
 KINDS = ("exact", "jpeg", "resized", "crop10")
 
@@ -72,7 +72,7 @@ def write_copies(
     with tarfile.open(out, "w") as tar:
         for n, (shard, key, data, ext) in enumerate(images):
             for kind in kinds:
-                uid = hashlib.blake2b(f"copy|{kind}|{shard}|{key}".encode(), digest_size=16).hexdigest()
+                uid = blake2b128_bytes(f"copy|{kind}|{shard}|{key}".encode())
                 skey = f"c{n:06d}{kind}"
                 body, body_ext = _copy(data, ext, kind, rng)
                 members = {

@@ -7,7 +7,6 @@ any order or in parallel with identical bytes.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -15,6 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from hype.data.uids import validate_uid
+from hype.io import blake2b128_bytes
 from hype.synth import captions as cap
 from hype.synth.noise import NOISE_KINDS, allocate
 from hype.synth.render import decode, encode_jpeg, jitter, render
@@ -61,9 +61,7 @@ class Sample:
 
 def make_uid(seed: int, split: str, index: int) -> str:
     """Deterministic 128-bit uid; the split name keeps pool and clean uids apart."""
-    return validate_uid(
-        hashlib.blake2b(f"hype-synth:{seed}:{split}:{index}".encode(), digest_size=16).hexdigest()
-    )
+    return validate_uid(blake2b128_bytes(f"hype-synth:{seed}:{split}:{index}".encode()))
 
 
 def sample_level(rng: Rng) -> int:

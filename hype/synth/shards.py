@@ -7,7 +7,6 @@ gives the same bytes.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -42,7 +41,7 @@ class ShardSample:
 
     @property
     def sha256(self) -> str:
-        return hashlib.sha256(self.jpeg).hexdigest()
+        return hype_io.sha256_bytes(self.jpeg)
 
 
 SHARD_PARQUET_SCHEMA = pa.schema(

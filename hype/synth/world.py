@@ -10,7 +10,6 @@ A rerun with the same settings finds that marker and returns at once; other sett
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import shutil
@@ -26,7 +25,7 @@ import pyarrow as pa
 from hype import __version__
 from hype.data.uids import save_subset
 from hype.executor import PoolExecutor, Progress, Stage
-from hype.io import check_own_folder, replace_tree, write_text
+from hype.io import blake2b128_bytes, check_own_folder, replace_tree, write_text
 from hype.io.runs import fingerprint, is_done, write_marker
 from hype.io.tar import write_tar
 from hype.synth.eval_tasks import (
@@ -407,9 +406,7 @@ def _write_metadata(folder: Path, a: _Args, meta: list[dict]) -> list[str]:
     files = []
     for start in range(0, len(meta), METADATA_ROWS_PER_FILE):
         rows = meta[start : start + METADATA_ROWS_PER_FILE]
-        name = hashlib.blake2b(
-            f"hype-synth:{a.seed}:metadata:{start}:{a.size}".encode(), digest_size=16
-        ).hexdigest()
+        name = blake2b128_bytes(f"hype-synth:{a.seed}:metadata:{start}:{a.size}".encode())
         write_parquet(folder / f"{name}.parquet", _table(rows, METADATA_SCHEMA))
         files.append(f"pool/metadata/{name}.parquet")
     return files

@@ -16,7 +16,6 @@ command left it). A local table is its own spool: nothing is copied.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import sys
 import tempfile
@@ -33,7 +32,7 @@ import pyarrow.parquet as pq
 
 from hype.data.errors import SelectError
 from hype.data.uids import UidError, arrow_to_pairs
-from hype.io import parquet_bytes, read_bytes, storage, write_bytes
+from hype.io import parquet_bytes, read_bytes, sha256_chunks, storage, write_bytes
 from hype.io.runs import input_identity
 from hype.io.storage import AnyPath
 from hype.table.schema import METRICS, SCHEMA, scores_dir
@@ -199,10 +198,10 @@ class ScoresTable:
         part no version."""
         if len(self.folders) > 1 or any(f["version"] is None for f in self.listing.values()):
             return None  # several runs: nothing is cached (no one folder owns the table)
-        h = hashlib.sha256()
-        for name, f in self.listing.items():
-            h.update(f"{name}\0{f['size']}\0{f['version']}\n".encode())
-        return self.folder.parent / "select_cache" / f"{kind}-{h.hexdigest()[:20]}{suffix}"
+        key = sha256_chunks(
+            f"{name}\0{f['size']}\0{f['version']}\n".encode() for name, f in self.listing.items()
+        )
+        return self.folder.parent / "select_cache" / f"{kind}-{key[:20]}{suffix}"
 
     def _read_footers(self) -> list[tuple[pq.FileMetaData, pa.Schema]]:
         """Every part's footer. From a bucket, all of them from one cached object when it is there (one
