@@ -138,8 +138,9 @@ def torch_kmeans(x: np.ndarray, k: int, *, niter: int = 20, seed: int = 0, devic
     draws: at most 256 points per centroid and the k initial centroids are drawn with `seed`; each
     iteration assigns every point to its nearest centroid (L2; fp32 candidates, TF32 off, decided by
     `exact_best`) and moves each centroid to the mean of its points (sums in float64 in row order: the
-    same input and seed give the same bytes on any CPU, whatever its BLAS kernel or the block); an empty cluster takes half of the largest one (faiss draws the one to split,
-    with odds by size; the split itself is faiss's). Points stream from host memory in blocks: the device
+    same input and seed give the same bytes on any CPU, whatever its BLAS kernel or the block); an empty
+    cluster takes half of the largest one (faiss draws the one to split, with odds by size; the split
+    itself is faiss's). Points stream from host memory in blocks: the device
     holds the centroids, their sums and one (block, K) distance block."""
     return _lloyd(_as_f32(x), k, niter, seed, device)
 
