@@ -35,7 +35,6 @@ copies it was built for.
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -45,6 +44,7 @@ from PIL import Image
 from threadpoolctl import threadpool_limits
 
 from hype.data.imageprep import decode_rgb
+from hype.executor import usable_cpus
 
 WORK_SIDE = 64  # an image is kept as this square RGB uint8 (12 KiB) until its pairs are checked
 LUMA = np.array([299.0, 587.0, 114.0])  # ITU-R BT.601 (JPEG's luminance) x 1000: integer sums stay exact
@@ -209,7 +209,7 @@ def pair_similarities(
     out = np.full(len(pairs), -1.0, np.float32)
     if not len(pairs):
         return out
-    workers = workers or len(os.sched_getaffinity(0))
+    workers = workers or usable_cpus()
     with threadpool_limits(1), ThreadPoolExecutor(workers) as pool:
         wholes = [
             _wholes(pool, images, np.unique(pairs[:, side]), check) for side, images in enumerate((a, b))

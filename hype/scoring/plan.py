@@ -84,6 +84,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hype.executor import usable_cpus
 from hype.io import read_json, storage
 from hype.scoring.config import ScoreConfig
 
@@ -1120,17 +1121,11 @@ def _plan_dict(cfg: ScoreConfig, size: PoolSize, probe: Probe, est: _Estimate) -
             "fixed_seconds": round(fixed_s, 1),
             "device_hours": round(total_s * gpus / 3600, 4),
             "gpus": gpus,
-            "cpu_core_hours": round(total_s * (os_cpus() if not gpus else 0) / 3600, 4),
+            "cpu_core_hours": round(total_s * (usable_cpus() if not gpus else 0) / 3600, 4),
             "output_bytes": int(sum(r.bytes for r in rows)),
             "requests": requests,
         },
     }
-
-
-def os_cpus() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def plan_score(
