@@ -152,6 +152,13 @@ def acos_resolved(cos: Tensor) -> Tensor:
     return inside + (torch.acos(torch.clamp(cos, -1.0, 1.0)) - inside).detach()
 
 
+def fp32_dot_error(dim: int) -> float:
+    """d·2^-24: the bound (to first order) on the rounding error of a float32 dot product of `dim` terms,
+    relative to |x||y|, whatever the summation order or blocking (BLAS, faiss, a GPU with TF32 off). The
+    searches that `pair_dots` confirms run below their cut by a multiple of it, so nothing is missed."""
+    return dim * 2.0**-24
+
+
 def pair_dots(x: np.ndarray, y: np.ndarray, a: np.ndarray, b: np.ndarray, chunk: int = 1 << 12) -> np.ndarray:
     """float64 dot product of each pair of float32 rows (x[a[i]], y[b[i]]), the same bytes on any machine,
     for any batch: float64 products of float32 values are exact, and numpy sums each contiguous row in its

@@ -12,7 +12,7 @@ import contextlib
 
 import numpy as np
 
-from hype.geometry._numerics import pair_dots
+from hype.geometry._numerics import fp32_dot_error, pair_dots
 
 C_IN_VALUE = 10.0
 DATACOMP_K = 100_000
@@ -114,7 +114,7 @@ def exact_best(
     half = pair_dots(c, c, *[np.arange(len(c))] * 2) / 2 if l2 else np.zeros(len(c))
     cmax = float(np.sqrt(half.max() * 2)) if l2 else float(np.sqrt(np.einsum("ij,ij->i", c, c).max()))
     xnorm = np.sqrt(np.einsum("ij,ij->i", x, x, dtype=np.float64))
-    margin = (d + 2) * 2.0**-22 * (xnorm * cmax + (cmax * cmax / 2 if l2 else 0.0))
+    margin = 4 * fp32_dot_error(d + 2) * (xnorm * cmax + (cmax * cmax / 2 if l2 else 0.0))  # (d+2)·2^-22
     inside = top >= top[:, :1] - margin[:, None]
     best = ids[:, 0].astype(np.int64)
     full = inside[:, -1] & (ids.shape[1] < len(c))

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from hype.geometry._numerics import pair_dots
+from hype.geometry._numerics import fp32_dot_error, pair_dots
 
 KEEPERS = ("hype", "semdedup", "random")
 PAIRS_PER_BLOCK = 1 << 24  # range-search results held at once (int64 ids + float32 sims: ~200 MB)
@@ -49,9 +49,9 @@ def normalize_rows(x: np.ndarray) -> np.ndarray:
 
 
 def search_margin(dim: int) -> float:
-    """How far below the threshold the search runs: twice the bound d * 2^-24 on a float32 dot product's
-    rounding error for unit vectors (summed in any order), so no pair at or above the threshold is missed."""
-    return dim * 2.0**-23
+    """How far below the threshold the search runs: twice `fp32_dot_error` (unit vectors), so no pair at or
+    above the threshold is missed."""
+    return 2 * fp32_dot_error(dim)
 
 
 def pair_cosines(x: np.ndarray, a: np.ndarray, b: np.ndarray, chunk: int = 1 << 12) -> np.ndarray:
