@@ -22,6 +22,18 @@ def _clean(e: BaseException) -> str:
     return msg.rsplit(marker, 1)[-1].strip() if marker in msg else msg
 
 
+def sampler_overrides(spec: str) -> list[str]:
+    """`softcap:scores=RUN,cap=8` -> the overrides `sampler.kind=softcap`, `sampler.scores=RUN`, ..."""
+    kind, _, rest = spec.partition(":")
+    items = [p.strip() for p in rest.split(",") if p.strip()]
+    bad = [p for p in items if "=" not in p]
+    if bad:
+        raise click.UsageError(
+            f"--sampler {spec!r}: {bad[0]!r} is not KEY=VALUE; e.g. softcap:scores=RUN,cap=8"
+        )
+    return [f"sampler.kind={kind.strip()}", *(f"sampler.{p}" for p in items)]
+
+
 @click.command("train", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--config",
@@ -39,6 +51,13 @@ def _clean(e: BaseException) -> str:
     "--subset",
     type=click.Path(dir_okay=False),
     help="DataComp subset file (.npy or raw memmap): train only on these uids.",
+)
+@click.option(
+    "--sampler",
+    metavar="softcap:scores=RUN_DIR[,KEY=VALUE...]",
+    help="How samples are drawn (default: stream, every sample of --data / --subset alike): softcap draws "
+    "samples_seen samples by their scores, FLYT's soft-cap sampling; keys column, temperature, penalty, "
+    "cap, round (README 'Soft-cap sampling'). Same as the overrides sampler.kind=softcap sampler.KEY=VALUE.",
 )
 @click.option(
     "--out",
@@ -69,6 +88,7 @@ def train(
     config: str | None,
     data: str | None,
     subset: str | None,
+    sampler: str | None,
     out: str | None,
     resume: str,
     init: str | None,
@@ -83,6 +103,8 @@ def train(
     Examples:
       hype train --config tiny-hyperbolic --data world/clean/shards
       hype train --config datacomp-small --data pool/shards --subset hype_top20.npy --out runs/small
+      hype train --config datacomp-small --data pool/shards --subset hype_top20.npy \\
+          --sampler softcap:scores=runs/score,temperature=2,cap=10
       hype train --config meru-vit-b16 --data 'redcaps/{00000000..00001023}.tar' \\
           data.caption_template='{subreddit} : {caption}' optim.lr=5e-4
       torchrun --nproc_per_node 8 -m hype.train --config datacomp-medium --data ...
@@ -113,7 +135,7 @@ def train(
     from hype.train import InitError, ResumeError, TrainingDiverged, format_summary
     from hype.train import train as run_training
 
-    extra = list(overrides)
+    extra = list(overrides) if sampler is None else [*sampler_overrides(sampler), *overrides]
     for key, value in (("data.train", data), ("data.subset", subset), ("out", out), ("init", init)):
         if value is not None:
             extra.append(f"{key}={json.dumps(value)}")  # JSON strings are YAML strings: paths stay strings

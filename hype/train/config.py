@@ -11,7 +11,7 @@ and the recipe: samples seen, global batch, optimizer, schedule, precision, data
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,40 @@ class DataConfig:
         if self.caption_fn is not None and ":" not in self.caption_fn:
             raise ConfigError(
                 "caption_fn", f"must look like 'package.module:function', got {self.caption_fn!r}"
+            )
+
+
+SAMPLERS = ("stream", "softcap")
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """Which samples training sees (DESIGN §2.5). `stream`: every sample of the data (or of --subset, as
+    often as it appears there). `softcap`: FLYT's soft-cap sampling, a multiset of `samples_seen` draws
+    made before training from the scores of `scores` (a `hype score` run or its scores folder), drawn in
+    rounds of `round` without replacement with probability softmax(score / temperature), each draw
+    lowering its sample's logit by `penalty`, no sample drawn more than `cap` times (null: no hard cap)."""
+
+    kind: str = "stream"
+    scores: str | None = None  # RUN_DIR (or RUN_DIR/scores) of the scores to sample by
+    column: str = "hype"  # a numeric column of the scores table, or hype: the Eq. 1 sum of its metrics
+    temperature: float = 1.0
+    penalty: float = 0.15  # FLYT's repetition penalty
+    cap: int | None = None
+    round: int = 100_000  # draws per round (FLYT's batch_size)
+
+    def __post_init__(self) -> None:
+        one_of(self, "kind", SAMPLERS)
+        positive(self, "temperature")
+        at_least(self, 0, "penalty")
+        at_least(self, 1, "cap", "round")
+        if self.kind == "softcap" and not self.scores:
+            raise ConfigError(
+                "scores", "the softcap sampler needs the scores to sample by: sampler.scores=RUN_DIR"
+            )
+        if self.kind == "stream" and any(getattr(self, f.name) != f.default for f in fields(self)):
+            raise ConfigError(
+                "kind", "sampler settings are given but sampler.kind is stream; set sampler.kind=softcap"
             )
 
 
@@ -134,6 +168,7 @@ class TrainConfig:
     max_steps: int | None = None  # stop after this step; the schedule still spans samples_seen
     debug_nan_at_step: int | None = None  # test hook: the loss becomes NaN at this step
     data: DataConfig = field(default_factory=DataConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

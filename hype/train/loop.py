@@ -22,15 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import yaml
 from torch import nn
 from tqdm import tqdm
 
+from hype.data.errors import SelectError
 from hype.data.pipeline import CAPTION_TRANSFORM_FAILED, TrainStream, make_loader
 from hype.data.samples import EMPTY_SHARD, SKIP_REASONS, SkipStats
 from hype.data.shards import ShardList, expand_shards
 from hype.data.subset_index import SubsetError, SubsetIndex, check_subset_matches, resolve_subset
+from hype.data.uids import load_subset, write_subset
 from hype.io import AnyPath, cached_copy, storage, write_text
 from hype.io.runs import is_done
 from hype.losses import ContrastiveEntailmentLoss
@@ -47,6 +50,7 @@ from hype.train.distributed import (
 )
 from hype.train.metrics import MetricsLog, format_summary, read_metrics, write_summary
 from hype.train.optim import build_optimizer, entailment_K_at, lr_at, set_lr
+from hype.train.sampler import draw_subset
 from hype.train.state import (
     CheckpointPaths,
     ResumeError,
@@ -157,9 +161,12 @@ class Trainer:
 
         self.shards: ShardList = expand_shards(cfg.data.train or "")
         self.subset: SubsetIndex | None = resolve_subset(cfg.data.subset)
+        sampled = self._sample() if cfg.sampler.kind == "softcap" else None
         self.subset_info: dict | None = None
         if self.subset is not None:
             self.subset_info = {"path": str(cfg.data.subset), **self._check_subset()}
+            if sampled is not None:  # the run trains on the draw; the summary of a stream run is unchanged
+                self.subset_info.update(path=sampled["file"], sampler=sampled)
 
         self.model_config = effective_model_config(cfg)
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
@@ -219,6 +226,34 @@ class Trainer:
                 f"learning rate never reaches optim.lr={cfg.optim.lr} (lower optim.warmup_steps or raise "
                 "samples_seen)"
             )
+
+    def _sample(self) -> dict:
+        """Draw the soft-cap multiset (`hype.train.sampler`) on rank 0 into OUT/sampled.npy, which every
+        rank then trains on as its subset; returns the draw's record. A resumed run must draw the same
+        multiset: different scores are refused rather than trained on."""
+        path = self.out / "sampled.npy"
+        result: dict | str = {}
+        if self.info.is_main:
+            try:
+                cfg = self.cfg
+                multiset, result = draw_subset(cfg.sampler, cfg.samples_seen, cfg.seed, self.subset)
+                if latest_checkpoint(self.out) is not None and storage.is_file(path):
+                    if not np.array_equal(load_subset(path), multiset):
+                        raise ResumeError(
+                            f"{path}: the run was started on another draw (the scores {cfg.sampler.scores} "
+                            "changed since); resume with the original scores or choose another --out"
+                        )
+                else:
+                    write_subset(path, multiset)
+                result["file"] = str(path)
+            except (SubsetError, SelectError, ResumeError) as e:
+                result = f"{type(e).__name__}\t{e}"
+        result = broadcast_from_main(result, self.info)
+        if isinstance(result, str):
+            kind, msg = result.split("\t", 1)
+            raise {"ResumeError": ResumeError, "SelectError": SelectError}.get(kind, SubsetError)(msg)
+        self.subset = SubsetIndex.load(path)
+        return result
 
     def _check_subset(self) -> dict:
         """Rank 0 reads the parquets (up to data.subset_check_shards) and shares the verdict, so a large
