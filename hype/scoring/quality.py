@@ -11,33 +11,7 @@ import numpy as np
 
 from hype.table.combine import PAPER_WEIGHTS, Combiner, hype_score
 from hype.table.schema import METRICS
-
-
-def average_ranks(x: np.ndarray) -> np.ndarray:
-    """1-based ranks of `x`, tied values sharing the mean of their ranks."""
-    x = np.asarray(x, dtype=np.float64)
-    order = np.argsort(x, kind="mergesort")
-    sorted_x = x[order]
-    # Group boundaries of equal values; each group gets the mean of its 1-based positions.
-    starts = np.r_[0, np.nonzero(np.diff(sorted_x))[0] + 1]
-    ends = np.r_[starts[1:], len(x)]
-    mean_rank = (starts + ends + 1) / 2.0
-    ranks = np.empty(len(x), dtype=np.float64)
-    ranks[order] = np.repeat(mean_rank, ends - starts)
-    return ranks
-
-
-def auroc(scores: np.ndarray, positive: np.ndarray) -> float:
-    """Area under the ROC curve of `scores` for the boolean labels `positive` (higher = positive)."""
-    scores = np.asarray(scores, dtype=np.float64)
-    positive = np.asarray(positive, dtype=bool)
-    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
-    if n_pos == 0 or n_neg == 0:
-        raise ValueError(f"AUROC needs both classes, got {n_pos} positives and {n_neg} negatives")
-    if not np.isfinite(scores).all():
-        raise ValueError("scores contain NaN or inf")
-    ranks = average_ranks(scores)
-    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+from hype.table.stats import auroc, average_ranks  # noqa: F401 - average_ranks re-exported
 
 
 def normalized_hype_score(columns: dict[str, np.ndarray], normalize: str) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 Moments are merged batch by batch with Chan et al.'s parallel update (stable for any table size);
 quantiles come from a `KeyHistogram` (relative error <= 2^-9, reported rounded to 3 significant digits).
+`auroc` (Mann-Whitney U, ties averaged) serves scoring's quality table and `hype fit`'s held-out folds.
 """
 
 from __future__ import annotations
@@ -85,3 +86,30 @@ def _round(x: float, digits: int = 6) -> float:
     if not math.isfinite(x) or x == 0:
         return x
     return float(f"{x:.{digits}g}")
+
+
+def average_ranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks of `x`, tied values sharing the mean of their ranks."""
+    x = np.asarray(x, dtype=np.float64)
+    order = np.argsort(x, kind="mergesort")
+    sorted_x = x[order]
+    # Group boundaries of equal values; each group gets the mean of its 1-based positions.
+    starts = np.r_[0, np.nonzero(np.diff(sorted_x))[0] + 1]
+    ends = np.r_[starts[1:], len(x)]
+    mean_rank = (starts + ends + 1) / 2.0
+    ranks = np.empty(len(x), dtype=np.float64)
+    ranks[order] = np.repeat(mean_rank, ends - starts)
+    return ranks
+
+
+def auroc(scores: np.ndarray, positive: np.ndarray) -> float:
+    """Area under the ROC curve of `scores` for the boolean labels `positive` (higher = positive)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    positive = np.asarray(positive, dtype=bool)
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError(f"AUROC needs both classes, got {n_pos} positives and {n_neg} negatives")
+    if not np.isfinite(scores).all():
+        raise ValueError("scores contain NaN or inf")
+    ranks = average_ranks(scores)
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
