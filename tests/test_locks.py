@@ -144,10 +144,12 @@ def _commands(tmp: Path) -> list[tuple[str, list[str], Path, str]]:
         ("convert", ["convert", "open-clip", str(model), "--out", str(tmp / "c.safetensors")],
          tmp / "c.safetensors", "--out"),
         ("export", ["export", str(model), str(out)], out, "OUT"),
+        ("fit", ["fit", "--scores", str(tmp), "--labels", str(tmp / "l.parquet"), "--out", str(tmp / "w.json")],
+         tmp / "w.json", "--out"),
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("case", range(11))
+@pytest.mark.parametrize("case", range(12))
 def test_every_command_refuses_an_output_another_holds(tmp_path, case):
     command, args, out, option = _commands(tmp_path)[case]
     with output_lock(out, command):

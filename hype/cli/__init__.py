@@ -40,6 +40,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "select",
         "Select a subset from a scores table (HYPE, ablations, filters).",
     ),
+    "fit": (
+        "hype.cli.fit",
+        "fit",
+        "Fit weights over score columns to a small labelled sample (cross-validated).",
+    ),
     "explain": (
         "hype.cli.explain",
         "explain",
