@@ -144,8 +144,8 @@ def _commands(tmp: Path) -> list[tuple[str, list[str], Path, str]]:
         ("convert", ["convert", "open-clip", str(model), "--out", str(tmp / "c.safetensors")],
          tmp / "c.safetensors", "--out"),
         ("export", ["export", str(model), str(out)], out, "OUT"),
-        ("fit", ["fit", "--scores", str(tmp), "--labels", str(tmp / "l.parquet"), "--out", str(tmp / "w.json")],
-         tmp / "w.json", "--out"),
+        ("fit", ["fit", "--scores", str(tmp), "--labels", str(tmp / "l.parquet"), "--out",
+                 str(tmp / "w.json")], tmp / "w.json", "--out"),
     ]  # fmt: skip
 
 
