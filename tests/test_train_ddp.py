@@ -13,7 +13,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import torch
-from train_helpers import MICRO
+from test_select_helpers import write_scores
+from train_helpers import MICRO, clean_scores
 
 from hype.checkpoint import load_checkpoint
 from hype.data.uids import save_subset
@@ -43,6 +44,7 @@ def test_torchrun_two_cpu_processes_train_and_rank0_writes_once(world, tmp_path)
     out = tmp_path / "run"
     uids = pq.read_table(world / "clean" / "shards" / "00000000.parquet").column("uid").to_pylist()
     subset = save_subset(tmp_path / "subset.npy", uids[:12] + uids[:4])
+    scores = write_scores(clean_scores(world), tmp_path / "scores_run")  # to sample within the subset
     res = torchrun(
         "-m",
         "hype.train",
@@ -54,6 +56,8 @@ def test_torchrun_two_cpu_processes_train_and_rank0_writes_once(world, tmp_path)
         str(out),
         "--subset",
         str(subset),
+        "--sampler",
+        f"softcap:scores={scores},column=cos_theta,cap=3,round=4",
         "--no-progress",
         *MICRO,
         "batch_size=8",
@@ -68,7 +72,11 @@ def test_torchrun_two_cpu_processes_train_and_rank0_writes_once(world, tmp_path)
     assert res.stdout.count("training complete") == 1  # only rank 0 prints the summary
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["step"] == 3 and summary["micro_batch_size"] == 2
-    assert summary["subset"]["matched_samples"] == 16  # checked once on rank 0, shared with rank 1
+    # Drawn once on rank 0 (24 draws among the subset's 12 uids, at most 3 each), trained on by both ranks,
+    # and checked once on rank 0, shared with rank 1.
+    assert summary["subset"]["sampler"]["candidates"] == 12 and summary["subset"]["sampler"]["drawn"] == 24
+    assert summary["subset"]["sampler"]["max_repeats"] <= 3 and summary["subset"]["matched_samples"] == 24
+    assert sorted(p.name for p in out.glob("*.npy")) == ["sampled.npy"]
     assert [c.step for c in list_checkpoints(out)] == [3]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
         "step-00000003.safetensors",

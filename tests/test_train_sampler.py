@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 from test_select_helpers import write_scores
-from train_helpers import MICRO
+from train_helpers import MICRO, clean_scores
 
 from hype.cli import main
 from hype.data.subset_index import SubsetError, SubsetIndex
@@ -92,14 +92,7 @@ def world(tmp_path_factory) -> Path:
 
 
 def write_table(world: Path, run: Path, cos: np.ndarray, parts: int = 3) -> Path:
-    uids = pd.read_parquet(world / "clean" / "truth.parquet")["uid"]
-    zeros = np.zeros(len(uids), np.float32)
-    df = pd.DataFrame({"uid": uids, "eps_i": zeros, "eps_t": zeros, "neg_d_l": zeros, "c_in": zeros})
-    df["cos_theta"] = cos.astype(np.float32)
-    for col in ("shard", "key", "text"):
-        df[col] = ""
-    df["width"] = df["height"] = np.int32(32)
-    return write_scores(df, run, parts=parts, row_group_size=10)
+    return write_scores(clean_scores(world, cos), run, parts=parts, row_group_size=10)
 
 
 def test_draw_is_the_uid_order_draw_and_stays_inside_the_subset(world, tmp_path):

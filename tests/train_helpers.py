@@ -1,5 +1,12 @@
 """Shared settings of the training tests (imported as `from train_helpers import ...`, like `reference`)."""
 
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from hype.table.schema import METRICS
+
 # Every geometry with a CPU-tiny training preset `configs/train/tiny-<name>.yaml`.
 TINY_GEOMETRIES = [
     "clip",
@@ -24,3 +31,15 @@ MICRO = [
     "model.text.layers=1",
     "model.text.context_length=16",
 ]
+
+
+def clean_scores(world: Path, cos: np.ndarray | None = None) -> pd.DataFrame:
+    """A scores table (`test_select_helpers.write_scores`) of a world's clean shards for soft-cap sampling:
+    cos_theta ranks the samples (`cos`, default evenly from -1 to 1), the other metrics are 0."""
+    df = pd.read_parquet(world / "clean" / "truth.parquet", columns=["uid"])
+    for col in METRICS:
+        df[col] = np.float32(0)
+    df["cos_theta"] = (np.linspace(-1, 1, len(df)) if cos is None else cos).astype(np.float32)
+    df["shard"] = df["key"] = df["text"] = ""
+    df["width"] = df["height"] = np.int32(32)
+    return df
