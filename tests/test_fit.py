@@ -127,3 +127,12 @@ def test_curator_labels_come_from_the_pool_truth(tmp_path):
     assert len(labels) == 40 and labels["uid"].is_unique and set(labels["uid"]) <= set(truth.index)
     assert (labels["keep"] == (truth.loc[labels["uid"], "noise"] == "clean").to_numpy()).all()
     del world
+
+
+def test_labels_past_the_bounds_are_refused_before_decoding(pool, tmp_path, monkeypatch):
+    import hype.select.fit as fit_module
+
+    monkeypatch.setattr(fit_module, "MAX_LABEL_ROWS", 10)
+    many = labels_file(tmp_path / "many.parquet", uid=[f"{i:032x}" for i in range(11)], keep=[1, 0] * 5 + [1])
+    res = fit("--scores", str(pool["run"]), "--labels", str(many), "--out", str(tmp_path / "w.json"))
+    assert res.exit_code == 1 and "many.parquet: 11 rows; label a sample of at most 10" in res.output

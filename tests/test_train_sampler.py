@@ -180,3 +180,12 @@ def test_sampler_spec_errors_are_one_line(tmp_path):
     assert res.exit_code == 2 and "'cap' is not KEY=VALUE; e.g. softcap:scores=RUN,cap=8" in res.output
     res = CliRunner().invoke(main, [*cli, "--sampler", "softcap:cap=3"])
     assert res.exit_code == 2 and "sampler.scores: the softcap sampler needs the scores" in res.output
+
+
+def test_a_draw_that_would_not_fit_in_memory_is_refused_before_reading(world, monkeypatch):
+    import hype.train.sampler as sampler
+
+    monkeypatch.setattr(sampler, "available_memory", lambda: 1000)
+    cfg = SamplerConfig(kind="softcap", scores=str(world / "scores_run"), column="cos_theta")
+    with pytest.raises(SubsetError, match=r"drawing 200 samples from up to 64 scored samples needs ~0.0 GiB"):
+        draw_subset(cfg, 200, 0, None)
