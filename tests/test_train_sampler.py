@@ -150,10 +150,10 @@ def test_train_on_a_softcap_draw_resumes_on_the_same_draw(world, tmp_path):
         "--out",
         str(out),
         "--no-progress",
-        "--json",
     ]
     res = CliRunner().invoke(main, [*cli, "--sampler", spec, *RUN, "max_steps=3"])
     assert res.exit_code == 0, res.output
+    assert f"sampler          softcap by cos_theta of {run / 'scores'}: 64 draws" in res.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "stopped" and summary["step"] == 3
     sampler = summary["subset"]["sampler"]

@@ -124,6 +124,12 @@ def format_summary(s: dict[str, Any]) -> str:
     if s.get("subset"):
         sub = s["subset"]
         lines.append(f"  subset           {sub['path']} ({sub['subset_uids']:,} uids)")
+        if sub.get("sampler"):
+            d = sub["sampler"]
+            lines.append(
+                f"  sampler          {d['kind']} by {d['column']} of {d['scores']}: {d['drawn']:,} draws, "
+                f"{d['unique']:,} of {d['candidates']:,} samples, at most {d['max_repeats']} each"
+            )
     if s.get("checkpoint"):
         lines.append(f"  checkpoint       {s['checkpoint']}")
     if s.get("model"):
