@@ -28,8 +28,6 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from hype.scoring.plan import RUN_STAGE
-
 HYPE = [sys.executable, "-c", "from hype.cli import main; main()"]
 
 
@@ -59,7 +57,7 @@ def run_score(args: list[str], out: Path) -> tuple[dict, float]:
 def compare(plan: dict, summary: dict, wall: float) -> dict:
     est: dict[str, float] = {}
     for r in plan["stages"]:
-        key = r.get("run_stage") or RUN_STAGE.get(r["stage"], "other")
+        key = r["run_stage"]  # the summary stage the row estimates
         est[key] = est.get(key, 0.0) + r["estimate_s"]
     measured = {k: float(v.get("seconds", 0.0)) for k, v in summary["stages"].items()}
     measured["other"] = wall - sum(measured.values())

@@ -62,6 +62,7 @@ def _record() -> None:
     import aiobotocore.client as client
 
     import hype.scoring.runner as runner
+    from hype.scoring.context import RunContext
 
     call = client.AioBaseClient._make_api_call
 
@@ -72,7 +73,7 @@ def _record() -> None:
         return await call(self, op, params)
 
     client.AioBaseClient._make_api_call = spy
-    run_map, timed, run_stage = runner._Run.map, runner._Run.timed, runner._run_stage
+    run_map, timed, run_stage = RunContext.map, RunContext.timed, runner._run_stage
 
     def map_(self, stage, tasks):
         LABEL[0] = f"map:{stage.name}"
@@ -95,7 +96,7 @@ def _record() -> None:
         finally:
             LABEL[0] = "run"
 
-    runner._Run.map, runner._Run.timed, runner._run_stage = map_, timed_, stage_
+    RunContext.map, RunContext.timed, runner._run_stage = map_, timed_, stage_
 
 
 def per_stage(plan: dict, run_bucket: str) -> list[dict]:

@@ -23,7 +23,6 @@ from test_score_support import (
 
 from hype.scoring.plan import (
     PlanError,
-    copy_check_seconds,
     energy_per_row,
     estimate,
     fit_linear,
@@ -31,6 +30,7 @@ from hype.scoring.plan import (
     probe_from_run,
     probe_shard_sizes,
 )
+from hype.scoring.stage_decontam import copy_check_seconds
 
 PROBE = 60  # two shards of 30: the probe is a real run, kept small
 

@@ -1,6 +1,6 @@
-"""`hype score`'s stages as data (`hype.scoring.runner.STAGES`): the order DESIGN §7 documents, dependencies
-that run first, `hype plan`'s rows in the same order, the conditions that switch stages on, and a new stage
-added as one entry."""
+"""`hype score`'s stages as data (`hype.scoring.stages.STAGES`): the order DESIGN §7 documents, dependencies
+that run first, `hype plan`'s rows declared by each stage, the conditions that switch stages on, and a new
+stage added as one entry (a whole stage in one file: tests/test_stage_plugin.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from pathlib import Path
 
 from test_score_support import baseline, models, run_cli, score_args, world
 
-from hype.scoring import runner
+from hype.scoring import stages
 from hype.scoring.config import load_score_config
-from hype.scoring.runner import STAGES, StageSpec
+from hype.scoring.context import StageSpec
+from hype.scoring.stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,10 +34,8 @@ def test_the_declared_order_is_the_documented_one_and_reads_come_first():
         assert spec.per_shard or spec.driver, spec.name
 
 
-def test_hype_plan_estimates_each_stage_in_the_same_order():
-    from hype.scoring.plan import STAGE_ROWS
-
-    assert list(STAGE_ROWS) == [s.name for s in STAGES]
+def test_each_stage_declares_its_plan_rows():
+    assert [s.name for s in STAGES if s.plan is None] == []
 
 
 def test_each_stage_takes_typed_settings_and_runs_when_its_config_asks():
@@ -47,10 +46,10 @@ def test_each_stage_takes_typed_settings_and_runs_when_its_config_asks():
             assert settings is None or dataclasses.is_dataclass(settings), spec.name
         return [s.name for s in STAGES if s.when(cfg)]
 
-    core = ["embed", "dedup", "reference", "specificity", "captions", "clusters", "merge"]
+    core = ["embed", "dedup", "reference", "specificity", "captions", "clusters", "merge", "card"]
     assert active() == core
     assert active("clusters.class_images=x", "decontam.eval_dir=e", "neardup.enabled=true") == [
-        *core[:4], "classes", *core[4:6], "decontam", "merge", "neardup"
+        *core[:4], "classes", *core[4:6], "decontam", "merge", "neardup", "card"
     ]  # fmt: skip
     assert "captions" not in active("clusters.caption_filter=false")
 
@@ -65,7 +64,7 @@ def test_a_new_stage_is_one_entry_and_sees_the_outputs_it_reads(tmp_path_factory
     extra = StageSpec(
         "count", count_parts, lambda c: c.reference, reads=("merge",), per_shard=False, driver=True
     )
-    monkeypatch.setattr(runner, "STAGES", (*STAGES, extra))
+    monkeypatch.setattr(stages, "STAGES", (*STAGES, extra))
     run = tmp_path / "run"
     shutil.copytree(baseline(tmp_path_factory), run)
     meru, clip = models(tmp_path_factory)

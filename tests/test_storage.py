@@ -87,11 +87,11 @@ def _kill_when_ready(s3, body: str, ready: str) -> None:
 
 
 def test_the_plans_price_of_each_storage_operation_is_what_the_server_counts(s3):
-    """`hype plan` counts a run's bucket requests from a price per storage operation (hype.scoring.plan);
+    """`hype plan` counts a run's bucket requests from a price per storage operation (hype.scoring.pricing);
     each price is checked against SeaweedFS's own request counters (HEAD counts as GET there, as on S3's
     bill), at the sizes where it changes: a Parquet file inside pyarrow's 64 KiB footer read, one of a
     few MB, one whose columns span two 32 MiB pre-buffer ranges."""
-    from hype.scoring import plan
+    from hype.scoring import pricing
 
     bucket = s3.bucket()
     root = f"s3://{bucket}/run"
@@ -108,23 +108,23 @@ def test_the_plans_price_of_each_storage_operation_is_what_the_server_counts(s3)
         url = f"{root}/t{rows}.parquet"
         assert count(lambda u=url, t=table: write_parquet(u, t)) == {"PUT": 1}
         n = storage.size(url)
-        assert count(lambda u=url: read_parquet(u)) == {"GET": plan._parquet_get(n)}, n
-    assert plan._parquet_get(1 << 10) == 2 and plan._parquet_get(45 << 20) == 4  # the three prices
+        assert count(lambda u=url: read_parquet(u)) == {"GET": pricing.parquet_get(n)}, n
+    assert pricing.parquet_get(1 << 10) == 2 and pricing.parquet_get(45 << 20) == 4  # the three prices
 
-    assert count(lambda: write_json(f"{root}/m.json", {"k": 1})) == {"PUT": plan._put(20)}
-    assert count(lambda: read_json(f"{root}/m.json")) == {"GET": plan._JSON_GET}
-    missing = {k.upper(): v for k, v in plan._MISSING.items()}
+    assert count(lambda: write_json(f"{root}/m.json", {"k": 1})) == {"PUT": pricing.put(20)}
+    assert count(lambda: read_json(f"{root}/m.json")) == {"GET": pricing.JSON_GET}
+    missing = {k.upper(): v for k, v in pricing.MISSING.items()}
     assert count(lambda: read_json(f"{root}/not-yet.json")) == missing
-    assert count(lambda: storage.list_sizes(root)) == {"LIST": plan._lists(4)}
-    assert count(lambda: storage.list_sizes(f"{root}/empty")) == {"LIST": plan._lists(0)}
+    assert count(lambda: storage.list_sizes(root)) == {"LIST": pricing.lists(4)}
+    assert count(lambda: storage.list_sizes(f"{root}/empty")) == {"LIST": pricing.lists(0)}
     big = f"{root}/t2500000.parquet"
-    assert count(lambda: sha256_file(big)) == {"GET": plan._stream_get(storage.size(big))}
+    assert count(lambda: sha256_file(big)) == {"GET": pricing.stream_get(storage.size(big))}
 
     def written_digest():  # the reference stage's sets: written, then their size and digest for the marker
         write_json(f"{root}/set.json", {"k": 2})
         assert storage.size(f"{root}/set.json") and sha256_file(f"{root}/set.json")
 
-    assert count(written_digest) == {"PUT": 1, "GET": plan._written_digest(20)}
+    assert count(written_digest) == {"PUT": 1, "GET": pricing.written_digest(20)}
 
 
 def test_a_killed_writer_leaves_no_object(s3, tmp_path):

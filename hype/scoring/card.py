@@ -41,6 +41,8 @@ from hype.data.samples import SkipStats, iter_tar_samples, sample_uid
 from hype.data.shards import expand_shards
 from hype.executor import available_memory, usable_cpus
 from hype.io import blake2b128_file, load_npy, open_input, read_json, read_parquet, storage
+from hype.scoring.context import RunContext, StageSpec
+from hype.scoring.pricing import JSON_GET, lists, parquet_get, stream_get
 from hype.scoring.rundir import SHARD_STAGES, RunDir, atomic_write_json, fingerprint, make_tasks
 from hype.table.schema import scores_dir
 
@@ -514,3 +516,54 @@ def card_settings(cfg, resolved_precision: str, curv: float, K: float) -> dict:
 
 def dumps(report: dict) -> str:
     return json.dumps(report, indent=2)
+
+
+# --- the card as the last step of a `hype score` run -------------------------------------------------
+
+
+def _write(ctx: RunContext, settings: None, inputs: dict) -> dict:
+    """RUN_DIR/card.json: digests of what the scores depend on and a checksummed sample of them."""
+    return ctx.timed("card", lambda: _card(ctx, inputs["embed"]))
+
+
+def _card(ctx: RunContext, pool: Any) -> dict:
+    from hype.scoring.embed import resolve_precision
+    from hype.scoring.stagebase import resolve_device
+
+    cfg = ctx.cfg
+    resolved = resolve_precision(resolve_device(cfg.device), cfg.precision)
+    settings = card_settings(cfg, resolved, pool.curv, pool.K)
+    clip_from_metadata = ctx.metadata is not None and ctx.metadata.get("cos_theta") != "--clip"
+    models = {"meru": pool.meru.digest, "clip": None if clip_from_metadata else pool.clip.digest}
+    card = write_card(ctx.run, settings, models, {"meru": cfg.meru, "clip": models["clip"] and cfg.clip})
+    return {"rows_sampled": len(card["sample"]["rows"])}
+
+
+def card_requests(folders: dict[str, int], parts: int, part_bytes: float, files: list[float]) -> dict:
+    """`write_card`'s bucket requests: each stage folder of SHARD_STAGES looked for (HEAD + LIST) and, when
+    there (`folders`: stage -> markers), listed and every marker read; up to SAMPLE_PARTS scores parts
+    read; the digest of each optional file (reference, centroids, targets, config: `files`, their sizes)."""
+    req = {"get": 0.0, "put": 1, "list": 0.0}
+    for stage in (*SHARD_STAGES, "scores"):
+        n = parts if stage == "scores" else folders.get(stage, 0)
+        there = n > 0
+        req["get"] += 1 + (JSON_GET * n if stage != "scores" else 0)
+        req["list"] += 1 + (lists(2 * n if stage != "scores" else n) if there else 0)
+    req["get"] += min(SAMPLE_PARTS, parts) * parquet_get(part_bytes)
+    req["get"] += sum(1 + stream_get(b) for b in files)  # is_file (HEAD), then streamed
+    return req
+
+
+def plan(est: Any) -> None:
+    """The card reads the run folder the run will leave: a folder's markers, one per shard but where a
+    stage said otherwise (`est.markers_of`); the reference and centroids as large as the run's M and K."""
+    probe = est.probe
+    folders = {k: est.markers_of.get(k, est.S) for k, v in probe.stats.items() if v}
+    scale = {"reference.safetensors": est.m_r / max(1, est.m_p), "centroids.npy": est.k_r / est.k_p}
+    files = [b * scale.get(name, 1.0) for name, b in probe.card_files.items()]
+    part_bytes = probe.folder_bytes.get("scores", 0) * est.lin / max(1, est.S)
+    req = card_requests(folders, est.S, part_bytes, files)
+    est.fixed("card", est.seconds("card"), probe.folder_bytes.get("card.json", 0), req, run_stage="card")
+
+
+STAGE = StageSpec("card", _write, reads=("embed",), per_shard=False, driver=True, plan=plan)

@@ -35,6 +35,7 @@ from hype.geometry import get_geometry
 from hype.io import cached_copy, storage
 from hype.scoring import embed_format
 from hype.scoring.decode import Decoded, DecodePool, DecodeSpec, Skipped
+from hype.scoring.errors import ScoreError
 from hype.scoring.rundir import (
     RunDir,
     ShardTask,
@@ -66,6 +67,27 @@ class ModelRef:
 
     path: str
     digest: str
+
+
+def model_ref(path: str | None, role: str) -> ModelRef | None:
+    """The --meru / --clip model at `path` with its digest, checked for its role's geometry."""
+    if path is None:
+        return None
+    from hype.checkpoint import model_file_config, model_file_digest
+    from hype.io import blake2b128_file
+
+    try:
+        local = cached_copy(path)  # a URL: downloaded once here, once per worker (`load_scorer`)
+        geometry = model_file_config(local).get("geometry", "")
+        # open_clip sources (folders, OpenAI releases) are digested with the config beside their weights.
+        digest = model_file_digest(local, blake2b128_file)
+    except (ValueError, OSError) as e:  # CheckpointError, ModelFileError, ConfigError
+        raise ScoreError(f"--{role}: {e}") from None
+    if role == "meru" and not geometry.startswith("hyperbolic"):
+        raise ScoreError(f"--meru {path}: a {geometry!r} model; --meru needs a hyperbolic (MERU) checkpoint")
+    if role == "clip" and geometry not in ("clip", "elliptic"):
+        raise ScoreError(f"--clip {path}: a {geometry!r} model; --clip needs a CLIP (cosine) checkpoint")
+    return ModelRef(path, digest)
 
 
 def load_scorer(ref: ModelRef, role: str, device: str) -> torch.nn.Module:

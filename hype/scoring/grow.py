@@ -125,13 +125,11 @@ def check_reference(frozen: Frozen, run: RunDir, given: str | None, dim: int) ->
         )
 
 
-def check_centroids(frozen: Frozen, run: RunDir, given: str | None) -> None:
-    """A `--centroids` given to a grow must equal the frozen centroids."""
+def check_centroids(frozen: Frozen, run: RunDir, given: str | None, centroids: np.ndarray | None) -> None:
+    """A `--centroids` given to a grow (`centroids`: the file `given`, read) must equal the frozen ones."""
     if given is None:
         return
-    from hype.scoring.stage_clusters import read_centroids_file
-
-    if frozen.clusters is None or not _same(load_npy(run.centroids), read_centroids_file(given, None)):
+    if frozen.clusters is None or not _same(load_npy(run.centroids), centroids):
         raise GrowError(
             f"--centroids {given}: not the run's frozen centroids ({run.centroids}); drop --centroids to "
             "keep them, or score the pool into a new --out"

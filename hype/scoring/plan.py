@@ -14,13 +14,14 @@ the class set of the real run) and every stage is extrapolated with its own scal
     classes (class images), metadata index, card, Ray start-up    fixed: measured as they are
     decontam: evaluation images embedded, loaded                  fixed (the marker's eval_setup_seconds)
     decontam: the search                                          linear in samples
-    decontam: the copy check (`copy_check_seconds`)               images windowed: the pool's linear in
+    decontam: the copy check (stage_decontam.copy_check_seconds)  images windowed: the pool's linear in
                                                                   samples, the evaluation's at most all
                                                                   of them per block
     neardup: split and groups of clusters                         linear in samples (groups of fixed rows)
 
-The rows follow the stages the run takes, in its order: `hype.scoring.runner.STAGES` and the conditions
-there (`STAGE_ROWS` holds the rows of each stage).
+The rows follow the stages the run takes, in its order (`hype.scoring.stages.STAGES` and the conditions
+there); each stage's file gives its rows (its `plan` hook, on `_Estimate`'s three kinds of row: a per-shard
+map, a driver step, a fixed cost), and this module names none of them.
 
 A per-shard stage's probe time splits into its shards' own seconds (their markers) and the rest (workers
 set up, models loaded, scheduled): the rest is a fixed cost. The shards' seconds are fitted as a + b x n
@@ -36,39 +37,8 @@ run's K and points; the copy check per image windowed and per pair (`_time_copy_
 splits the probe's check time. The load average at the probe's start and end is recorded: the estimate
 holds for that load. Nothing is written into the run folder; the probe's folder is deleted.
 
-Bucket requests follow the run contract (`hype.scoring.runner`, `rundir`, `stage_*`), counted per object
-operation at the price a real S3 server answers for it (measured with SeaweedFS's request counters:
-tests/test_storage.py checks each price, tests/test_storage_pipeline.py a whole run, bench/plan_requests.py
-larger pools, groups of clusters, decontamination). HEAD is billed as a GET on S3 and counted with them;
-`pool_get`/`pool_list` are the requests outside the run folder (the pool's tars, the class images and
-evaluation sets, models in a bucket). The prices:
-
-    Parquet read (`_parquet_get`)  HEAD at open; pyarrow's footer read, its last 64 KiB (a smaller file
-                                   is read whole by it and the read-ahead cache keeps it: 2 in all); then
-                                   one GET per pre-buffered range: column chunks coalesced up to 32 MiB
-    marker read                    HEAD + GET; a marker not written yet (every `completed` check of a fresh
-                                   run) is HEAD (404) + a LIST of `key/` (s3fs rules out a folder)
-    streamed object                HEAD (size) + one GET per 8 MiB chunk (`RemoteStream`: tars, digests);
-                                   a tar has 3 HEADs more: the driver's and the worker's `file_identity`
-                                   before, the worker's after the read
-    write                          one PUT (`atomic_write`); over 100 MiB s3fs uploads in parts: 1 + parts + 1
-    listing                        one LIST per 1,000 names; an empty or missing folder is 2 (s3fs then
-                                   lists the parent): a fresh run's stage folders are empty when listed
-    model in a bucket              LIST (a folder?) + one GET into the process's cache (`cached_copy`): the
-                                   driver's copy, and each Ray worker's
-    written set                    PUT, then its size (HEAD) and its digest (streamed) for the marker
-
-What the model got wrong before it was measured (3 shards, near-duplicates on: plan 294 GET, 55 PUT,
-10 LIST against the server's 380, 68, 52): every small Parquet read was priced 3 (2 is right: the footer
-read holds the file) and a large one at one GET per 4 MiB (pyarrow asks for ranges of up to 32 MiB, each
-one GET: a 40 MB file is 4, not 12); the card's reads (every stage folder looked for and listed, every
-marker read: 20% of the GETs) were priced as 8 parts; the markers a fresh run looks for before writing
-them, the empty-folder listings, the lock's DELETE, the run's own summary writes and the class images'
-listing were left out; the near-duplicate stage was not counted, nor the decontamination search's
-evaluation folders, parts and tars. The copy check reads a pool shard's tar only when the shard has
-candidates: every shard is counted (an upper bound). Not measured: Ray workers (each actor's sets and
-models are counted once per stage), multipart uploads (files over 100 MiB). Counts are of a fresh run:
-a resumed one reads markers that exist instead of recomputing.
+Bucket requests: each stage's rows count them from the prices of `hype.scoring.pricing` (its docstring
+says how each storage operation is priced, and what was measured).
 """
 
 from __future__ import annotations
@@ -86,18 +56,14 @@ from pathlib import Path
 
 from hype.executor import usable_cpus
 from hype.io import read_json, storage
+from hype.scoring import stages
 from hype.scoring.config import ScoreConfig
+from hype.scoring.pricing import REQUEST_KINDS, ShardReads, add, run_requests, stage_requests
 
 PROBE_SAMPLES = 1024
 ENERGY_CALIBRATION_REFS = 20_000  # the largest reference set the L_e kernel is timed on
 ENERGY_ROWS = 256  # pool rows per timed L_e call
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
-FOOTER_READ = 64 << 10  # pyarrow's first read of a Parquet file: its last 64 KiB
-PARQUET_RANGE = 32 << 20  # pyarrow's pre-buffer coalesces column chunks into ranges of up to 32 MiB
-STREAM_CHUNK = 8 << 20  # RemoteStream's chunk
-MULTIPART_OVER = 100 << 20  # s3fs put_file: single PUT below 2 x its 50 MiB chunk
-MULTIPART_PART = 50 << 20
-LIST_PAGE = 1000
 
 
 class PlanError(ValueError):
@@ -307,8 +273,8 @@ KMEANS_CALIBRATION_POINTS = 20_000  # the most points k-means is timed on in the
 
 
 def kmeans_size(cfg: ScoreConfig, samples: int, eligible: float) -> tuple[int, int]:
-    """(K, training points) of the run's k-means, as `runner._train_clusters` sizes them; `eligible`: the
-    fraction of rows the caption filter passes."""
+    """(K, training points) of the run's k-means, as `stage_clusters._train_clusters` sizes them;
+    `eligible`: the fraction of rows the caption filter passes."""
     from hype.scoring.clusters import default_num_clusters
 
     cc = cfg.clusters
@@ -417,31 +383,6 @@ def _time_copy_check(cfg: ScoreConfig) -> dict | None:
     one, many = (_median(t) for t in times.values())
     pair_s = max(0.0, (many - one) / (n * (COPY_CALIBRATION_PAIRS - 1)))
     return {"image_s": max(1e-9, (one - n * pair_s) / (2 * n)), "pair_s": pair_s}
-
-
-def copy_check_seconds(copy_check: dict, eval_images: int, lin: float, cost: dict | None) -> float:
-    """The run's copy-check seconds from the probe's (`copy_check`: the matches marker's, with the images
-    windowed and the pairs of its blocks; `eval_images`: the evaluation set's size; `lin`: pool / probe
-    samples; `cost`: `_time_copy_check`'s seconds per image and per pair, whose ratio splits the probe's
-    time). The pool images windowed and the pairs grow with the pool; the evaluation images windowed do
-    not: each block windows those its pairs hit, at most all of them, so of the E evaluation images a run's
-    block of p' pairs hits E (1 - (1 - u/E)^(p'/p)) when a probe's block of p pairs hit u (hits drawn
-    independently); the run's blocks close as `_Block` closes them."""
-    from hype.scoring.stage_decontam import BLOCK_IMAGES, BLOCK_PAIRS
-
-    seconds = float(copy_check.get("check_seconds") or 0.0)
-    blocks_p = int(copy_check.get("blocks") or 0)
-    if not blocks_p:  # an older marker, or nothing checked: the whole check as the pool grows
-        return seconds * lin
-    pool_p, pairs_p = int(copy_check["pool_images_windowed"]), int(copy_check["candidates_checked"])
-    eval_p = int(copy_check["eval_images_windowed"])
-    pool_r, pairs_r = pool_p * lin, pairs_p * lin
-    blocks_r = max(1, math.ceil(pool_r / BLOCK_IMAGES), math.ceil(pairs_r / BLOCK_PAIRS))
-    hit = min(1.0, eval_p / blocks_p / max(1, eval_images))
-    eval_r = blocks_r * eval_images * (1 - (1 - hit) ** ((pairs_r / blocks_r) / max(1, pairs_p / blocks_p)))
-    ratio = (cost or {}).get("pair_s", 0.0) / (cost or {}).get("image_s", 1.0)
-    work_p = pool_p + eval_p + ratio * pairs_p
-    return seconds * (pool_r + eval_r + ratio * pairs_r) / max(work_p, 1e-9)
 
 
 def energy_per_row(energy: dict[int, float], refs: int) -> float:
@@ -557,157 +498,6 @@ def run_probe(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-# --- bucket requests (see the module docstring for how each operation is counted) ---------------------
-
-REQUEST_KINDS = ("get", "put", "list", "delete", "pool_get", "pool_list")
-
-
-def _parquet_get(nbytes: float) -> float:
-    """A Parquet read: HEAD at open, pyarrow's footer read (the whole file when it is at most
-    FOOTER_READ bytes: the read-ahead cache then holds it), one GET per pre-buffered range."""
-    return 2 if nbytes <= FOOTER_READ else 2 + math.ceil(nbytes / PARQUET_RANGE)
-
-
-def _put(nbytes: float) -> float:
-    return 1 if nbytes <= MULTIPART_OVER else 2 + math.ceil(nbytes / MULTIPART_PART)
-
-
-def _stream_get(nbytes: float) -> float:
-    """A whole object read front to back (`RemoteStream`, `blake2b128_file`): its size (HEAD), its chunks."""
-    return 1 + max(1, math.ceil(nbytes / STREAM_CHUNK))
-
-
-def _written_digest(nbytes: float) -> float:
-    """A set the driver wrote, then its size (HEAD) and its digest (streamed) for its marker."""
-    return 1 + _stream_get(nbytes)
-
-
-_JSON_GET = 2  # HEAD + GET of a marker
-_MISSING = {"get": 1, "list": 1}  # a marker not written yet: HEAD (404), then a LIST of `key/` (a folder?)
-
-
-def _lists(names: float) -> float:
-    """A folder's listing: one LIST per 1,000 names; an empty one is 2 (s3fs lists the parent too)."""
-    return 2 if names <= 0 else math.ceil(names / LIST_PAGE)
-
-
-def _add(*parts: dict) -> dict:
-    out: dict = {}
-    for part in parts:
-        for k, v in part.items():
-            out[k] = out.get(k, 0) + v
-    return out
-
-
-# per-shard stages: upstream markers read (by the driver for the fingerprint, again by the worker), Parquet
-# files read per shard, sets loaded once per worker (top N, reference, centroids and targets)
-_MARKERS = {"reference": 1, "specificity": 1, "captions": 1, "clusters": 2, "merge": 3, "neardup_split": 3}
-_PARQUETS = {"reference": 2, "specificity": 2, "captions": 1, "clusters": 2, "merge": 3, "neardup_split": 3}
-_SETS = {"reference": 1, "specificity": 1, "clusters": 2, "neardup_split": 1}
-
-
-def stage_requests(stage: str, shards: int, out_bytes: float, in_bytes: float, workers: int) -> dict:
-    """GET (HEAD included) / PUT / LIST of one per-shard stage of a fresh run over `shards` shards:
-    `out_bytes` its output per shard, `in_bytes` what each shard reads of its main input (a tar for
-    embed/classes, the embed output otherwise). Run-folder requests, and `pool_get`/`pool_list`: reads of
-    the pool or the class images."""
-    s = shards
-    put = s * (_put(out_bytes) + 1)  # output, then its marker
-    # the stage's folder listed for finished shards: empty in a fresh run, except where a driver step wrote
-    # into it first (the top N, the k-means model)
-    lists = 1 if stage in ("reference", "clusters") else _lists(0)
-    if stage in ("embed", "classes", "decontam_eval"):
-        # driver: the input's identity (HEAD) for the fingerprint; worker: identity before and after the
-        # read, the size (HEAD) and the 8 MiB chunks of the stream
-        req = {"put": put, "list": lists, "pool_get": s * (3 + _stream_get(in_bytes))}
-        if stage == "classes":  # the class images listed; the driver then reads every shard's features
-            req |= {"get": s * _parquet_get(out_bytes), "pool_list": _lists(0)}
-        return req
-    get = s * (2 * _MARKERS[stage] * _JSON_GET + _PARQUETS[stage] * _parquet_get(in_bytes))
-    get += min(workers, s) * _SETS.get(stage, 0) * _JSON_GET
-    if stage == "merge":  # stale parts looked for before the map; merge/ and scores/ listed in it
-        lists += 2 * _lists(0)
-    return {"get": get, "put": put, "list": lists}
-
-
-def neardup_requests(
-    shards: int,
-    groups: int,
-    split_bytes: float,
-    member_bytes: float,
-    embed_bytes: float,
-    workers: int,
-    *,
-    clusters: int,
-    reuse: bool,
-) -> dict[str, dict]:
-    """Requests of the near-duplicate stage (`hype.scoring.stage_neardup`), per part: `SplitStage` per
-    shard (`split_bytes` each), `GroupStage` per group of clusters (each reads its row group of every
-    shard: the shard's marker, then the row group when it has one: only `clusters` groups hold rows;
-    `member_bytes` written per group), and the driver (its own k-means unless it `reuse`s c_IN's;
-    groups.parquet and edges.parquet gathered)."""
-    s, g = shards, groups
-    split = stage_requests("neardup_split", s, split_bytes, embed_bytes, workers)
-    if not reuse:  # no cluster column to read: the stage's own centroids assign each row instead
-        split["get"] -= s * (2 * _JSON_GET + _parquet_get(embed_bytes))
-    filled = max(1, min(g, clusters))  # a cluster's group is `cluster % groups`
-    group = {
-        "get": g * s * _JSON_GET + filled * s * _parquet_get(split_bytes / filled),
-        "put": 3 * g,  # edges, members, marker
-        "list": 1 if not reuse else _lists(0),  # its own k-means wrote into neardup/ first
-    }
-    driver = _add(
-        _MISSING,
-        {"get": 2 * g * _parquet_get(member_bytes), "put": 3},  # both files of each group; groups.json
-    )
-    if not reuse:  # the k-means model: its marker looked for, the features sampled, centroids + marker
-        driver = _add(driver, _MISSING, {"get": s * _parquet_get(embed_bytes), "put": 2})
-    return {"split": split, "groups": group, "driver": driver}
-
-
-def driver_requests(
-    step: str, shards: int, in_bytes: float, aux_bytes: float = 0.0, sets: tuple[float, ...] = ()
-) -> dict:
-    """Requests of the driver steps that stream every shard's embed output (`in_bytes` per shard;
-    `aux_bytes`: the shard's other input, the reference candidates or the caption flags; `sets`: the
-    sizes of the sets it writes and digests, the top N and the reference)."""
-    s = shards
-    if step == "dedup":  # marker looked for; uids of each shard; the list written, then read back
-        return _add(_MISSING, {"get": s * _parquet_get(in_bytes) + _parquet_get(0), "put": 2})
-    if step == "reference select":
-        # top N: its marker looked for, cos θ of each shard, the top-N gather, written and digested;
-        # the reference: its marker, the candidates of each shard, two M-row gathers, written and digested
-        get = s * (4 * _parquet_get(in_bytes) + _parquet_get(aux_bytes)) + sum(map(_written_digest, sets))
-        return _add(_MISSING, _MISSING, {"get": get, "put": 4})
-    if step == "clusters train":  # marker looked for; features + caption flags of each shard; 3 files
-        get = s * (_parquet_get(in_bytes) + _parquet_get(aux_bytes))
-        return _add(_MISSING, {"get": get, "put": 3})
-    if step == "decontam":  # marker looked for; CLIP features of each shard searched; matches + marker
-        return _add(_MISSING, {"get": s * _parquet_get(in_bytes), "put": 2})
-    # run level: the bucket checked and the folder listed; plan.json (twice) and card.json looked for; the
-    # lock (created, released), config.yaml, plan.json, summary.json (started once the inputs are open,
-    # finished); the pool listed
-    return _add(_MISSING, _MISSING, _MISSING, {"list": 4, "put": 5, "delete": 1, "pool_list": 2})
-
-
-def card_requests(folders: dict[str, int], parts: int, part_bytes: float, files: list[float]) -> dict:
-    """`hype.scoring.card.write_card`: each stage folder of SHARD_STAGES looked for (HEAD + LIST) and, when
-    there (`folders`: stage -> markers), listed and every marker read; up to SAMPLE_PARTS scores parts
-    read; the digest of each optional file (reference, centroids, targets, config: `files`, their sizes)."""
-    from hype.scoring.card import SAMPLE_PARTS
-    from hype.scoring.rundir import SHARD_STAGES
-
-    req = {"get": 0.0, "put": 1, "list": 0.0}
-    for stage in (*SHARD_STAGES, "scores"):
-        n = parts if stage == "scores" else folders.get(stage, 0)
-        there = n > 0
-        req["get"] += 1 + (_JSON_GET * n if stage != "scores" else 0)
-        req["list"] += 1 + (_lists(2 * n if stage != "scores" else n) if there else 0)
-    req["get"] += min(SAMPLE_PARTS, parts) * _parquet_get(part_bytes)
-    req["get"] += sum(1 + _stream_get(b) for b in files)  # is_file (HEAD), then streamed
-    return req
-
-
 # --- the estimate ---------------------------------------------------------------------------------
 
 
@@ -722,33 +512,7 @@ class Row:
     requests: dict = field(default_factory=dict)
     per_shard_s: float = 0.0  # a per-shard stage's fit for the run: seconds per shard (one worker)
     per_sample_s: float = 0.0  # and per sample (the run's N, M or K)
-    run_stage: str = ""  # the stage of the run's summary.json it estimates ("other": outside the stages)
-
-    def __post_init__(self):
-        self.run_stage = self.run_stage or RUN_STAGE.get(self.stage, "other")
-
-
-# plan rows -> the summary.json stage whose seconds they estimate; the rest (process start, executor start,
-# driver steps outside the stages) is the run's wall time minus its stages
-RUN_STAGE = {
-    "embed": "embed",
-    "dedup": "dedup",
-    "reference cands": "reference",
-    "reference select": "reference",
-    "reference copy": "reference",
-    "specificity": "specificity",
-    "classes": "classes",
-    "captions": "captions",
-    "clusters train": "clusters",
-    "clusters assign": "clusters",
-    "decontam eval": "decontam_eval",
-    "decontam search": "decontam",
-    "merge": "merge",
-    "neardup split": "neardup_split",
-    "neardup groups": "neardup",
-    "card": "card",
-    "metadata index": "metadata",
-}
+    run_stage: str = "other"  # the stage of the run's summary.json it estimates ("other": outside the stages)
 
 
 def _stage_seconds(probe: Probe, name: str) -> float:
@@ -815,7 +579,28 @@ class _Estimate:
         self.pts_p = int(self.cl.get("train_points") or 1)
         self.tar_bytes = sum(size.tar_bytes) / max(1, self.S)
         self.embed_bytes = self.shard_bytes("embed")
+        self.markers_of: dict[str, int] = {}  # a stage folder's markers in the run, where not one per shard
         self.rows: list[Row] = []
+
+    def seconds(self, name: str) -> float:
+        """A stage's seconds in the probe's summary."""
+        return _stage_seconds(self.probe, name)
+
+    def fit(self, name: str) -> ShardFit:
+        """A per-shard stage's shard seconds in the probe, fitted (`_shard_fit`)."""
+        return _shard_fit(self.probe, name)
+
+    def energy_per_row(self, refs: int) -> float:
+        """Seconds per pool row of the L_e kernel against `refs` references (`energy_per_row`)."""
+        return energy_per_row(self.probe.energy, refs)
+
+    def model_copies(self, models: int, tasks: int) -> dict:
+        """Models fetched by a stage's Ray workers (none on the local executor: it runs in the driver's
+        process, whose copies the run's row counts): each a LIST (a folder?) and one GET (`cached_copy`)."""
+        if not storage.is_url(str(self.cfg.meru)) or self.cfg.executor.kind != "ray":
+            return {}
+        n = models * min(self.W, tasks)
+        return {"pool_get": n, "pool_list": n}
 
     def shard_bytes(self, stage: str) -> float:
         """A per-shard stage's output bytes per shard of the run (its probe shards' bytes per sample)."""
@@ -830,15 +615,18 @@ class _Estimate:
         scales: str,
         factor: float = 1.0,
         *,
+        reads: ShardReads | None = None,
+        in_bytes: float | None = None,
         fixed_only: bool = False,
         driver_s: float = 0.0,
         extra_per_sample: float = 0.0,
         requests: dict | None = None,
         more_requests: dict | None = None,
     ) -> None:
-        """A per-shard stage: its probe shards' fit (`_shard_fit`) extrapolated to the pool, plus its fixed
-        cost. `requests`: its bucket requests when the caller counts them (else `stage_requests`), plus
-        `more_requests`."""
+        """A per-shard stage (`name`: its folder, its entry in the run's summary): its probe shards' fit
+        (`_shard_fit`) extrapolated to the pool, plus its fixed cost. `requests`: its bucket requests when
+        the caller counts them (else `stage_requests` of what it `reads`, `in_bytes` per shard of its main
+        input: the embed output's unless given), plus `more_requests`."""
         probe, W = self.probe, self.W
         fit = _shard_fit(probe, name)
         if fit.shards == 0:
@@ -849,21 +637,31 @@ class _Estimate:
         run_fit = dataclasses.replace(fit, per_sample=per_sample)
         est = wall if fixed_only else fixed + run_fit.seconds(self.S, self.N) / self.par
         out_r = fit.out_bytes if fixed_only else fit.out_bytes * self.lin
-        # a tar of the pool for embed; the class and evaluation tars are not listed (one chunk each)
-        per_shard_in = {"embed": self.tar_bytes, "classes": 0, "decontam_eval": 0}.get(name, self.embed_bytes)
+        per_shard_in = self.embed_bytes if in_bytes is None else in_bytes
         shards_r = fit.shards if fixed_only else self.S
         req = requests
         if req is None:
-            req = stage_requests(name, shards_r, out_r / max(1, shards_r), per_shard_in, W)
-        req = _add(req, more_requests or {})
-        row = Row(label, scales, round(wall, 3), round(fixed, 3), round(est, 3), int(out_r), req)
+            req = stage_requests(reads or ShardReads(), shards_r, out_r / max(1, shards_r), per_shard_in, W)
+        req = add(req, more_requests or {})
+        row = Row(
+            label, scales, round(wall, 3), round(fixed, 3), round(est, 3), int(out_r), req, run_stage=name
+        )
         if not fixed_only:
             row.per_shard_s, row.per_sample_s = run_fit.per_shard, run_fit.per_sample
         self.rows.append(row)
 
-    def fixed(self, label: str, seconds: float, nbytes: int = 0, req: dict | None = None) -> None:
+    def fixed(
+        self,
+        label: str,
+        seconds: float,
+        nbytes: int = 0,
+        req: dict | None = None,
+        *,
+        run_stage: str = "other",
+    ) -> None:
+        """A fixed cost: its probe seconds stay (`run_stage`: the run's summary stage it is part of)."""
         r = round(seconds, 3)
-        self.rows.append(Row(label, "fixed", r, r, r, nbytes, req or {}))
+        self.rows.append(Row(label, "fixed", r, r, r, nbytes, req or {}, run_stage=run_stage))
 
     def driver(
         self,
@@ -876,207 +674,40 @@ class _Estimate:
         *,
         fixed: float = 0.0,
         apart: tuple[float, float] = (0.0, 0.0),
+        run_stage: str = "other",
     ) -> None:
-        """A driver step: its probe `seconds` scaled by `factor`, but for `fixed` seconds, which stay, and a
-        part estimated `apart` (its probe seconds, its run seconds)."""
+        """A driver step of the run's stage `run_stage`: its probe `seconds` scaled by `factor`, but for
+        `fixed` seconds, which stay, and a part estimated `apart` (its probe seconds, its run seconds)."""
         est = fixed + max(0.0, seconds - fixed - apart[0]) * factor + apart[1]
         self.rows.append(
-            Row(label, scales, round(seconds, 3), round(fixed, 3), round(est, 3), int(nbytes), req)
-        )
-
-    # --- one method per stage of `hype.scoring.runner.STAGES` (`STAGE_ROWS`) -------------------------
-
-    def embed(self) -> None:
-        if "metadata" in self.probe.summary.get("stages", {}):
-            self.fixed(
-                "metadata index",
-                _stage_seconds(self.probe, "metadata"),
-                self.probe.folder_bytes.get("metadata", 0),
+            Row(
+                label,
+                scales,
+                round(seconds, 3),
+                round(fixed, 3),
+                round(est, 3),
+                int(nbytes),
+                req,
+                run_stage=run_stage,
             )
-        self.map("embed", "embed", "samples", more_requests=self.model_copies(2, self.S))  # both models
-
-    def dedup(self) -> None:
-        probe = self.probe
-        req = driver_requests("dedup", self.S, self.embed_bytes)
-        self.driver(
-            "dedup",
-            _stage_seconds(probe, "dedup"),
-            self.lin,
-            "samples",
-            probe.folder_bytes.get("dedup", 0),
-            req,
         )
-
-    def reference(self) -> None:
-        probe, ref_bytes = self.probe, self.probe.folder_bytes.get("reference.safetensors", 0)
-        if not (self.cfg.reference.file is None and self.top_p > 0):
-            self.fixed("reference copy", _stage_seconds(probe, "reference"), ref_bytes)
-            return
-        drv = float(probe.markers["top_n"].get("seconds", 0)) + float(
-            probe.markers["reference"].get("seconds", 0)
-        )
-        # the L_e kernel timed at the probe's and the run's N: only the difference is added per row
-        more = energy_per_row(probe.energy, self.top_r) - energy_per_row(probe.energy, self.top_p)
-        self.map("reference", "reference cands", "samples x N", driver_s=drv, extra_per_sample=more)
-        top_n = float((probe.markers["top_n"].get("output") or {}).get("bytes", 0))
-        sets = (top_n * self.top_r / max(1, self.top_p), ref_bytes * self.m_r / max(1, self.m_p))
-        req = driver_requests(
-            "reference select", self.S, self.embed_bytes, self.shard_bytes("reference"), sets
-        )
-        # the step writes both sets: the reference and the top N (reference/top_n.safetensors)
-        self.driver("reference select", drv, self.lin, "samples", sum(sets), req)
-        self.m_more = energy_per_row(probe.energy, self.m_r) - energy_per_row(probe.energy, self.m_p)
-
-    def specificity(self) -> None:
-        self.map("specificity", "specificity", "samples x M", extra_per_sample=self.m_more)
-
-    def classes(self) -> None:
-        tasks = _shard_fit(self.probe, "classes").shards
-        self.map("classes", "classes", "fixed", fixed_only=True, more_requests=self.model_copies(1, tasks))
-
-    def model_copies(self, models: int, tasks: int) -> dict:
-        """Models fetched by a stage's Ray workers (none on the local executor: it runs in the driver's
-        process, whose copies the run's row counts): each a LIST (a folder?) and one GET (`cached_copy`)."""
-        if not storage.is_url(str(self.cfg.meru)) or self.cfg.executor.kind != "ray":
-            return {}
-        n = models * min(self.W, tasks)
-        return {"pool_get": n, "pool_list": n}
-
-    def captions(self) -> None:
-        self.map("captions", "captions", "samples")
-
-    def clusters(self) -> None:
-        if not self.cl:
-            return
-        train_s = float(self.cl.get("seconds", 0.0))
-        km = self.probe.kmeans
-        if km:  # timed at (up to) the run's size; the rest scales with K x points
-            k_scale = (
-                km["seconds"] * (self.k_r * self.pts_r) / max(1, km["k"] * km["points"]) / max(train_s, 1e-9)
-            )
-        else:
-            k_scale = (
-                1.0
-                if self.cfg.clusters.centroids
-                else (self.k_r * self.pts_r) / max(1, self.k_p * self.pts_p)
-            )
-        req = driver_requests("clusters train", self.S, self.embed_bytes, self.shard_bytes("captions"))
-        centroids = self.probe.card_files.get("centroids.npy", 0) * self.k_r / max(1, self.k_p)
-        self.driver("clusters train", train_s, k_scale, "K x points", centroids, req)
-        self.map("clusters", "clusters assign", "samples x K", self.k_r / max(1, self.k_p), driver_s=train_s)
-
-    def decontam(self) -> None:
-        # the evaluation set does not grow with the pool, nor does loading it (features, index, work
-        # images); the search does (every pool image against it), the copy check as `copy_check_seconds`
-        self.map("decontam_eval", "decontam eval", "fixed", fixed_only=True)
-        probe, marker = self.probe, self.probe.markers.get("decontam") or {}
-        seconds, nbytes = _stage_seconds(probe, "decontam"), probe.folder_bytes.get("decontam", 0)
-        setup = min(seconds, float(marker.get("eval_setup_seconds") or 0.0))
-        cc = marker.get("copy_check") or {}
-        check = min(seconds - setup, float(cc.get("check_seconds") or 0.0))
-        evals = sum(int(t.get("eval_images", 0)) for t in (marker.get("tasks") or {}).values())
-        run_check = copy_check_seconds(cc, evals, self.lin, probe.copy_check) if check else 0.0
-        req = self.decontam_requests()
-        self.driver(
-            "decontam search",
-            seconds,
-            self.lin,
-            "samples",
-            nbytes * self.lin,
-            req,
-            fixed=setup,
-            apart=(check, run_check),
-        )
-
-    def decontam_requests(self) -> dict:
-        """The search: the evaluation folders listed (each task's and its split's), the matches' marker
-        looked for, each evaluation part's features and each pool shard's read; with the copy check, each
-        evaluation tar and each pool shard's tar read once more (an upper bound: a shard without
-        candidates is not read), the matches and their marker written."""
-        fit = _shard_fit(self.probe, "decontam_eval")
-        marker = self.probe.markers.get("decontam") or {}
-        tasks = len(marker.get("tasks") or {}) or fit.shards
-        req = _add(
-            driver_requests("decontam", self.S, self.embed_bytes),
-            {
-                "get": fit.shards * _parquet_get(fit.out_bytes / max(1, fit.shards)),
-                "pool_list": 2 + 2 * tasks,
-            },
-        )
-        if "candidates_checked" in (marker.get("copy_check") or {}):
-            req = _add(req, {"pool_get": fit.shards * _stream_get(0) + self.S * _stream_get(self.tar_bytes)})
-        return req
-
-    def merge(self) -> None:
-        self.map("merge", "merge", "samples")
-
-    def neardup(self) -> None:
-        from hype.scoring.clusters import default_num_clusters
-
-        # groups of clusters hold `rows_per_group` rows each: their number grows with the pool
-        groups = self.neardup_groups()
-        nc = self.cfg.neardup
-        reuse = bool(self.cl) and nc.reuse_clusters
-        k = self.k_r if reuse else nc.num_clusters or default_num_clusters(self.N)
-        fit = _shard_fit(self.probe, "neardup")
-        members = fit.out_bytes / max(1, self.probe.samples) * self.N / groups
-        split = self.shard_bytes("neardup_split")
-        req = neardup_requests(
-            self.S, groups, split, members, self.embed_bytes, self.W, clusters=k, reuse=reuse
-        )
-        self.map("neardup_split", "neardup split", "samples", requests=req["split"])
-        # the driver's steps (k-means, gathering) are in the groups' time
-        self.map("neardup", "neardup groups", "samples", requests=_add(req["groups"], req["driver"]))
-
-    def neardup_groups(self) -> int:
-        return max(1, math.ceil(self.N / self.cfg.neardup.rows_per_group))
-
-    def card_requests(self) -> dict:
-        """The card's reads of the run folder the run will leave (`card_requests`)."""
-        per_stage = {"classes": _shard_fit(self.probe, "classes").shards, "neardup": self.neardup_groups()}
-        folders = {k: per_stage.get(k, self.S) for k, v in self.probe.stats.items() if v}
-        scale = {"reference.safetensors": self.m_r / max(1, self.m_p), "centroids.npy": self.k_r / self.k_p}
-        files = [b * scale.get(name, 1.0) for name, b in self.probe.card_files.items()]
-        part_bytes = self.probe.folder_bytes.get("scores", 0) * self.lin / max(1, self.S)
-        return card_requests(folders, self.S, part_bytes, files)
-
-
-# The rows of each stage of `hype score`, in the order of `hype.scoring.runner.STAGES` (a test holds them
-# to it: a new stage needs its rows here).
-STAGE_ROWS: dict[str, Callable[[_Estimate], None]] = {
-    "embed": _Estimate.embed,
-    "dedup": _Estimate.dedup,
-    "reference": _Estimate.reference,
-    "specificity": _Estimate.specificity,
-    "classes": _Estimate.classes,
-    "captions": _Estimate.captions,
-    "clusters": _Estimate.clusters,
-    "decontam": _Estimate.decontam,
-    "merge": _Estimate.merge,
-    "neardup": _Estimate.neardup,
-}
 
 
 def estimate(cfg: ScoreConfig, size: PoolSize, probe: Probe) -> dict:
     """Extrapolate the probe to the pool (module docstring), stage by stage in the order the run takes
-    (`hype.scoring.runner.STAGES`); the plan as a JSON-able dict."""
-    from hype.scoring.runner import STAGES
-
+    (`hype.scoring.stages.STAGES`: each stage's `plan` adds its rows); the plan as a JSON-able dict."""
     est = _Estimate(cfg, size, probe)
     est.fixed("start-up", probe.startup_s)
     if probe.executor_start_s:
         est.fixed(f"{cfg.executor.kind} start", probe.executor_start_s)
-    for spec in STAGES:
-        if spec.when(cfg):
-            STAGE_ROWS[spec.name](est)
-    est.fixed(
-        "card", _stage_seconds(probe, "card"), probe.folder_bytes.get("card.json", 0), est.card_requests()
-    )
+    for spec in stages.active(cfg):
+        if spec.plan is not None:
+            spec.plan(est)
     other = float(probe.summary.get("seconds", 0.0)) - sum(
         _stage_seconds(probe, k) for k in probe.summary.get("stages", {})
     )
     models = sum(storage.is_url(str(m)) for m in (cfg.meru, cfg.clip) if m)
-    req = _add(driver_requests("run", est.S, 0), {"pool_get": models, "pool_list": models})
+    req = add(run_requests(), {"pool_get": models, "pool_list": models})
     est.fixed("driver other", max(0.0, other), 0, req)
     return _plan_dict(cfg, size, probe, est)
 

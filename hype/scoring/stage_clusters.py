@@ -35,19 +35,25 @@ import numpy as np
 import pyarrow as pa
 
 from hype.data.uids import uids_to_pairs
-from hype.io import blake2b128_chunks, load_npy, local_file, read_parquet, storage
+from hype.io import blake2b128_chunks, blake2b128_file, load_npy, local_file, read_parquet, storage
 from hype.scoring import embed_format
 from hype.scoring.clusters import (
     ASSIGN,
     backend_key,
     c_in,
+    default_num_clusters,
     faiss_index_vectors,
     kmeans_centroids,
     nearest_centroid,
     placement,
     target_centroids,
 )
+from hype.scoring.config import ClustersConfig
+from hype.scoring.context import RunContext, StageSpec, SummaryView
 from hype.scoring.dedup import keep_mask
+from hype.scoring.embed import ClassEmbedStage, ModelRef
+from hype.scoring.errors import ScoreError
+from hype.scoring.pricing import MISSING, ShardReads, add, lists, parquet_get
 from hype.scoring.rundir import (
     RunDir,
     ShardTask,
@@ -55,8 +61,11 @@ from hype.scoring.rundir import (
     atomic_write_json,
     completed,
     fingerprint,
+    make_tasks,
 )
+from hype.scoring.stage_embed import EmbedSettings
 from hype.scoring.stagebase import ShardStage
+from hype.scoring.summary import kmeans_note
 from hype.scoring.topk import order_id, split_order_id
 
 # Enters the captions' fingerprint: change it when the caption rule changes, so runs recompute it.
@@ -417,3 +426,308 @@ class AssignStage(ShardStage):
                 "caption_ok": int(ok.sum()),
             },
         )
+
+
+# --- the stages in a `hype score` run: classes, captions, clusters -------------------------------------
+
+CAPTION_READS = ShardReads(markers=1, parquets=1)  # the embed output's marker and its texts
+# the embed and captions markers, their outputs; the k-means model and targets per worker
+ASSIGN_READS = ShardReads(markers=2, parquets=2, sets=2, folder_written=True)
+
+
+def has_classes(cc: ClustersConfig) -> bool:
+    return cc.class_features is not None or cc.class_images is not None
+
+
+def _c_in_on(ctx: RunContext) -> bool:
+    """Whether the run has c_IN: the frozen clusters of a run that grows, else a class set given."""
+    if ctx.frozen is not None:
+        return ctx.frozen.clusters is not None
+    return has_classes(ctx.cfg.clusters)
+
+
+def check(ctx: RunContext) -> None:
+    """Before the long stages: a grow's --centroids must be its frozen ones, and --centroids is read, so
+    that a wrong file fails in seconds, not hours."""
+    path = ctx.cfg.clusters.centroids
+    if path is None:
+        return
+    try:
+        centroids = read_centroids_file(path, None)
+    except ClustersError as e:
+        raise ScoreError(f"--centroids: {e}") from None
+    if ctx.frozen is not None:
+        from hype.scoring.grow import check_centroids
+
+        check_centroids(ctx.frozen, ctx.run, path, centroids)
+
+
+def begin(ctx: RunContext) -> None:
+    """A class set given to a grow must give the frozen c_IN targets with the frozen centroids (class
+    images: embedded now, or their outputs reused, before the pool changes)."""
+    from hype.scoring.grow import check_targets
+
+    cc, frozen, run = ctx.cfg.clusters, ctx.frozen, ctx.run
+    if frozen is None or not has_classes(cc):
+        return
+    source = (
+        f"--class-features {cc.class_features}" if cc.class_features else f"--class-images {cc.class_images}"
+    )
+    targets = None
+    if frozen.clusters is not None:
+        centroids = load_npy(run.centroids)
+        embed_kw = EmbedSettings.of(ctx.cfg).kwargs()
+        feats, _ = _class_features(ctx, ctx.model("clip"), centroids.shape[1], embed_kw, ctx.stage_kwargs())
+        targets = target_centroids(feats, centroids).astype("int64")
+    check_targets(frozen, run, targets, source)
+
+
+def classes(ctx: RunContext, cc: ClustersConfig, inputs: dict) -> tuple[Any, str] | None:
+    """(class feature matrix, its digest) of the class set given (a run that grows checked its own
+    against the frozen targets before the pool changed: `begin`)."""
+    if ctx.frozen is not None:
+        return None
+    pool = inputs["embed"]
+    return _class_features(ctx, pool.clip, pool.dims["clip"], pool.embed_kw, pool.kw)
+
+
+def captions(ctx: RunContext, cc: ClustersConfig, inputs: dict) -> str | None:
+    """DataComp's caption filter of every shard (when the run has c_IN); the digest of its outputs."""
+    if not _c_in_on(ctx):
+        return None
+    pool = inputs["embed"]
+    stats = ctx.map(CaptionStage(ctx.run, **pool.kw), pool.tasks)
+    ctx.check_failures("captions", ctx.plan)
+    return fingerprint([s["output"]["digest"] for s in stats])
+
+
+def clusters(ctx: RunContext, cc: ClustersConfig, inputs: dict) -> dict | None:
+    """c_IN: the k-means model (frozen, --centroids, or trained on the pool's CLIP image features), then
+    each sample's cluster."""
+    pool = inputs["dedup"]
+    if ctx.frozen is not None:  # a class set given was checked against it by `check`
+        model = ctx.frozen.clusters
+    elif not has_classes(cc):
+        ctx.warn(
+            "no --class-features or --class-images: c_IN is 0 for every sample (the ImageNet-cluster term "
+            "is off)"
+        )
+        model = None
+    elif cc.centroids is not None:
+        model = _given_centroids(ctx, pool, *inputs["classes"])
+    else:
+        model = _train_clusters(ctx, pool, *inputs["classes"], inputs["captions"])
+    if model is None:
+        return None
+    assign = AssignStage(
+        ctx.run,
+        model_digest=model["digest"],
+        caption_filter=cc.caption_filter,
+        backend=cc.backend,
+        **pool.kw,
+    )
+    assign_stats = ctx.map(assign, pool.tasks)
+    ctx.check_failures("clusters", ctx.plan)
+    return model | {
+        "caption_filter": cc.caption_filter,
+        "caption_ok": sum(int(s["counts"]["caption_ok"]) for s in assign_stats),
+        "class_source": cc.class_features or cc.class_images,
+    }
+
+
+def _class_features(
+    ctx: RunContext, clip: ModelRef | None, width: int, embed_kw: dict, kw: dict
+) -> tuple[Any, str]:
+    """(class feature matrix, its digest) from --class-features, or embedded from --class-images with
+    `clip` (features of `width`)."""
+    cc = ctx.cfg.clusters
+    try:
+        if cc.class_features is not None:
+            return read_class_features_file(cc.class_features, width), blake2b128_file(cc.class_features)
+        from hype.data.shards import ShardError, expand_shards
+
+        try:
+            class_tasks = make_tasks(expand_shards(cc.class_images).paths)
+        except ShardError as e:
+            raise ScoreError(f"--class-images: {e}") from None
+        stage = ClassEmbedStage(ctx.run, clip=clip, **embed_kw, **kw)
+        class_stats = ctx.map(stage, class_tasks)
+        ctx.check_failures("classes", ctx.plan)
+        feats = class_features_from_stage(ctx.run, class_tasks)
+        if feats.shape[1] != width:
+            raise ClassFeatureError(
+                f"--class-images: features of width {feats.shape[1]}, the pool's CLIP features have "
+                f"{width}; with --metadata, pass --class-features from the metadata's CLIP model"
+            )
+        return feats, fingerprint([s["output"]["digest"] for s in class_stats])
+    except ClassFeatureError as e:
+        raise ScoreError(str(e)) from None
+
+
+def _given_centroids(ctx: RunContext, pool: Any, feats, class_digest: str) -> dict:
+    """--centroids instead of k-means; keyed on the file's digest, so a changed file is noticed."""
+    cc = ctx.cfg.clusters
+    if cc.num_clusters is not None:
+        ctx.warn(f"--num-clusters {cc.num_clusters} ignored: --centroids gives the clusters")
+    try:
+        # The path too, so the summary names the file given now (the model is cheap to redo).
+        fp = fingerprint(
+            {"centroids": blake2b128_file(cc.centroids), "path": cc.centroids, "classes": class_digest}
+        )
+        return ctx.timed(
+            "clusters",
+            lambda: use_centroids(ctx.run, cc.centroids, pool.dims["clip"], feats, fp, _where(ctx)),
+        )
+    except (ClustersError, OSError) as e:
+        raise ScoreError(f"--centroids: {e}") from None
+
+
+def _train_clusters(ctx: RunContext, pool: Any, feats, class_digest: str, caption_digest: str | None) -> dict:
+    """k-means of the pool's CLIP image features, on the caption-filtered rows when `caption_digest`
+    (resumable: keyed on everything it depends on)."""
+    cc = ctx.cfg.clusters
+    k = cc.num_clusters or default_num_clusters(pool.unique)
+    max_points = cc.points_per_centroid * k
+    if cc.max_train_points is not None:
+        max_points = min(max_points, cc.max_train_points)
+    fp = fingerprint(
+        {
+            "pool": pool.fingerprint,
+            "dups": pool.dups["digest"],
+            "classes": class_digest,
+            "captions": caption_digest,
+            "k": k,
+            "niter": cc.niter,
+            "seed": cc.seed,
+            "max_points": max_points,
+            "gpu": cc.gpu,
+            **backend_key(cc.backend),
+            **ASSIGN,  # the targets
+        }
+    )
+    try:
+        return ctx.timed(
+            "clusters",
+            lambda: train_clusters(
+                ctx.run,
+                pool.tasks,
+                pool.drops,
+                feats,
+                caption_filter=caption_digest is not None,
+                k=k,
+                niter=cc.niter,
+                seed=cc.seed,
+                max_points=max_points,
+                gpu=cc.gpu,
+                fp=fp,
+                warn=ctx.warn,
+                where=_where(ctx),
+            ),
+        )
+    except ClustersError as e:
+        raise ScoreError(str(e)) from None
+
+
+def _where(ctx: RunContext) -> dict:
+    """Where the driver's k-means and target assignment run (`clusters.backend`, the run's device)."""
+    return placement(ctx.cfg.clusters.backend, ctx.cfg.device)
+
+
+def plan_classes(est: Any) -> None:
+    """The class images: fixed (they do not grow with the pool); the images listed, the driver then reads
+    every shard's features; the CLIP model fetched by each Ray worker."""
+    fit = est.fit("classes")
+    est.markers_of["classes"] = fit.shards
+    features = {"get": fit.shards * parquet_get(fit.out_bytes / max(1, fit.shards)), "pool_list": lists(0)}
+    more = add(features, est.model_copies(1, fit.shards))
+    est.map(
+        "classes",
+        "classes",
+        "fixed",
+        reads=ShardReads(tar=True),
+        in_bytes=0,
+        fixed_only=True,
+        more_requests=more,
+    )
+
+
+def plan_captions(est: Any) -> None:
+    est.map("captions", "captions", "samples", reads=CAPTION_READS)
+
+
+def plan_clusters(est: Any) -> None:
+    """k-means (K x training points: timed apart at up to the run's size, the rest scaled), then each
+    sample's cluster (samples x K)."""
+    if not est.cl:
+        return
+    train_s = float(est.cl.get("seconds", 0.0))
+    km = est.probe.kmeans
+    if km:  # timed at (up to) the run's size; the rest scales with K x points
+        k_scale = km["seconds"] * (est.k_r * est.pts_r) / max(1, km["k"] * km["points"]) / max(train_s, 1e-9)
+    else:
+        k_scale = 1.0 if est.cfg.clusters.centroids else (est.k_r * est.pts_r) / max(1, est.k_p * est.pts_p)
+    # its marker looked for; the features and caption flags of each shard; 3 files written
+    shard = parquet_get(est.embed_bytes) + parquet_get(est.shard_bytes("captions"))
+    req = add(MISSING, {"get": est.S * shard, "put": 3})
+    centroids = est.probe.card_files.get("centroids.npy", 0) * est.k_r / max(1, est.k_p)
+    est.driver("clusters train", train_s, k_scale, "K x points", centroids, req, run_stage="clusters")
+    k = est.k_r / max(1, est.k_p)
+    est.map("clusters", "clusters assign", "samples x K", k, reads=ASSIGN_READS, driver_s=train_s)
+
+
+def summary(view: SummaryView) -> dict:
+    """summary.json's `c_in`: the clusters, targets and k-means, and the samples the merge gave c_IN."""
+    model, merged = view.outputs.get("clusters"), view.outputs.get("merge")
+    if model is None:
+        return {
+            "c_in": {
+                "enabled": False,
+                "note": "no --class-features/--class-images: c_in = 0 for every sample",
+            }
+        }
+    return {
+        "c_in": {
+            "enabled": True,
+            "k": model.get("k"),
+            "targets": model.get("targets"),
+            "class_images": model.get("class_images"),
+            "class_source": model.get("class_source"),
+            "train_points": model.get("train_points"),
+            "kmeans": kmeans_note(model),
+            "centroids": model.get("centroids"),
+            "caption_filter": model.get("caption_filter"),
+            "samples_c_in": sum(int(s["counts"].get("c_in", 0)) for s in merged or []),
+        }
+    }
+
+
+# CLIP features of --class-images, or --class-features read
+CLASSES = StageSpec(
+    "classes",
+    classes,
+    lambda c: c.clusters,
+    reads=("embed",),
+    driver=True,
+    when=lambda c: has_classes(c.clusters),
+    plan=plan_classes,
+)
+CAPTIONS = StageSpec(
+    "captions",
+    captions,
+    lambda c: c.clusters,
+    reads=("embed",),
+    when=lambda c: c.clusters.caption_filter,
+    plan=plan_captions,
+)
+# k-means (driver) or --centroids, then each sample's cluster and c_IN (per shard)
+CLUSTERS = StageSpec(
+    "clusters",
+    clusters,
+    lambda c: c.clusters,
+    reads=("embed", "dedup", "classes", "captions"),
+    driver=True,
+    check=check,
+    begin=begin,
+    plan=plan_clusters,
+    summary=summary,
+)

@@ -27,6 +27,7 @@ evaluation image. Files: `hype.scoring.decontam`.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from hype.data.imageprep import ImageError
 from hype.data.samples import SkipStats, iter_tar_samples
 from hype.io import read_parquet, storage
 from hype.scoring import embed_format
+from hype.scoring.context import StageSpec, SummaryView
 from hype.scoring.copydetect import WORK_SIDE, CopyCheck, pair_similarities, work_image
 from hype.scoring.decontam import (
     EVAL_STAGE,
@@ -50,6 +52,7 @@ from hype.scoring.decontam import (
 )
 from hype.scoring.embed import ClassEmbedStage
 from hype.scoring.errors import ScoreError
+from hype.scoring.pricing import MISSING, ShardReads, add, parquet_get, stream_get
 from hype.scoring.rundir import (
     RunDir,
     ShardTask,
@@ -117,7 +120,8 @@ class EvalEmbedStage(ClassEmbedStage):
 
 
 def decontaminate(state: Any, pool: Any) -> dict | None:
-    """The decontamination step of a `hype score` run (`hype.scoring.runner`), or None when not asked for."""
+    """The decontamination step of a `hype score` run (`state`: its `RunContext`, `pool`: the embedded
+    pool), or None when not asked for."""
     dc = state.cfg.decontam
     if dc.eval_dir is None:
         return None
@@ -550,3 +554,98 @@ def _search(index, x: np.ndarray, k: int = 1) -> tuple[np.ndarray, np.ndarray]:
         d, i = index.search(x[start : start + SEARCH_ROWS], k)
         sims[start : start + len(d)], ids[start : start + len(d)] = d, i
     return sims, ids
+
+
+# --- the stage in a `hype score` run -----------------------------------------------------------------
+
+
+def copy_check_seconds(copy_check: dict, eval_images: int, lin: float, cost: dict | None) -> float:
+    """The run's copy-check seconds from the probe's (`copy_check`: the matches marker's, with the images
+    windowed and the pairs of its blocks; `eval_images`: the evaluation set's size; `lin`: pool / probe
+    samples; `cost`: `hype.scoring.plan._time_copy_check`'s seconds per image and per pair, whose ratio
+    splits the probe's time). The pool images windowed and the pairs grow with the pool; the evaluation
+    images windowed do not: each block windows those its pairs hit, at most all of them, so of the E
+    evaluation images a run's block of p' pairs hits E (1 - (1 - u/E)^(p'/p)) when a probe's block of p
+    pairs hit u (hits drawn independently); the run's blocks close as `_Block` closes them."""
+    seconds = float(copy_check.get("check_seconds") or 0.0)
+    blocks_p = int(copy_check.get("blocks") or 0)
+    if not blocks_p:  # an older marker, or nothing checked: the whole check as the pool grows
+        return seconds * lin
+    pool_p, pairs_p = int(copy_check["pool_images_windowed"]), int(copy_check["candidates_checked"])
+    eval_p = int(copy_check["eval_images_windowed"])
+    pool_r, pairs_r = pool_p * lin, pairs_p * lin
+    blocks_r = max(1, math.ceil(pool_r / BLOCK_IMAGES), math.ceil(pairs_r / BLOCK_PAIRS))
+    hit = min(1.0, eval_p / blocks_p / max(1, eval_images))
+    eval_r = blocks_r * eval_images * (1 - (1 - hit) ** ((pairs_r / blocks_r) / max(1, pairs_p / blocks_p)))
+    ratio = (cost or {}).get("pair_s", 0.0) / (cost or {}).get("image_s", 1.0)
+    work_p = pool_p + eval_p + ratio * pairs_p
+    return seconds * (pool_r + eval_r + ratio * pairs_r) / max(work_p, 1e-9)
+
+
+def _run(ctx: Any, settings: Any, inputs: dict) -> dict | None:
+    return decontaminate(ctx, inputs["embed"])
+
+
+def plan(est: Any) -> None:
+    """The evaluation images embedded (fixed: the evaluation set does not grow with the pool), then the
+    search: loading the evaluation set is fixed, the search linear in samples, the copy check as
+    `copy_check_seconds`."""
+    est.map(
+        "decontam_eval", "decontam eval", "fixed", reads=ShardReads(tar=True), in_bytes=0, fixed_only=True
+    )
+    probe, marker = est.probe, est.probe.markers.get("decontam") or {}
+    seconds, nbytes = est.seconds("decontam"), probe.folder_bytes.get("decontam", 0)
+    setup = min(seconds, float(marker.get("eval_setup_seconds") or 0.0))
+    cc = marker.get("copy_check") or {}
+    check = min(seconds - setup, float(cc.get("check_seconds") or 0.0))
+    evals = sum(int(t.get("eval_images", 0)) for t in (marker.get("tasks") or {}).values())
+    run_check = copy_check_seconds(cc, evals, est.lin, probe.copy_check) if check else 0.0
+    req = _requests(est, marker)
+    est.driver(
+        "decontam search",
+        seconds,
+        est.lin,
+        "samples",
+        nbytes * est.lin,
+        req,
+        fixed=setup,
+        apart=(check, run_check),
+        run_stage="decontam",
+    )
+
+
+def _requests(est: Any, marker: dict) -> dict:
+    """The search: its marker looked for, each pool shard's CLIP features searched, the matches and their
+    marker written; the evaluation folders listed (each task's and its split's), each evaluation part's
+    features read; with the copy check, each evaluation tar and each pool shard's tar read once more (an
+    upper bound: a shard without candidates is not read)."""
+    fit = est.fit(EVAL_STAGE)
+    tasks = len(marker.get("tasks") or {}) or fit.shards
+    req = add(
+        add(MISSING, {"get": est.S * parquet_get(est.embed_bytes), "put": 2}),
+        {"get": fit.shards * parquet_get(fit.out_bytes / max(1, fit.shards)), "pool_list": 2 + 2 * tasks},
+    )
+    if "candidates_checked" in (marker.get("copy_check") or {}):
+        req = add(req, {"pool_get": fit.shards * stream_get(0) + est.S * stream_get(est.tar_bytes)})
+    return req
+
+
+def _summary(view: SummaryView) -> dict:
+    info = view.outputs.get("decontam")
+    if info is None:
+        return {}
+    # --decontaminate: matches per task (RUN_DIR/decontam/matches.json)
+    return {"decontam": {k: v for k, v in info.items() if k not in ("fingerprint", "output")}}
+
+
+# the evaluation images embedded (per shard), then matched (driver)
+STAGE = StageSpec(
+    "decontam",
+    _run,
+    lambda c: c.decontam,
+    reads=("embed",),
+    driver=True,
+    when=lambda c: c.decontam.eval_dir is not None,
+    plan=plan,
+    summary=_summary,
+)

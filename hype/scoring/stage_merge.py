@@ -9,13 +9,16 @@ numbered by shard order, so reading `part-*.parquet` sorted gives the pool order
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hype.io import blake2b128_bytes, read_parquet
+from hype.io import blake2b128_bytes, read_parquet, storage
+from hype.scoring.context import RunContext, StageSpec, SummaryView
 from hype.scoring.dedup import keep_mask
+from hype.scoring.pricing import ShardReads, lists
 from hype.scoring.rundir import RunDir, ShardTask, fingerprint
 from hype.scoring.stagebase import ShardStage
 from hype.table.schema import SCHEMA
@@ -91,3 +94,39 @@ class MergeStage(ShardStage):
                 "c_in": int(pc.sum(pc.greater(table.column("c_in"), 0)).as_py() or 0),
             },
         )
+
+
+# --- the stage in a `hype score` run -----------------------------------------------------------------
+
+READS = ShardReads(markers=3, parquets=3)  # embed, specificity, clusters: their markers and outputs
+
+
+def merge(ctx: RunContext, settings: None, inputs: dict) -> list[dict]:
+    """THE scores table, one part per shard (parts of shards no longer in the pool are removed)."""
+    run, pool = ctx.run, inputs["dedup"]
+    expected = {run.shard_output("merge", t).name for t in pool.tasks}
+    for name in storage.list_sizes(run.scores):
+        if name.startswith("part-") and name.endswith(".parquet") and name not in expected:
+            storage.remove(run.scores / name)
+    c_in = inputs["clusters"] is not None
+    stage = MergeStage(run, c_in=c_in, drops=pool.drops, **pool.kw)
+    merge_stats = ctx.map(stage, pool.tasks)
+    ctx.check_failures("merge", ctx.plan)
+    return merge_stats
+
+
+def plan(est: Any) -> None:
+    # stale parts looked for before the map: merge/ and scores/ listed
+    est.map("merge", "merge", "samples", reads=READS, more_requests={"list": 2 * lists(0)})
+
+
+def summary(view: SummaryView) -> dict:
+    parts = view.outputs.get("merge")
+    return {
+        "samples": {"scored": sum(int(s["output"]["rows"]) for s in parts) if parts is not None else None}
+    }
+
+
+STAGE = StageSpec(
+    "merge", merge, reads=("embed", "dedup", "specificity", "clusters"), plan=plan, summary=summary
+)

@@ -45,7 +45,9 @@ from hype.io import blake2b128_bytes, load_npy, read_json, read_parquet
 from hype.io.storage import AnyPath
 from hype.scoring import embed_format
 from hype.scoring.clusters import ASSIGN, default_num_clusters, kmeans_centroids, nearest_centroid
+from hype.scoring.context import StageSpec, SummaryView
 from hype.scoring.dedup import keep_mask
+from hype.scoring.errors import ScoreError
 from hype.scoring.neardup import (
     PAIRS_PER_BLOCK,
     NeardupError,
@@ -55,6 +57,7 @@ from hype.scoring.neardup import (
     normalize_rows,
     pair_cosines,
 )
+from hype.scoring.pricing import JSON_GET, MISSING, ShardReads, add, lists, parquet_get, stage_requests
 from hype.scoring.rundir import (
     RunDir,
     ShardTask,
@@ -435,7 +438,7 @@ def _model(state: Any, pool: Any, clusters_info: dict | None) -> Model:
 
 
 def find_near_duplicates(state: Any, pool: Any, clusters_info: dict | None) -> dict:
-    """Run steps 1-4 for a `hype score` run (`state`: the runner's `_Run`, `pool`: its `_Embedded`)."""
+    """Run steps 1-4 for a `hype score` run (`state`: its `RunContext`, `pool`: the deduplicated pool)."""
     nc, run = state.cfg.neardup, state.run
     started = time.perf_counter()
     model = state.timed("neardup", lambda: _model(state, pool, clusters_info))
@@ -583,3 +586,88 @@ def regroup(stored: StoredGroups, threshold: float, keeper: str, seed: int) -> t
         seed=seed,
     )
     return group, keep
+
+
+# --- the stage in a `hype score` run -----------------------------------------------------------------
+
+# the split per shard: the embed, clusters and dedup markers and outputs; the centroids per worker
+SPLIT_READS = ShardReads(markers=3, parquets=3, sets=1)
+
+
+def _run(ctx: Any, settings: Any, inputs: dict) -> dict:
+    """Near-duplicate groups and keepers, after merge: the `hype` keeper reads the scores."""
+    try:
+        return find_near_duplicates(ctx, inputs["dedup"], inputs["clusters"])
+    except NeardupError as e:
+        raise ScoreError(str(e)) from None
+
+
+def neardup_requests(
+    shards: int,
+    groups: int,
+    split_bytes: float,
+    member_bytes: float,
+    embed_bytes: float,
+    workers: int,
+    *,
+    clusters: int,
+    reuse: bool,
+) -> dict[str, dict]:
+    """Bucket requests of the stage, per part: `SplitStage` per shard (`split_bytes` each), `GroupStage`
+    per group of clusters (each reads its row group of every shard: the shard's marker, then the row group
+    when it has one: only `clusters` groups hold rows; `member_bytes` written per group), and the driver
+    (its own k-means unless it `reuse`s c_IN's; groups.parquet and edges.parquet gathered)."""
+    s, g = shards, groups
+    split = stage_requests(SPLIT_READS, s, split_bytes, embed_bytes, workers)
+    if not reuse:  # no cluster column to read: the stage's own centroids assign each row instead
+        split["get"] -= s * (2 * JSON_GET + parquet_get(embed_bytes))
+    filled = max(1, min(g, clusters))  # a cluster's group is `cluster % groups`
+    group = {
+        "get": g * s * JSON_GET + filled * s * parquet_get(split_bytes / filled),
+        "put": 3 * g,  # edges, members, marker
+        "list": 1 if not reuse else lists(0),  # its own k-means wrote into neardup/ first
+    }
+    driver = add(
+        MISSING,
+        {"get": 2 * g * parquet_get(member_bytes), "put": 3},  # both files of each group; groups.json
+    )
+    if not reuse:  # the k-means model: its marker looked for, the features sampled, centroids + marker
+        driver = add(driver, MISSING, {"get": s * parquet_get(embed_bytes), "put": 2})
+    return {"split": split, "groups": group, "driver": driver}
+
+
+def plan(est: Any) -> None:
+    """The split and the groups of clusters, linear in samples: groups hold `rows_per_group` rows each, so
+    their number grows with the pool; the driver's steps (k-means, gathering) are in the groups' time."""
+    nc = est.cfg.neardup
+    groups = max(1, math.ceil(est.N / nc.rows_per_group))
+    est.markers_of["neardup"] = groups
+    reuse = bool(est.cl) and nc.reuse_clusters
+    k = est.k_r if reuse else nc.num_clusters or default_num_clusters(est.N)
+    fit = est.fit("neardup")
+    members = fit.out_bytes / max(1, est.probe.samples) * est.N / groups
+    split = est.shard_bytes("neardup_split")
+    req = neardup_requests(est.S, groups, split, members, est.embed_bytes, est.W, clusters=k, reuse=reuse)
+    est.map("neardup_split", "neardup split", "samples", requests=req["split"])
+    est.map("neardup", "neardup groups", "samples", requests=add(req["groups"], req["driver"]))
+
+
+def _summary(view: SummaryView) -> dict:
+    info = view.outputs.get("neardup")
+    if info is None:
+        return {}
+    # `hype select --filter dedup` checks its digest
+    return {"neardup": {k: v for k, v in info.items() if k not in ("fingerprint", "output", "edges")}}
+
+
+# after merge: the `hype` keeper reads the HYPE score
+STAGE = StageSpec(
+    "neardup",
+    _run,
+    lambda c: c.neardup,
+    reads=("dedup", "clusters", "merge"),
+    driver=True,
+    when=lambda c: c.neardup.enabled,
+    plan=plan,
+    summary=_summary,
+)

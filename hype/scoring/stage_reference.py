@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,14 +29,19 @@ from safetensors.torch import save
 from hype.geometry import lorentz
 from hype.io import blake2b128_file, read_bytes, read_parquet
 from hype.scoring import embed_format
+from hype.scoring.config import ReferenceConfig
+from hype.scoring.context import RunContext, StageSpec, SummaryView
 from hype.scoring.dedup import keep_mask
-from hype.scoring.reference import ReferenceSet, load_reference
+from hype.scoring.errors import ScoreError
+from hype.scoring.pricing import MISSING, ShardReads, add, parquet_get, written_digest
+from hype.scoring.reference import ReferenceError, ReferenceSet, load_reference
 from hype.scoring.rundir import (
     RunDir,
     ShardTask,
     atomic_write_bytes,
     atomic_write_json,
     completed,
+    fingerprint,
     read_json,
 )
 from hype.scoring.stage_specificity import MeanEnergyStage
@@ -195,3 +201,112 @@ def copy_reference_file(run: RunDir, path: str, dim: int, fp: str) -> dict:
 
 def reference_info(run: RunDir) -> dict | None:
     return read_json(run.reference_marker)
+
+
+# --- the stage in a `hype score` run -----------------------------------------------------------------
+
+# the candidates' shards: the top N's marker read, the embed output twice; the top N loaded per worker
+READS = ShardReads(markers=1, parquets=2, sets=1, folder_written=True)
+
+
+def check(ctx: RunContext) -> None:
+    """A run that grows keeps its reference sets: --reference, if given, must be them."""
+    if ctx.frozen is not None:
+        from hype.scoring.grow import check_reference
+
+        check_reference(ctx.frozen, ctx.run, ctx.cfg.reference.file, None)
+
+
+def reference(ctx: RunContext, rc: ReferenceConfig, inputs: dict) -> dict:
+    """S_i and S_t: the frozen ones of a run that grows, --reference's, or selected from the pool."""
+    run, pool = ctx.run, inputs["dedup"]
+    if ctx.frozen is not None:  # checked against --reference by `check`
+        return ctx.frozen.reference
+    if rc.file is None:
+        return _select_reference(ctx, pool)
+    try:
+        return ctx.timed(
+            "reference",
+            lambda: copy_reference_file(
+                run, rc.file, pool.dims["meru"], fingerprint({"file": blake2b128_file(rc.file)})
+            ),
+        )
+    except (ReferenceError, OSError) as e:
+        raise ScoreError(f"--reference: {e}") from None
+
+
+def _select_reference(ctx: RunContext, pool: Any) -> dict:
+    """HYPE §3.3 on the pool: the top-N pairs by cos θ, then the M most generic among them."""
+    cfg, run, tasks = ctx.cfg, ctx.run, pool.tasks
+    rc = cfg.reference
+    top_fp = fingerprint({"pool": pool.fingerprint, "dups": pool.dups["digest"], "n_top": rc.n_top})
+    top = ctx.timed("reference", lambda: select_top_pairs(run, tasks, pool.drops, rc.n_top, top_fp, ctx.warn))
+    if top["n_top"] < rc.n_top:
+        ctx.warn(f"pool of {top['pool']} samples: reference N reduced from {rc.n_top} to {top['n_top']}")
+    cand = CandidateStage(
+        run,
+        curv=pool.curv,
+        K=pool.K,
+        hinge=rc.hinge,
+        top_n_digest=top["digest"],
+        budget_elems=cfg.specificity.budget_elems,
+        **pool.kw,
+    )
+    cand_stats = ctx.map(cand, tasks)
+    ctx.check_failures("reference", {"pool": cfg.pool, "shards": len(tasks)})
+    m = min(rc.m, top["pool"])
+    if m < rc.m:
+        ctx.warn(f"pool of {top['pool']} samples: reference M reduced from {rc.m} to {m}")
+    meta = {"n_top": top["n_top"], "K": pool.K, "hinge": rc.hinge, "curv": pool.curv}
+    fp = fingerprint(
+        {
+            "top_n": top["digest"],
+            "candidates": [s["output"]["digest"] for s in cand_stats],
+            "m": m,
+            "dups": pool.dups["digest"],
+            "meta": meta,
+        }
+    )
+    return ctx.timed("reference", lambda: select_top_m(run, tasks, pool.drops, m, meta, fp, ctx.warn))
+
+
+def plan(est: Any) -> None:
+    """A --reference copied (fixed), or the selection: the candidates per shard (x N), the driver's two
+    top-k passes; the L_e kernel timed at the probe's and the run's N and M adds only the difference."""
+    probe, ref_bytes = est.probe, est.probe.folder_bytes.get("reference.safetensors", 0)
+    if not (est.cfg.reference.file is None and est.top_p > 0):
+        est.fixed("reference copy", est.seconds("reference"), ref_bytes, run_stage="reference")
+        return
+    drv = float(probe.markers["top_n"].get("seconds", 0)) + float(
+        probe.markers["reference"].get("seconds", 0)
+    )
+    more = est.energy_per_row(est.top_r) - est.energy_per_row(est.top_p)
+    est.map("reference", "reference cands", "samples x N", reads=READS, driver_s=drv, extra_per_sample=more)
+    top_n = float((probe.markers["top_n"].get("output") or {}).get("bytes", 0))
+    sets = (top_n * est.top_r / max(1, est.top_p), ref_bytes * est.m_r / max(1, est.m_p))
+    # top N: its marker looked for, cos θ of each shard, the top-N gather, written and digested; the
+    # reference: its marker, the candidates of each shard, two M-row gathers, written and digested
+    shard = 4 * parquet_get(est.embed_bytes) + parquet_get(est.shard_bytes("reference"))
+    req = add(MISSING, MISSING, {"get": est.S * shard + sum(map(written_digest, sets)), "put": 4})
+    # the step writes both sets: the reference and the top N (reference/top_n.safetensors)
+    est.driver("reference select", drv, est.lin, "samples", sum(sets), req, run_stage="reference")
+    est.m_more = est.energy_per_row(est.m_r) - est.energy_per_row(est.m_p)
+
+
+def _summary(view: SummaryView) -> dict:
+    from hype.scoring.summary import reference_fields
+
+    return {"reference": reference_fields(view.outputs.get("reference"), view.run, view.plan)}
+
+
+# top-N (driver), the candidates' mean L_e (per shard), top-M (driver); or --reference copied
+STAGE = StageSpec(
+    "reference",
+    reference,
+    lambda c: c.reference,
+    reads=("embed", "dedup"),
+    driver=True,
+    check=check,
+    plan=plan,
+    summary=_summary,
+)

@@ -9,11 +9,15 @@ Output: `RUN_DIR/specificity/<shard id>.parquet` (eps_i, eps_t), row-aligned wit
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pyarrow as pa
 import torch
 
 from hype.scoring import embed_format
+from hype.scoring.config import SpecificityConfig
+from hype.scoring.context import RunContext, StageSpec, SummaryView
+from hype.scoring.pricing import ShardReads
 from hype.scoring.reference import load_reference
 from hype.scoring.rundir import RunDir, ShardTask, fingerprint
 from hype.scoring.specificity import DEFAULT_BUDGET_ELEMS, image_specificity, text_specificity
@@ -95,3 +99,45 @@ class SpecificityStage(MeanEnergyStage):
 
     def load_sets(self) -> tuple[torch.Tensor, torch.Tensor]:
         return load_reference(self.run_dir.reference).lifted(self.curv)  # (S_i, S_t)
+
+
+# --- the stage in a `hype score` run -----------------------------------------------------------------
+
+READS = ShardReads(markers=1, parquets=2, sets=1)  # the reference's marker, the embed output twice
+
+
+def specificity(ctx: RunContext, sc: SpecificityConfig, inputs: dict) -> dict:
+    """ε_i and ε_t of every shard against the reference sets."""
+    pool = inputs["embed"]
+    stage = SpecificityStage(
+        ctx.run,
+        curv=pool.curv,
+        K=pool.K,
+        hinge=sc.hinge,
+        reference_digest=inputs["reference"]["digest"],
+        budget_elems=sc.budget_elems,
+        **pool.kw,
+    )
+    ctx.map(stage, pool.tasks)
+    ctx.check_failures("specificity", ctx.plan)
+    return {"hinge": sc.hinge, "K": pool.K, "curv": pool.curv}
+
+
+def plan(est: Any) -> None:
+    # the L_e kernel's extra seconds per row at the run's M (`stage_reference.plan`)
+    est.map("specificity", "specificity", "samples x M", reads=READS, extra_per_sample=est.m_more)
+
+
+def _summary(view: SummaryView) -> dict:
+    sc = view.cfg.specificity
+    return {"specificity": view.outputs.get("specificity") or {"hinge": sc.hinge, "K": sc.K}}
+
+
+STAGE = StageSpec(
+    "specificity",
+    specificity,
+    lambda c: c.specificity,
+    reads=("embed", "reference"),
+    plan=plan,
+    summary=_summary,
+)

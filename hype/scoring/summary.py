@@ -16,6 +16,49 @@ from hype.scoring.rundir import RunDir
 SHARD_REASONS = (UNREADABLE_SHARD, MISSING_SHARD, EMPTY_SHARD)
 
 
+# summary.json's keys in this order (a stage's fields fill their places: `hype.scoring.context.StageSpec`'s
+# `summary`); keys of a stage that is not listed here follow, in the stages' order.
+LAYOUT: dict[str, tuple[str, ...]] = {
+    "status": (),
+    "run_dir": (),
+    "scores_dir": (),
+    "pool": (),
+    "executor": (),
+    "models": (),
+    "metadata": (),
+    "shards": (
+        "total",
+        "empty",
+        "unreadable",
+        "unreadable_examples",
+        "missing",
+        "missing_examples",
+        "storage_retries",
+        "failed",
+    ),
+    "samples": (
+        "read",
+        "embedded",
+        "scored",
+        "skipped",
+        "skipped_by_reason",
+        "skip_examples",
+        "duplicates",
+        "empty_captions",
+    ),
+    "reference": (),
+    "specificity": (),
+    "c_in": (),
+    "stages": (),
+    "seconds": (),
+    "samples_per_s": (),
+    "warnings": (),
+    "error": (),
+    "decontam": (),
+    "neardup": (),
+}
+
+
 def build_summary(
     cfg: ScoreConfig,
     run: RunDir,
@@ -27,29 +70,12 @@ def build_summary(
     failures: list[dict],
     seconds: float,
     executor: str,
-    embed_stats: list[dict] | None = None,
-    merge_stats: list[dict] | None = None,
-    duplicates: dict | None = None,
-    reference: dict | None = None,
-    clusters: dict | None = None,
-    specificity: dict | None = None,
     metadata: dict | None = None,
     error: str | None = None,
-    decontam: dict | None = None,
-    neardup: dict | None = None,
+    fields: list[dict] = (),
 ) -> dict:
-    skips = SkipStats()
-    read = embedded = empty_captions = 0
-    for s in embed_stats or []:
-        skips.merge(s.get("skipped") or {})
-        c = s.get("counts") or {}
-        read += int(c.get("samples", 0))
-        embedded += int(c.get("embedded", 0))
-        empty_captions += int(c.get("empty_captions", 0))
-    fresh = int((stages.get("embed") or {}).get("samples", 0))
-    per_sample = {r: n for r, n in sorted(skips.counts.items()) if r not in SHARD_REASONS}
-    scored = sum(int(s["output"]["rows"]) for s in merge_stats) if merge_stats is not None else None
-    c_in_on = clusters is not None
+    """The run's own fields and the stages' `fields` (merged in order: a nested dict key by key), laid out
+    as `LAYOUT`."""
     out = {
         "status": status,
         "run_dir": str(run.root),
@@ -62,58 +88,66 @@ def build_summary(
         "shards": {
             "total": plan.get("shards", 0),
             "empty": list(plan.get("empty_shards", [])),
+            "failed": failures,
+        },
+        "stages": stages,  # this invocation's work; reused shards count in shards_reused
+        "seconds": round(seconds, 3),
+        "warnings": list(warnings),
+    }
+    if error is not None:
+        out["error"] = error
+    for part in fields:
+        for key, value in part.items():
+            if isinstance(value, dict) and isinstance(out.get(key), dict):
+                out[key] = out[key] | value
+            else:
+                out[key] = value
+    return _laid_out(out)
+
+
+def _laid_out(out: dict) -> dict:
+    """`out` with its keys (and those of the sections `LAYOUT` lists) in `LAYOUT`'s order."""
+    first = {k: out[k] for k in LAYOUT if k in out} | out
+    for key, inner in LAYOUT.items():
+        if inner and isinstance(first.get(key), dict):
+            first[key] = {k: first[key][k] for k in inner if k in first[key]} | first[key]
+    return first
+
+
+def embed_fields(embed_stats: list[dict]) -> dict:
+    """The embed stage's fields: the pool's samples and shards as its markers count them (reused shards
+    included)."""
+    skips = SkipStats()
+    read = embedded = empty_captions = 0
+    for s in embed_stats:
+        skips.merge(s.get("skipped") or {})
+        c = s.get("counts") or {}
+        read += int(c.get("samples", 0))
+        embedded += int(c.get("embedded", 0))
+        empty_captions += int(c.get("empty_captions", 0))
+    per_sample = {r: n for r, n in sorted(skips.counts.items()) if r not in SHARD_REASONS}
+    return {
+        "shards": {
             "unreadable": int(skips.counts.get(UNREADABLE_SHARD, 0)),
             "unreadable_examples": list(skips.examples.get(UNREADABLE_SHARD, [])),
             # listed, then gone when read: scored as empty; a rerun reads it again if it comes back
             "missing": int(skips.counts.get(MISSING_SHARD, 0)),
             "missing_examples": list(skips.examples.get(MISSING_SHARD, [])),
             # transient storage errors (5xx, resets, throttling) retried while reading the shards
-            "storage_retries": sum(int(s.get("storage_retries", 0)) for s in embed_stats or []),
-            "failed": failures,
+            "storage_retries": sum(int(s.get("storage_retries", 0)) for s in embed_stats),
         },
         "samples": {
             "read": read,
             "embedded": embedded,
-            "scored": scored,
             "skipped": sum(per_sample.values()),
             "skipped_by_reason": per_sample,
             "skip_examples": {r: skips.examples.get(r, []) for r in per_sample},
-            "duplicates": int(duplicates["duplicates"]) if duplicates else None,
             "empty_captions": empty_captions,
         },
-        "reference": _reference(reference, run, plan),
-        "specificity": specificity or {"hinge": cfg.specificity.hinge, "K": cfg.specificity.K},
-        "c_in": {"enabled": c_in_on},
-        "stages": stages,  # this invocation's work; reused shards count in shards_reused
-        "seconds": round(seconds, 3),
-        # Throughput of this invocation: samples embedded now (not those reused from an earlier run).
-        "samples_per_s": round(fresh / seconds, 1) if seconds > 0 and fresh else None,
-        "warnings": list(warnings),
     }
-    if error is not None:
-        out["error"] = error
-    if decontam is not None:  # --decontaminate: matches per task (RUN_DIR/decontam/matches.json)
-        out["decontam"] = {k: v for k, v in decontam.items() if k not in ("fingerprint", "output")}
-    if neardup is not None:  # hype.scoring.stage_neardup; `hype select --filter dedup` checks its digest
-        out["neardup"] = {k: v for k, v in neardup.items() if k not in ("fingerprint", "output", "edges")}
-    if c_in_on:
-        out["c_in"] |= {
-            "k": clusters.get("k"),
-            "targets": clusters.get("targets"),
-            "class_images": clusters.get("class_images"),
-            "class_source": clusters.get("class_source"),
-            "train_points": clusters.get("train_points"),
-            "kmeans": kmeans_note(clusters),
-            "centroids": clusters.get("centroids"),
-            "caption_filter": clusters.get("caption_filter"),
-            "samples_c_in": sum(int(s["counts"].get("c_in", 0)) for s in merge_stats or []),
-        }
-    else:
-        out["c_in"]["note"] = "no --class-features/--class-images: c_in = 0 for every sample"
-    return out
 
 
-def _reference(reference: dict | None, run: RunDir, plan: dict) -> dict | None:
+def reference_fields(reference: dict | None, run: RunDir, plan: dict) -> dict | None:
     """Where S_i/S_t came from: selected from the pool or a --reference file; in a grown run frozen: the
     run's own file, made when it was first scored (`hype.scoring.grow`), from its first pool."""
     if reference is None:
@@ -127,7 +161,7 @@ def _reference(reference: dict | None, run: RunDir, plan: dict) -> dict | None:
 
 
 def reference_line(ref: dict) -> str:
-    """The summary's line on the reference sets (`_reference`)."""
+    """The summary's line on the reference sets (`reference_fields`)."""
     if ref.get("source") == "selected":
         made = f"N={ref.get('n_top')}, M={ref.get('m')} ({'hinged L_e' if ref.get('hinge') else 'raw E'})"
         made = f"selected from {ref.get('first_pool') or 'the pool'}: {made}"
