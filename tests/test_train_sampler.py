@@ -16,6 +16,7 @@ from test_select_helpers import write_scores
 from train_helpers import MICRO, clean_scores
 
 from hype.cli import main
+from hype.config import ConfigError
 from hype.data.subset_index import SubsetError, SubsetIndex
 from hype.data.uids import array_to_uids, uids_to_array
 from hype.synth import make_world
@@ -189,3 +190,15 @@ def test_a_draw_that_would_not_fit_in_memory_is_refused_before_reading(world, mo
     cfg = SamplerConfig(kind="softcap", scores=str(world / "scores_run"), column="cos_theta")
     with pytest.raises(SubsetError, match=r"drawing 200 samples from up to 64 scored samples needs ~0.0 GiB"):
         draw_subset(cfg, 200, 0, None)
+
+
+def test_a_stream_config_reads_as_before_the_sampler_existed():
+    stream = load_train_config("tiny-clip")
+    assert "sampler" not in stream.to_dict()  # config.yaml, the state and the recipe fingerprint unchanged
+    softcap = load_train_config("tiny-clip", ["sampler.kind=softcap", "sampler.scores=run", "sampler.cap=2"])
+    expected = {**SamplerConfig().__dict__, "kind": "softcap", "scores": "run", "cap": 2}
+    assert softcap.to_dict()["sampler"] == expected
+    for cfg in (stream, softcap):
+        assert type(cfg).from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ConfigError, match=r"sampler.kind: must be one of stream, softcap"):
+        load_train_config("tiny-clip", ["sampler.kind=flyt"])

@@ -197,7 +197,12 @@ class TrainConfig:
         return load_model_config(self.model)
 
     def to_dict(self) -> dict[str, Any]:
-        return to_dict(self)
+        """The config as plain data; without the `sampler` section while it is the default stream, so a run's
+        config.yaml, state and recipe fingerprint read as they did before the sampler existed."""
+        d = to_dict(self)
+        if self.sampler == SamplerConfig():
+            del d["sampler"]
+        return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> TrainConfig:

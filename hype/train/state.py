@@ -191,28 +191,19 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _recipe(config: dict) -> dict[str, Any]:
-    """The flattened settings that change the experiment: all but `RESUME_MAY_DIFFER`, and no `sampler.*`
-    while the sampler is the default stream, so runs from before the sampler existed keep their
-    fingerprint and resume."""
-    flat = _flatten(config)
-    stream = flat.get("sampler.kind", "stream") == "stream"
-    return {
-        k: v
-        for k, v in flat.items()
-        if k not in RESUME_MAY_DIFFER and not (stream and k.startswith("sampler."))
-    }
-
-
 def config_differences(saved: dict, current: dict) -> list[str]:
-    a, b = _recipe(saved), _recipe(current)
-    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    a, b = _flatten(saved), _flatten(current)
+    return [
+        f"{k}: {a.get(k)!r} -> {b.get(k)!r}"
+        for k in sorted(set(a) | set(b))
+        if k not in RESUME_MAY_DIFFER and a.get(k) != b.get(k)
+    ]
 
 
 def recipe_fingerprint(config: dict) -> str:
     """The run contract's fingerprint of a training recipe (`TrainConfig.to_dict()`): every setting that
-    changes the experiment (`_recipe`)."""
-    return fingerprint(_recipe(config))
+    changes the experiment, i.e. all but `RESUME_MAY_DIFFER`."""
+    return fingerprint({k: v for k, v in _flatten(config).items() if k not in RESUME_MAY_DIFFER})
 
 
 def resolve_resume(resume: str, out: AnyPath) -> CheckpointPaths | None:
