@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -253,3 +255,18 @@ print(seen)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "['PASSIVE']"
+
+
+def test_the_probes_start_up_imports_are_found_outside_the_checkout(tmp_path):
+    """The probe times a fresh process importing the scoring stack: each module it names must be found from
+    a folder outside the checkout (the plug-ins install as hype.pipelines, not as a top-level name)."""
+    from hype.scoring.plan import STARTUP_MODULES
+
+    find = "import importlib.util as u, sys; print(*(m for m in sys.argv[1:] if u.find_spec(m) is None))"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-c", find, *STARTUP_MODULES], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "", (
+        f"not found outside the checkout: {done.stdout}"
+    )

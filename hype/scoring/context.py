@@ -58,8 +58,10 @@ class StageSpec:
     The hooks, each optional: `check(ctx)` opens the stage's inputs before the run changes anything (a
     refusal leaves the run as it was); `begin(ctx)` works once the run is marked running, before its plan
     is recorded; `plan(est)` adds the stage's rows (seconds, bytes, bucket requests) to `hype plan`'s
-    estimate (`hype.scoring.plan._Estimate`); `summary(view)` gives the stage's fields of summary.json
-    (nested dicts merge into the run's), with its defaults when its output is not in `view.outputs`."""
+    estimate (`hype.scoring.plan._Estimate`), from the probe's shard markers and the driver `markers` it
+    names; `calibrate(cal)` times apart what the probe is too small to time (`hype.scoring.plan.Calibration`);
+    `summary(view)` gives the stage's fields of summary.json (nested dicts merge into the run's), with its
+    defaults when its output is not in `view.outputs`."""
 
     name: str  # its folder in RUN_DIR and its entry in summary.json's `stages`
     run: Callable[[RunContext, Any, dict[str, Any]], Any]
@@ -72,6 +74,8 @@ class StageSpec:
     begin: Callable[[RunContext], None] | None = None
     plan: Callable[[Any], None] | None = None
     summary: Callable[[SummaryView], dict] | None = None
+    markers: tuple[tuple[str, str], ...] = ()  # (name, path in RUN_DIR) of driver markers its rows read
+    calibrate: Callable[[Any], None] | None = None
 
 
 class RunContext:

@@ -1,5 +1,5 @@
-"""The errors of a `hype score` run (`hype.scoring.runner`): here, below the runner, so the steps it runs
-(`hype.scoring.stage_decontam`) raise them without importing the runner."""
+"""The errors of a `hype score` run (`hype.scoring.runner`): here, below the run context and the stage files
+(`hype.scoring.context`, `stage_*.py`), so the driver steps raise them without importing the runner."""
 
 from __future__ import annotations
 

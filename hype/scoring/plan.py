@@ -61,8 +61,6 @@ from hype.scoring.config import ScoreConfig
 from hype.scoring.pricing import REQUEST_KINDS, ShardReads, add, run_requests, stage_requests
 
 PROBE_SAMPLES = 1024
-ENERGY_CALIBRATION_REFS = 20_000  # the largest reference set the L_e kernel is timed on
-ENERGY_ROWS = 256  # pool rows per timed L_e call
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 
 
@@ -214,7 +212,7 @@ class Probe:
     startup_s: float  # a fresh `hype` process importing the scoring stack
     summary: dict
     stats: dict[str, list[dict]]  # stage -> the shards' markers
-    markers: dict[str, dict]  # driver steps' markers: top_n, reference, clusters
+    markers: dict[str, dict]  # driver steps' markers, by the names the stages give them (`StageSpec.markers`)
     folder_bytes: dict[str, int]  # run-folder bytes per top-level entry
     device: str = "cpu"  # where the workers ran the models
     settings: dict = field(default_factory=dict)
@@ -223,6 +221,18 @@ class Probe:
     load: dict = field(default_factory=dict)  # 1-minute load average at the probe's start and end
     copy_check: dict | None = None  # the copy check timed apart: seconds per image windowed and per pair
     card_files: dict[str, int] = field(default_factory=dict)  # files the card digests -> their bytes
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What a stage's `calibrate` hook times apart from (the probe's run folder, on the run's device) and
+    records in `probe` (its field of the `Probe`)."""
+
+    cfg: ScoreConfig
+    samples: int  # the pool's
+    probe: Probe
+    run: Path  # the probe's run folder
+    device: str
 
 
 def _probe_pool(size: PoolSize, samples: int, shards: int, folder: Path) -> int:
@@ -248,13 +258,23 @@ def _probe_pool(size: PoolSize, samples: int, shards: int, folder: Path) -> int:
 
 
 _STARTUP: list[float] = []  # measured once per process
+# What `hype score` imports before its first stage (the executors' plug-ins: `hype.pipelines`, importable
+# from any folder once installed, not only from a checkout).
+STARTUP_MODULES = (
+    "torch",
+    "open_clip",
+    "pyarrow.parquet",
+    "hype.scoring.runner",
+    "hype.scoring.embed",
+    "hype.pipelines",
+)
 
 
 def _startup_seconds() -> float:
     """A fresh process importing what `hype score` imports before its first stage."""
     if _STARTUP:
         return _STARTUP[0]
-    code = "import torch, open_clip, pyarrow.parquet, hype.scoring.runner, hype.scoring.embed, pipelines"
+    code = "import " + ", ".join(STARTUP_MODULES)
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
     _STARTUP.append(time.perf_counter() - t0)
@@ -269,120 +289,10 @@ def _workers(executor) -> int:
     return max(1, workers)
 
 
-KMEANS_CALIBRATION_POINTS = 20_000  # the most points k-means is timed on in the probe
-
-
-def kmeans_size(cfg: ScoreConfig, samples: int, eligible: float) -> tuple[int, int]:
-    """(K, training points) of the run's k-means, as `stage_clusters._train_clusters` sizes them;
-    `eligible`: the fraction of rows the caption filter passes."""
-    from hype.scoring.clusters import default_num_clusters
-
-    cc = cfg.clusters
-    k = int(cc.num_clusters or default_num_clusters(samples))
-    points = min(cc.points_per_centroid * k, cc.max_train_points or 1 << 62, int(samples * eligible))
-    return k, max(1, points)
-
-
-def _time_kmeans(cfg: ScoreConfig, samples: int, marker: dict, centroids_file: Path) -> dict | None:
-    """The run's k-means (faiss, or torch on the run's device) timed on random points of the run's width at
-    the run's K and points (at most KMEANS_CALIBRATION_POINTS points, K cut in proportion): the probe's own
-    k-means is too small to time."""
-    import numpy as np
-
-    from hype.scoring.clusters import kmeans_centroids, placement
-
-    if not marker.get("train_points") or not centroids_file.exists() or cfg.clusters.centroids:
-        return None
-    eligible = float(marker.get("train_eligible") or 1) / max(1, int(marker.get("pool") or 1))
-    k_r, pts_r = kmeans_size(cfg, samples, eligible)
-    points = min(pts_r, KMEANS_CALIBRATION_POINTS)
-    k = max(1, min(k_r, round(k_r * points / pts_r), points // 39))
-    dim = int(np.load(centroids_file, mmap_mode="r").shape[1])
-    x = np.random.default_rng(0).standard_normal((points, dim), dtype=np.float32)
-    t0 = time.perf_counter()
-    cc = cfg.clusters
-    kmeans_centroids(x, k, niter=cc.niter, seed=cc.seed, gpu=cc.gpu, **placement(cc.backend, cfg.device))
-    return {"points": points, "k": k, "seconds": time.perf_counter() - t0}
-
-
 def _load() -> float | None:
     import os
 
     return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
-
-
-def run_sizes(cfg: ScoreConfig, samples: int) -> tuple[int, int]:
-    """(N top pairs, M reference size) of the run, as the reference stage cuts them to the pool."""
-    top = min(cfg.reference.n_top, samples)
-    return top, min(cfg.reference.m, top)
-
-
-def _time_energy(
-    cfg: ScoreConfig, samples: int, markers: dict, stats: dict, run: Path, device: str
-) -> dict[int, float]:
-    """Seconds per pool row of the L_e kernel (both directions, as reference candidates and specificity
-    run it) at the probe's and the run's N and M (at most ENERGY_CALIBRATION_REFS), on the probe's own
-    MERU embeddings on `device`; the sizes interleaved and each the median of three calls, so a change of
-    load hits every size alike. Empty when the run's sizes are the probe's."""
-    import numpy as np
-    import torch
-
-    from hype.scoring import embed_format
-    from hype.scoring.specificity import image_specificity, text_specificity
-
-    top_p = int(markers["top_n"].get("n_top") or 0)
-    m_p = int((markers["reference"].get("meta") or {}).get("m") or 0)
-    top_r, m_r = run_sizes(cfg, samples)
-    sizes = sorted({min(x, ENERGY_CALIBRATION_REFS) for x in (top_p, m_p, top_r, m_r) if x})
-    done = [s for s in stats.get("embed", []) if s and (s.get("output") or {}).get("file")]
-    if len(sizes) < 2 or not done:
-        return {}
-    x = embed_format.read_embeddings(run / "embed" / done[0]["output"]["file"], "meru_img")
-    curv = float(done[0].get("curv") or 1.0)
-    dev = device if not device.startswith("cuda") or torch.cuda.is_available() else "cpu"
-    pts = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(dev)
-    rows = pts[np.arange(ENERGY_ROWS) % len(pts)]
-    refs = {m: pts[np.arange(m) % len(pts)] for m in sizes}
-    times: dict[int, list[float]] = {m: [] for m in sizes}
-    for _ in range(3):
-        for m in sizes:
-            t0 = time.perf_counter()
-            image_specificity(rows, refs[m], curv)
-            text_specificity(rows, refs[m], curv)
-            if dev.startswith("cuda"):
-                torch.cuda.synchronize()
-            times[m].append(time.perf_counter() - t0)
-    return {m: _median(t) / ENERGY_ROWS for m, t in times.items()}
-
-
-COPY_CALIBRATION_IMAGES = 32  # work images a side the copy check is timed on
-COPY_CALIBRATION_PAIRS = 16  # pairs per image of the second timing (the first: one)
-
-
-def _time_copy_check(cfg: ScoreConfig) -> dict | None:
-    """The decontamination copy check (`pair_similarities`, the real code) timed apart on random work
-    images: each image paired once, then COPY_CALIBRATION_PAIRS times (interleaved, the median of three):
-    seconds per image windowed and per pair. None without the copy check."""
-    import numpy as np
-
-    from hype.scoring.copydetect import WORK_SIDE, pair_similarities
-    from hype.scoring.stage_decontam import search_of
-
-    check = search_of(cfg.decontam).check
-    if cfg.decontam.eval_dir is None or check is None:
-        return None
-    n = COPY_CALIBRATION_IMAGES
-    a, b = np.random.default_rng(0).integers(0, 256, (2, n, WORK_SIDE, WORK_SIDE, 3), dtype=np.uint8)
-    times: dict[int, list[float]] = {1: [], COPY_CALIBRATION_PAIRS: []}
-    for _ in range(3):
-        for k in times:
-            i = np.repeat(np.arange(n), k)
-            t0 = time.perf_counter()
-            pair_similarities(a, b, np.stack([i, (i + np.tile(np.arange(k), n)) % n], axis=1), check)
-            times[k].append(time.perf_counter() - t0)
-    one, many = (_median(t) for t in times.values())
-    pair_s = max(0.0, (many - one) / (n * (COPY_CALIBRATION_PAIRS - 1)))
-    return {"image_s": max(1e-9, (one - n * pair_s) / (2 * n)), "pair_s": pair_s}
 
 
 def energy_per_row(energy: dict[int, float], refs: int) -> float:
@@ -410,12 +320,7 @@ def probe_from_run(run: Path, summary: dict, *, samples: int, shards: int, worke
     stats = {
         d.name: [read_json(f) for f in sorted(d.glob("*_stats.json"))] for d in run.iterdir() if d.is_dir()
     }
-    markers = {
-        "top_n": read_json(run / "reference" / "top_n.json") or {},
-        "reference": read_json(run / "reference.json") or {},
-        "clusters": read_json(run / "clusters" / "model.json") or {},
-        "decontam": read_json(run / "decontam" / "matches.json") or {},
-    }
+    markers = {name: read_json(run / path) or {} for spec in stages.STAGES for name, path in spec.markers}
     folder_bytes = {
         p.name: sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size
         for p in run.iterdir()
@@ -480,11 +385,9 @@ def run_probe(
         except ScoreError as e:
             raise PlanError(str(e)) from None
         probe = probe_from_run(tmp / "run", summary, samples=n, shards=shards, workers=workers)
-        probe.kmeans = _time_kmeans(
-            cfg, size.total, probe.markers["clusters"], tmp / "run" / "clusters" / "centroids.npy"
-        )
-        probe.energy = _time_energy(cfg, size.total, probe.markers, probe.stats, tmp / "run", device)
-        probe.copy_check = _time_copy_check(cfg)
+        for spec in stages.active(cfg):  # what the probe is too small to time, timed apart
+            if spec.calibrate is not None:
+                spec.calibrate(Calibration(cfg, size.total, probe, tmp / "run", device))
         return dataclasses.replace(
             probe,
             executor_start_s=start_s,
@@ -567,16 +470,14 @@ class _Estimate:
         self.W = probe.workers
         self.par = max(1, min(self.W, self.S))
         self.lin = self.N / n
-        self.top_p = int(probe.markers["top_n"].get("n_top") or 0)
-        self.m_p = int(((probe.markers["reference"].get("meta") or {}).get("m")) or 0)
-        self.top_r, self.m_r = run_sizes(cfg, self.N)
-        self.m_more = 0.0  # extra L_e seconds per row at the run's M, once the reference sets are known
-        self.cl = probe.markers["clusters"]
-        self.k_p = int(self.cl.get("k") or 1)
-        eligible = float(self.cl.get("train_eligible") or n) / max(1, int(self.cl.get("pool") or n))
-        self.k_r, self.pts_r = kmeans_size(cfg, self.N, eligible)
-        self.k_r = self.k_p if cfg.clusters.centroids else self.k_r
-        self.pts_p = int(self.cl.get("train_points") or 1)
+        # The run's sizes that several stages' rows share (the plan's `scaling`), set by the stages that
+        # know them (`stage_reference.plan`: N top pairs, M; `stage_clusters.plan_clusters`: K, points), _r
+        # the run's, _p the probe's; `m_more`: extra L_e seconds per row at the run's M; `cl`: the probe's
+        # k-means marker.
+        self.top_p = self.m_p = self.top_r = self.m_r = 0
+        self.k_p = self.k_r = self.pts_p = self.pts_r = 1
+        self.m_more = 0.0
+        self.cl: dict = {}
         self.tar_bytes = sum(size.tar_bytes) / max(1, self.S)
         self.embed_bytes = self.shard_bytes("embed")
         self.markers_of: dict[str, int] = {}  # a stage folder's markers in the run, where not one per shard

@@ -633,6 +633,41 @@ def _where(ctx: RunContext) -> dict:
     return placement(ctx.cfg.clusters.backend, ctx.cfg.device)
 
 
+KMEANS_CALIBRATION_POINTS = 20_000  # the most points k-means is timed on in the probe
+
+
+def kmeans_size(cfg: Any, samples: int, eligible: float) -> tuple[int, int]:
+    """(K, training points) of a run's k-means over `samples`, as `_train_clusters` sizes them (for
+    `hype plan`); `eligible`: the fraction of rows the caption filter passes."""
+    cc = cfg.clusters
+    k = int(cc.num_clusters or default_num_clusters(samples))
+    points = min(cc.points_per_centroid * k, cc.max_train_points or 1 << 62, int(samples * eligible))
+    return k, max(1, points)
+
+
+def _time_kmeans(cfg: Any, samples: int, marker: dict, centroids_file: Path) -> dict | None:
+    """The run's k-means (faiss, or torch on the run's device) timed on random points of the run's width at
+    the run's K and points (at most KMEANS_CALIBRATION_POINTS points, K cut in proportion): the probe's own
+    k-means is too small to time."""
+    if not marker.get("train_points") or not centroids_file.exists() or cfg.clusters.centroids:
+        return None
+    eligible = float(marker.get("train_eligible") or 1) / max(1, int(marker.get("pool") or 1))
+    k_r, pts_r = kmeans_size(cfg, samples, eligible)
+    points = min(pts_r, KMEANS_CALIBRATION_POINTS)
+    k = max(1, min(k_r, round(k_r * points / pts_r), points // 39))
+    dim = int(np.load(centroids_file, mmap_mode="r").shape[1])
+    x = np.random.default_rng(0).standard_normal((points, dim), dtype=np.float32)
+    t0 = time.perf_counter()
+    cc = cfg.clusters
+    kmeans_centroids(x, k, niter=cc.niter, seed=cc.seed, gpu=cc.gpu, **placement(cc.backend, cfg.device))
+    return {"points": points, "k": k, "seconds": time.perf_counter() - t0}
+
+
+def calibrate(cal: Any) -> None:
+    marker = cal.probe.markers["clusters"]
+    cal.probe.kmeans = _time_kmeans(cal.cfg, cal.samples, marker, cal.run / "clusters" / "centroids.npy")
+
+
 def plan_classes(est: Any) -> None:
     """The class images: fixed (they do not grow with the pool); the images listed, the driver then reads
     every shard's features; the CLIP model fetched by each Ray worker."""
@@ -656,8 +691,15 @@ def plan_captions(est: Any) -> None:
 
 
 def plan_clusters(est: Any) -> None:
-    """k-means (K x training points: timed apart at up to the run's size, the rest scaled), then each
-    sample's cluster (samples x K)."""
+    """The run's K and training points (the plan's scaling), then k-means (K x training points: timed apart
+    at up to the run's size, the rest scaled) and each sample's cluster (samples x K)."""
+    cfg, n = est.cfg, max(1, est.probe.samples)
+    est.cl = est.probe.markers["clusters"]
+    est.k_p = int(est.cl.get("k") or 1)
+    eligible = float(est.cl.get("train_eligible") or n) / max(1, int(est.cl.get("pool") or n))
+    est.k_r, est.pts_r = kmeans_size(cfg, est.N, eligible)
+    est.k_r = est.k_p if cfg.clusters.centroids else est.k_r
+    est.pts_p = int(est.cl.get("train_points") or 1)
     if not est.cl:
         return
     train_s = float(est.cl.get("seconds", 0.0))
@@ -730,4 +772,6 @@ CLUSTERS = StageSpec(
     begin=begin,
     plan=plan_clusters,
     summary=summary,
+    markers=(("clusters", "clusters/model.json"),),
+    calibrate=calibrate,
 )

@@ -562,7 +562,7 @@ def _search(index, x: np.ndarray, k: int = 1) -> tuple[np.ndarray, np.ndarray]:
 def copy_check_seconds(copy_check: dict, eval_images: int, lin: float, cost: dict | None) -> float:
     """The run's copy-check seconds from the probe's (`copy_check`: the matches marker's, with the images
     windowed and the pairs of its blocks; `eval_images`: the evaluation set's size; `lin`: pool / probe
-    samples; `cost`: `hype.scoring.plan._time_copy_check`'s seconds per image and per pair, whose ratio
+    samples; `cost`: `_time_copy_check`'s seconds per image and per pair, whose ratio
     splits the probe's time). The pool images windowed and the pairs grow with the pool; the evaluation
     images windowed do not: each block windows those its pairs hit, at most all of them, so of the E
     evaluation images a run's block of p' pairs hits E (1 - (1 - u/E)^(p'/p)) when a probe's block of p
@@ -584,6 +584,35 @@ def copy_check_seconds(copy_check: dict, eval_images: int, lin: float, cost: dic
 
 def _run(ctx: Any, settings: Any, inputs: dict) -> dict | None:
     return decontaminate(ctx, inputs["embed"])
+
+
+COPY_CALIBRATION_IMAGES = 32  # work images a side the copy check is timed on
+COPY_CALIBRATION_PAIRS = 16  # pairs per image of the second timing (the first: one)
+
+
+def _time_copy_check(cfg: Any) -> dict | None:
+    """The decontamination copy check (`pair_similarities`, the real code) timed apart on random work
+    images: each image paired once, then COPY_CALIBRATION_PAIRS times (interleaved, the median of three):
+    seconds per image windowed and per pair. None without the copy check."""
+    check = search_of(cfg.decontam).check
+    if cfg.decontam.eval_dir is None or check is None:
+        return None
+    n = COPY_CALIBRATION_IMAGES
+    a, b = np.random.default_rng(0).integers(0, 256, (2, n, WORK_SIDE, WORK_SIDE, 3), dtype=np.uint8)
+    times: dict[int, list[float]] = {1: [], COPY_CALIBRATION_PAIRS: []}
+    for _ in range(3):
+        for k in times:
+            i = np.repeat(np.arange(n), k)
+            t0 = time.perf_counter()
+            pair_similarities(a, b, np.stack([i, (i + np.tile(np.arange(k), n)) % n], axis=1), check)
+            times[k].append(time.perf_counter() - t0)
+    one, many = (float(np.median(t)) for t in times.values())
+    pair_s = max(0.0, (many - one) / (n * (COPY_CALIBRATION_PAIRS - 1)))
+    return {"image_s": max(1e-9, (one - n * pair_s) / (2 * n)), "pair_s": pair_s}
+
+
+def calibrate(cal: Any) -> None:
+    cal.probe.copy_check = _time_copy_check(cal.cfg)
 
 
 def plan(est: Any) -> None:
@@ -648,4 +677,6 @@ STAGE = StageSpec(
     when=lambda c: c.decontam.eval_dir is not None,
     plan=plan,
     summary=_summary,
+    markers=(("decontam", "decontam/matches.json"),),
+    calibrate=calibrate,
 )

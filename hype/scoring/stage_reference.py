@@ -270,10 +270,64 @@ def _select_reference(ctx: RunContext, pool: Any) -> dict:
     return ctx.timed("reference", lambda: select_top_m(run, tasks, pool.drops, m, meta, fp, ctx.warn))
 
 
+ENERGY_CALIBRATION_REFS = 20_000  # the largest reference set the L_e kernel is timed on
+ENERGY_ROWS = 256  # pool rows per timed L_e call
+
+
+def run_sizes(cfg: Any, samples: int) -> tuple[int, int]:
+    """(N top pairs, M reference size) of a run over `samples`, as `select_top_pairs` and `_select_reference`
+    cut them to the pool (for `hype plan`)."""
+    top = min(cfg.reference.n_top, samples)
+    return top, min(cfg.reference.m, top)
+
+
+def _time_energy(
+    cfg: Any, samples: int, markers: dict, stats: dict, run: Any, device: str
+) -> dict[int, float]:
+    """Seconds per pool row of the L_e kernel (both directions, as reference candidates and specificity
+    run it) at the probe's and the run's N and M (at most ENERGY_CALIBRATION_REFS), on the probe's own
+    MERU embeddings on `device`; the sizes interleaved and each the median of three calls, so a change of
+    load hits every size alike. Empty when the run's sizes are the probe's."""
+    from hype.scoring.specificity import image_specificity, text_specificity
+
+    top_p = int(markers["top_n"].get("n_top") or 0)
+    m_p = int((markers["reference"].get("meta") or {}).get("m") or 0)
+    top_r, m_r = run_sizes(cfg, samples)
+    sizes = sorted({min(x, ENERGY_CALIBRATION_REFS) for x in (top_p, m_p, top_r, m_r) if x})
+    done = [s for s in stats.get("embed", []) if s and (s.get("output") or {}).get("file")]
+    if len(sizes) < 2 or not done:
+        return {}
+    x = embed_format.read_embeddings(run / "embed" / done[0]["output"]["file"], "meru_img")
+    curv = float(done[0].get("curv") or 1.0)
+    dev = device if not device.startswith("cuda") or torch.cuda.is_available() else "cpu"
+    pts = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(dev)
+    rows = pts[np.arange(ENERGY_ROWS) % len(pts)]
+    refs = {m: pts[np.arange(m) % len(pts)] for m in sizes}
+    times: dict[int, list[float]] = {m: [] for m in sizes}
+    for _ in range(3):
+        for m in sizes:
+            t0 = time.perf_counter()
+            image_specificity(rows, refs[m], curv)
+            text_specificity(rows, refs[m], curv)
+            if dev.startswith("cuda"):
+                torch.cuda.synchronize()
+            times[m].append(time.perf_counter() - t0)
+    return {m: float(np.median(t)) / ENERGY_ROWS for m, t in times.items()}
+
+
+def calibrate(cal: Any) -> None:
+    p = cal.probe
+    p.energy = _time_energy(cal.cfg, cal.samples, p.markers, p.stats, cal.run, cal.device)
+
+
 def plan(est: Any) -> None:
-    """A --reference copied (fixed), or the selection: the candidates per shard (x N), the driver's two
-    top-k passes; the L_e kernel timed at the probe's and the run's N and M adds only the difference."""
+    """The run's N and M (the plan's scaling); a --reference copied (fixed), or the selection: the
+    candidates per shard (x N), the driver's two top-k passes; the L_e kernel timed at the probe's and the
+    run's N and M adds only the difference."""
     probe, ref_bytes = est.probe, est.probe.folder_bytes.get("reference.safetensors", 0)
+    est.top_p = int(probe.markers["top_n"].get("n_top") or 0)
+    est.m_p = int(((probe.markers["reference"].get("meta") or {}).get("m")) or 0)
+    est.top_r, est.m_r = run_sizes(est.cfg, est.N)
     if not (est.cfg.reference.file is None and est.top_p > 0):
         est.fixed("reference copy", est.seconds("reference"), ref_bytes, run_stage="reference")
         return
@@ -309,4 +363,6 @@ STAGE = StageSpec(
     check=check,
     plan=plan,
     summary=_summary,
+    markers=(("top_n", "reference/top_n.json"), ("reference", "reference.json")),
+    calibrate=calibrate,
 )
