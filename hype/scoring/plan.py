@@ -31,11 +31,12 @@ little. Each worker's first shard (lazy imports, decoder pools, first allocation
 its extra time counted as fixed; the scaled time is spread over the executor's concurrent workers.
 The cost of the L_e kernel that reference candidates (x N) and specificity (x M) run is not all
 proportional to N or M (tiles, per-call set-up): it is timed apart on the device at the probe's and the
-run's sizes (up to ENERGY_CALIBRATION_REFS), fitted as a + b x M, and only the difference between the two
-sizes is added to the probe's per-sample cost. k-means is timed apart at (up to 20,000 points of) the
-run's K and points; the copy check per image windowed and per pair (`_time_copy_check`), whose ratio
-splits the probe's check time. The load average at the probe's start and end is recorded: the estimate
-holds for that load. Nothing is written into the run folder; the probe's folder is deleted.
+run's sizes (up to `stage_reference.ENERGY_CALIBRATION_REFS`), fitted as a + b x M, and only the
+difference between the two sizes is added to the probe's per-sample cost. k-means is timed apart at (up to
+20,000 points of) the run's K and points; the copy check per image windowed and per pair, whose ratio
+splits the probe's check time: each stage's `calibrate` (`Calibration`). The load average at the probe's
+start and end is recorded: the estimate holds for that load. Nothing is written into the run folder; the
+probe's folder is deleted.
 
 Bucket requests: each stage's rows count them from the prices of `hype.scoring.pricing` (its docstring
 says how each storage operation is priced, and what was measured).
