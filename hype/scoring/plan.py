@@ -480,7 +480,7 @@ class _Estimate:
         self.m_more = 0.0
         self.cl: dict = {}
         self.tar_bytes = sum(size.tar_bytes) / max(1, self.S)
-        self.embed_bytes = self.shard_bytes("embed")
+        self.embed_bytes = 0.0  # the embed output per shard, most stages' main input (`stage_embed.plan`)
         self.markers_of: dict[str, int] = {}  # a stage folder's markers in the run, where not one per shard
         self.rows: list[Row] = []
 

@@ -135,6 +135,7 @@ def embed(ctx: RunContext, settings: EmbedSettings, inputs: dict) -> Embedded:
 
 def plan(est: Any) -> None:
     """--metadata's index (fixed), then the shards: both models read by each Ray worker."""
+    est.embed_bytes = est.shard_bytes("embed")  # what the later stages read per shard
     if "metadata" in est.probe.summary.get("stages", {}):
         nbytes = est.probe.folder_bytes.get("metadata", 0)
         est.fixed("metadata index", est.seconds("metadata"), nbytes, run_stage="metadata")
