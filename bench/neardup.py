@@ -13,7 +13,7 @@ The world and scorers are bench/quality.py's (same code: synth, the tiny MERU an
 the clean set, `hype score --config tiny`), at the demo's size by default:
 
     python bench/neardup.py [--out runs/bench-neardup] [--size 2000] [--clean-size 2000]
-        [--thresholds 0.80,0.85,0.90,0.93,0.95,0.97,0.98]
+        [--thresholds 0.90,0.95,0.99] [--set neardup.candidates=20 ...]
 
 Prints the table and writes OUT/neardup.json.
 """
@@ -38,6 +38,9 @@ def _quality_module():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+SCENE = ("shape", "color", "count", "size", "position", "background", "image_kind")  # the truth's scene
 
 
 def group_pairs(groups: list[list[str]]) -> set[tuple[str, str]]:
@@ -71,11 +74,14 @@ def measure(score: Path, truth, thresholds: list[float]) -> list[dict]:
 
     stored = read_groups(score)
     uids = [pair_to_uid(h, lo) for h, lo in zip(stored.hi, stored.lo, strict=True)]
-    truth_pairs = group_pairs(true_groups(truth))
+    families = true_groups(truth)
+    truth_pairs = group_pairs(families)
+    family = {u: i for i, g in enumerate(families) for u in g}
     noise = dict(zip(truth.uid, truth.noise, strict=True))
     source = dict(zip(truth.uid, truth.source_uid, strict=True))
     kinds = truth.noise.value_counts().to_dict()
     dup_uids = truth.uid[truth.noise == "near_duplicate"].tolist()
+    scene = dict(zip(truth.uid, zip(*(truth[c] for c in SCENE), strict=True), strict=True))
     rows = []
     for t in thresholds:
         group, keep = regroup(stored, t, "hype", 0)
@@ -86,6 +92,14 @@ def measure(score: Path, truth, thresholds: list[float]) -> list[dict]:
         pred = group_pairs(list(members.values()))
         hit = len(pred & truth_pairs)
         with_source = sum(tuple(sorted((u, source[u]))) in pred for u in dup_uids)
+        # a member is rightly grouped when its group holds another of its true family; else it is "other"
+        right = {
+            u for g in members.values() for u in g if sum(family.get(v, -1) == family.get(u) for v in g) > 1
+        }
+        others = sum(len(g) for g in members.values()) - len(right)
+        # the world also draws the same scene twice (rendered at two sizes: a copy by content, not in the
+        # truth's copies): members grouped with no copy and no other render of their scene
+        alone = [u for g in members.values() for u in g if sum(scene[v] == scene[u] for v in g) == 1]
         removed = [noise[u] for u, k in zip(uids, keep.tolist(), strict=True) if not k]
         rows.append(
             {
@@ -97,6 +111,10 @@ def measure(score: Path, truth, thresholds: list[float]) -> list[dict]:
                 "precision": hit / len(pred) if pred else float("nan"),
                 "recall": hit / len(truth_pairs) if truth_pairs else float("nan"),
                 "dups_with_source": with_source / max(1, len(dup_uids)),
+                "dups_found": len(right & set(dup_uids)) / max(1, len(dup_uids)),
+                "others_grouped": others,
+                "others_grouped_share": others / max(1, len(truth) - len(family)),
+                "other_scenes_grouped": len(alone),
                 "removed": len(removed),
                 "removed_share_by_kind": {k: removed.count(k) / n for k, n in sorted(kinds.items())},
             }
@@ -112,7 +130,8 @@ def main() -> None:
     p.add_argument("--size", type=int, default=2000, help="pool samples [default: the demo's]")
     p.add_argument("--clean-size", type=int, default=2000)
     p.add_argument("--num-clusters", type=int, default=48, help="c_IN's k-means K [default: the demo's]")
-    p.add_argument("--thresholds", default="0.80,0.85,0.90,0.93,0.95,0.97,0.98")
+    p.add_argument("--thresholds", default="0.90,0.95,0.99", help="cosines: the first is the stage's")
+    p.add_argument("--set", nargs="*", default=[], help="more hype score settings: neardup.candidates=20 ...")
     p.add_argument("--progress", action="store_true")
     args = p.parse_args()
     thresholds = sorted(float(t) for t in args.thresholds.split(","))
@@ -130,9 +149,9 @@ def main() -> None:
         args,
         out,
         world,
-        (f"neardup.threshold={thresholds[0]}",),
+        (f"neardup.threshold={thresholds[0]}", *args.set),
     )
-    truth = pq.read_table(world / "truth.parquet", columns=["uid", "noise", "source_uid"]).to_pandas()
+    truth = pq.read_table(world / "truth.parquet", columns=["uid", "noise", "source_uid", *SCENE]).to_pandas()
     rows = measure(score, truth, thresholds)
     result = {"world": str(world), "score": str(score), "args": vars(args) | {"out": str(out)}, "rows": rows}
     result["elapsed_s"] = round(time.perf_counter() - t0, 1)
@@ -144,9 +163,10 @@ def main() -> None:
         f"{rows[0]['true_pairs'] / (n * (n - 1) / 2):.5f}); removed share by noise kind with --filter dedup "
         "(keeper hype)\n"
     )
-    head = "| threshold | groups | members | pairs | precision | recall | dups with source | removed | "
+    head = "| threshold | groups | members | pairs | precision | recall | dups with source | dups found | "
+    head += "others grouped | of another scene | removed | "
     print(head + " | ".join(k.replace("_", " ") for k in kinds) + " |")
-    print("|" + "---|" * (8 + len(kinds)))
+    print("|" + "---|" * (11 + len(kinds)))
     for r in rows:
         cells = [
             f"{r['threshold']:g}",
@@ -156,6 +176,9 @@ def main() -> None:
             f"{r['precision']:.3f}",
             f"{r['recall']:.3f}",
             f"{r['dups_with_source']:.3f}",
+            f"{r['dups_found']:.3f}",
+            f"{r['others_grouped']:,} ({r['others_grouped_share']:.2%})",
+            f"{r['other_scenes_grouped']:,}",
             f"{r['removed']:,}",
         ]
         cells += [f"{r['removed_share_by_kind'][k]:.3f}" for k in kinds]

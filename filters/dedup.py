@@ -28,7 +28,8 @@ class Dedup(Rule):
         "threshold": (
             float,
             0.0,
-            "cosine >= this makes two images duplicates (0: the run's neardup.threshold)",
+            "cosine >= this makes two images duplicates, of the pairs the run's copy check confirmed "
+            "(0: the run's neardup.threshold)",
         ),
         "keeper": (str, "", f"who stays: {' | '.join(KEEPERS)} (empty: the run's neardup.keeper)"),
         "seed": (int, 0, "seed of the random keeper"),
@@ -66,6 +67,8 @@ class Dedup(Rule):
         drop = np.sort(to_structured(np.concatenate(his), np.concatenate(los)))
         self.drop = UidMultiset(drop)
         self.found = {"threshold": threshold, "keeper": keeper, "groups": groups, "members": members}
+        # None: the run joined every pair >= its threshold (neardup.copy_check=false, or scored before it)
+        self.found["copy_check"] = stored.info.get("copy_check")
 
     def mask(self, batch: Batch) -> np.ndarray:
         if self.drop is None:

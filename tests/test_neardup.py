@@ -238,7 +238,7 @@ def test_resume_skips_the_stage_and_a_new_threshold_recomputes_it(tmp_path_facto
     assert (run / "neardup" / "groups.parquet").read_bytes() == before
 
     stricter = 1 - (1 - THRESHOLD) / 2
-    result = run_cli(score_args(w, meru, clip, run, "neardup.enabled=true", f"neardup.threshold={stricter}"))
+    result = run_cli(score_args(w, meru, clip, run, *NEARDUP_OVERRIDES, f"neardup.threshold={stricter}"))
     assert result.exit_code == 0, result.output
     summary = _check_run(run, stricter)
     assert summary["stages"]["neardup_split"]["shards_reused"] == 3  # the split does not depend on it
@@ -323,10 +323,60 @@ def test_a_pool_without_near_duplicates(tmp_path_factory, tmp_path):
     meru, clip = models(tmp_path_factory)
     run = tmp_path / "run"
     shutil.copytree(neardup_run(tmp_path_factory), run)
-    result = run_cli(score_args(w, meru, clip, run, "--neardup", "neardup.threshold=1.0"))
+    result = run_cli(score_args(w, meru, clip, run, *NEARDUP_OVERRIDES, "neardup.threshold=1.0"))
     assert result.exit_code == 0, result.output
     summary = json.loads((run / "summary.json").read_text())
     assert summary["neardup"]["members"] == 0 and summary["neardup"]["groups"] == 0
     assert pq.read_table(run / "neardup" / "groups.parquet").num_rows == 0
     s = _select(run, tmp_path / "a.npy", "dedup")
     assert s["filters"][0]["removed_rows"] == 0 and s["selected_rows"] == s["pool_rows"]
+
+
+def _true_families(world_dir) -> dict[str, str]:
+    """uid -> its family (the uid of the first source), from the world's truth: a near-duplicate and its
+    source (and a copy of a copy) are one family."""
+    truth = pq.read_table(world_dir / "truth.parquet", columns=["uid", "noise", "source_uid"]).to_pylist()
+    source = {r["uid"]: r["source_uid"] for r in truth if r["noise"] == "near_duplicate"}
+    root = {}
+    for r in truth:
+        u = r["uid"]
+        while u in source:
+            u = source[u]
+        root[r["uid"]] = u
+    return root
+
+
+def test_default_settings_group_the_copies_and_nothing_else(tmp_path_factory, tmp_path):
+    """With its defaults the stage joins only pairs the pixel copy check confirms. The test world's tiny CLIP
+    puts unrelated scenes near each other (the old default, cosine >= 0.95 alone, grouped most of the pool);
+    the copies are still found, except those the CLIP ranks far apart or puts in other clusters (measured
+    on larger worlds by bench/neardup.py)."""
+    w = world(tmp_path_factory)
+    meru, clip = models(tmp_path_factory)
+    run = tmp_path / "run"
+    shutil.copytree(neardup_run(tmp_path_factory), run)
+    assert run_cli(score_args(w, meru, clip, run, "--neardup")).exit_code == 0
+    family = _true_families(w)
+    groups = pq.read_table(run / "neardup" / "groups.parquet").to_pandas()
+    scored = set(pq.read_table(run / "scores", columns=["uid"]).column("uid").to_pylist())
+    copies = {u for u in scored if sum(family[v] == family[u] for v in scored) >= 2}
+    kin = groups.uid.map(family)
+    found = {u for _, m in groups.groupby("group") for u in m.uid if (kin[m.index] == family[u]).sum() > 1}
+    assert len(set(groups.uid) - found) <= 0.01 * len(scored)  # other samples grouped
+    assert len(found) >= 0.75 * len(copies) and len(copies) >= 20
+    info = json.loads((run / "summary.json").read_text())["neardup"]
+    assert info["copy_check"]["candidates"] == 10 and info["threshold"] == 0.9
+
+
+def test_a_run_scored_before_the_copy_check_still_dedups(tmp_path_factory, tmp_path):
+    """A forest stored before the copy check existed (no `copy_check` in its marker) is read as it was:
+    every pair >= its threshold."""
+    run = tmp_path / "run"
+    shutil.copytree(neardup_run(tmp_path_factory), run)
+    before = _select(run, tmp_path / "a.npy", "dedup")["filters"][0]
+    for name in ("neardup/groups.json", "summary.json"):
+        info = json.loads((run / name).read_text())
+        del (info if name.startswith("neardup") else info["neardup"])["copy_check"]
+        (run / name).write_text(json.dumps(info))
+    after = _select(run, tmp_path / "b.npy", "dedup")["filters"][0]
+    assert after == before and after["removed_rows"] > 0 and after["copy_check"] is None

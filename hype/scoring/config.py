@@ -116,7 +116,10 @@ class NeardupConfig:
     clusters whose cosine similarity is >= threshold, one keeper per group."""
 
     enabled: bool = False  # --neardup
-    threshold: float = 0.95  # cosine of CLIP image features; `hype select --filter dedup` may only raise it
+    threshold: float = 0.9  # cosine of CLIP image features; `hype select --filter dedup` may only raise it
+    copy_check: bool = True  # a pair joins a group only if the pixel copy check confirms it (copydetect)
+    candidates: int = 10  # with copy_check: each row's nearest rows (cosine >= threshold) checked
+    copy_threshold: float = 0.9  # with copy_check: copy similarity at or above which a pair is a copy
     keeper: str = "hype"  # hype (highest HYPE score) | semdedup (farthest from its centroid) | random
     seed: int = 0  # of the random keeper
     reuse_clusters: bool = True  # c_IN's k-means when it ran; else k-means of its own
@@ -131,7 +134,9 @@ class NeardupConfig:
         one_of(self, "keeper", KEEPERS)
         if not 0 < self.threshold <= 1:
             raise ConfigError("threshold", f"must be in (0, 1] (a cosine similarity); got {self.threshold}")
-        at_least(self, 1, "num_clusters")
+        if not -1.0 <= self.copy_threshold <= 1.0:
+            raise ConfigError("copy_threshold", f"a copy similarity in [-1, 1]; got {self.copy_threshold}")
+        at_least(self, 1, "num_clusters", "candidates")
         at_least(self, 2, "max_cluster")
         at_least(self, 1, "rows_per_group", "pairs_per_block")
 

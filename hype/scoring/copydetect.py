@@ -1,6 +1,7 @@
 """Copy detection from pixels: is one image a (re-encoded, resized, slightly cropped) copy of another? The
-verification step of `hype score --decontaminate` (`hype.scoring.stage_decontam`): the CLIP nearest
-neighbours are candidates, this decides. NumPy and Pillow only (threadpoolctl sets BLAS's threads).
+verification step of `hype score --decontaminate` (`hype.scoring.stage_decontam`) and of the near-duplicate
+stage (`hype.scoring.stage_neardup`): the CLIP nearest neighbours are candidates, this decides. NumPy and
+Pillow only (threadpoolctl sets BLAS's threads); `tar_work_images` reads a shard's images for both.
 
 An image is kept as a `WORK_SIDE` x `WORK_SIDE` RGB uint8 "work image" (12 KiB) and described, for the
 whole image and for windows covering `scales` of each side at `steps` x `steps` offsets, by two
@@ -43,7 +44,8 @@ import numpy as np
 from PIL import Image
 from threadpoolctl import threadpool_limits
 
-from hype.data.imageprep import decode_rgb
+from hype.data.imageprep import ImageError, decode_rgb
+from hype.data.samples import SkipStats, iter_tar_samples
 from hype.executor import usable_cpus
 
 WORK_SIDE = 64  # an image is kept as this square RGB uint8 (12 KiB) until its pairs are checked
@@ -127,6 +129,37 @@ def work_image(data: bytes) -> np.ndarray:
     its pixel limit) for a file that cannot be decoded."""
     img, _ = decode_rgb(data, draft_size=WORK_SIDE)
     return np.asarray(img.resize((WORK_SIDE, WORK_SIDE), Image.Resampling.BOX), dtype=np.uint8)
+
+
+def occurrences(keys: list[str]) -> list[tuple[str, int]]:
+    """(key, n) of each row of an embedded shard, n the rows before it with the same key: a key repeated in
+    a tar names several images, and the n-th row of a key is its n-th image in file order."""
+    seen: dict[str, int] = {}
+    out = []
+    for key in keys:
+        out.append((key, seen.get(key, 0)))
+        seen[key] = out[-1][1] + 1
+    return out
+
+
+def tar_work_images(tar: str, wanted: set[tuple[str, int]]) -> tuple[dict[tuple[str, int], np.ndarray], int]:
+    """{(key, n): work image} of the `wanted` samples of one tar (`occurrences`; read once, in file order),
+    and how many of them could not be decoded (they match nothing)."""
+    keys = {key for key, _ in wanted}
+    seen: dict[str, int] = {}
+    out = {}
+    for sample in iter_tar_samples(tar, SkipStats()):
+        data = sample.image_bytes() if sample.key in keys else None
+        if data is None:
+            continue
+        name = (sample.key, seen.get(sample.key, 0))
+        seen[sample.key] = name[1] + 1
+        if name in wanted:
+            try:
+                out[name] = work_image(data)
+            except ImageError:
+                pass
+    return out, len(wanted - set(out))
 
 
 def _resample(image: np.ndarray, check: CopyCheck, size: int, whole_only: bool) -> np.ndarray:

@@ -99,6 +99,32 @@ def similar_pairs(
         yield a[keep][order], b[keep][order], s[keep][order]
 
 
+def nearest_pairs(
+    x: np.ndarray, threshold: float, k: int, *, pairs_per_block: int = PAIRS_PER_BLOCK, device: str = "cpu"
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(a, b, sim), a < b, each pair once: every row's `k` nearest other rows of unit `x` at cosine >=
+    threshold (the copy check's candidates). Ranked by `pair_cosines` (ties to the smaller row), so the
+    candidates are the same on any machine; memory is one block of pairs plus k per row."""
+    block = max(1, pairs_per_block // max(1, len(x)))
+    wide = threshold - search_margin(x.shape[1])
+    found = _faiss_pairs(x, wide, block) if device == "cpu" else _torch_pairs(x, wide, block, device)
+    parts = []
+    for a, b, _ in found:  # a block holds every neighbour of its query rows: their top k are final
+        a, b = a[a != b], b[a != b]
+        s = pair_cosines(x, a, b)
+        a, b, s = a[s >= threshold], b[s >= threshold], s[s >= threshold]
+        order = np.lexsort((b, -s.astype(np.float64), a))
+        a, b, s = a[order], b[order], s[order]
+        rank = np.arange(len(a)) - np.searchsorted(a, a)  # place among the query row's neighbours
+        near = rank < k
+        parts.append((np.minimum(a, b)[near], np.maximum(a, b)[near], s[near]))
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
+    a, b, s = (np.concatenate(p) for p in zip(*parts, strict=True))
+    _, first = np.unique(a * len(x) + b, return_index=True)  # sorted by (a, b), a pair once
+    return a[first], b[first], s[first]
+
+
 def spanning_forest(
     n: int, a: np.ndarray, b: np.ndarray, sim: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

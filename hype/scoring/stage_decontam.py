@@ -37,12 +37,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from hype.data.imageprep import ImageError
-from hype.data.samples import SkipStats, iter_tar_samples
 from hype.io import read_parquet, storage
 from hype.scoring import embed_format
 from hype.scoring.context import StageSpec, SummaryView
-from hype.scoring.copydetect import WORK_SIDE, CopyCheck, pair_similarities, work_image
+from hype.scoring.copydetect import WORK_SIDE, CopyCheck, occurrences, pair_similarities, tar_work_images
 from hype.scoring.decontam import (
     EVAL_STAGE,
     MATCH_SCHEMA,
@@ -334,8 +332,9 @@ class _Block:
         """Queue one pool shard's candidates, with its candidates' work images (the shard's tar is read
         once, for those images only; an unreadable image matches nothing). True when the block is full."""
         if len(cands.row):
-            names = _occurrences(t.column("key").to_pylist())
-            images, unreadable = _work_images(task.source, {names[r] for r in np.unique(cands.row).tolist()})
+            names = occurrences(t.column("key").to_pylist())
+            wanted = {names[r] for r in np.unique(cands.row).tolist()}
+            images, unreadable = tar_work_images(task.source, wanted)
             found.unreadable += unreadable
             slot = {name: len(self.images) + i for i, name in enumerate(images)}
             self.images += images.values()
@@ -377,37 +376,6 @@ def _best(cands: _Cands, threshold: float) -> _Cands:
     return cands.take(best[cands.copy[best] >= threshold])
 
 
-def _occurrences(keys: list[str]) -> list[tuple[str, int]]:
-    """(key, n) of each row of an embedded shard, n the rows before it with the same key: a key repeated in
-    a tar names several images, and the n-th row of a key is its n-th image in file order."""
-    seen: dict[str, int] = {}
-    out = []
-    for key in keys:
-        out.append((key, seen.get(key, 0)))
-        seen[key] = out[-1][1] + 1
-    return out
-
-
-def _work_images(tar: str, wanted: set[tuple[str, int]]) -> tuple[dict[tuple[str, int], np.ndarray], int]:
-    """{(key, n): work image} of the `wanted` samples of one tar (`_occurrences`; read once, in file order),
-    and how many of them could not be decoded (they match nothing)."""
-    keys = {key for key, _ in wanted}
-    seen: dict[str, int] = {}
-    out = {}
-    for sample in iter_tar_samples(tar, SkipStats()):
-        data = sample.image_bytes() if sample.key in keys else None
-        if data is None:
-            continue
-        name = (sample.key, seen.get(sample.key, 0))
-        seen[sample.key] = name[1] + 1
-        if name in wanted:
-            try:
-                out[name] = work_image(data)
-            except ImageError:
-                pass
-    return out, len(wanted - set(out))
-
-
 class _EvalImages:
     """Every evaluation image as a work image (held once: images x WORK_SIDE^2 x 3 bytes), row-aligned
     with the task indexes."""
@@ -423,8 +391,8 @@ class _EvalImages:
                 by_shard.setdefault(shard, []).append(key)
             images = {}
             for shard, shard_keys in by_shard.items():
-                names = _occurrences(shard_keys)
-                got, bad = _work_images(sources[shard], set(names))
+                names = occurrences(shard_keys)
+                got, bad = tar_work_images(sources[shard], set(names))
                 self.unreadable += bad
                 images[shard] = iter([got.get(name) for name in names])  # the shard's rows, in row order
             blank = np.zeros((WORK_SIDE, WORK_SIDE, 3), np.uint8)  # a flat image matches nothing
@@ -525,7 +493,7 @@ def _task_indexes(run: RunDir, eval_parts: list[tuple[str, ShardTask]], width: i
 
 def _repeated(shards: list[str], keys: list[str]) -> int:
     """Images of a task whose key another image of the same shard has too (each is checked on its own:
-    `_occurrences`; the matches name it by the shared key)."""
+    `occurrences`; the matches name it by the shared key)."""
     return sum(n for n in Counter(zip(shards, keys, strict=True)).values() if n > 1)
 
 

@@ -12,12 +12,17 @@ recomputes it), on rows of the scores table only (repeated uids are already drop
 2. `SplitStage` (per shard, executor): each row's cluster, group of clusters (`cluster % groups`, with
    `groups` = ceil(rows / `neardup.rows_per_group`)), HYPE score, cosine to its centroid, uid and feature,
    sorted by group with one Parquet row group per group -> `neardup_split/<id>.parquet`; the marker lists
-   the groups present. Memory: one shard.
+   the groups present. With the copy check (`neardup.copy_check`, the default) each row's 64 x 64 work
+   image (`hype.scoring.copydetect`, 12 KiB) too, read from the shard's tar. Memory: one shard.
 3. `GroupStage` (per group of clusters, executor): reads its row group from every shard (the shuffle),
    then per cluster the maximum spanning forest of the pairs >= `neardup.threshold` (faiss range search
-   in blocks), the duplicate groups and their keepers -> `neardup/group-<g>.parquet` (members) and
+   in blocks; with the copy check, of each row's `neardup.candidates` nearest rows at cosine >= the
+   threshold, the pairs whose copy similarity is >= `neardup.copy_threshold`: a small CLIP puts unrelated
+   pictures of one kind at cosine > 0.95, the pixels tell copies apart), the duplicate groups and their
+   keepers -> `neardup/group-<g>.parquet` (members) and
    `group-<g>.edges.parquet` (the forest). Memory: one group of clusters (~`rows_per_group` features) plus
-   one block of pairs; a cluster above `neardup.max_cluster` rows is an error naming the fix.
+   one block of pairs (with the copy check, plus the candidates' work images, checked against the free
+   memory before they are read); a cluster above `neardup.max_cluster` rows is an error naming the fix.
 4. driver: `neardup/groups.parquet` (uid, group, keeper, sim_to_keeper, cluster, hype, centroid_sim: one
    row per member of a group of >= 2) and `neardup/edges.parquet` (a, b: rows of groups.parquet, sim),
    marker `neardup/groups.json` last.
@@ -40,12 +45,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import hype.io as hype_io
-from hype.executor import Resources
+from hype.executor import Resources, available_memory
 from hype.io import blake2b128_bytes, load_npy, read_json, read_parquet
 from hype.io.storage import AnyPath
 from hype.scoring import embed_format
 from hype.scoring.clusters import ASSIGN, default_num_clusters, kmeans_centroids, nearest_centroid
 from hype.scoring.context import StageSpec, SummaryView
+from hype.scoring.copydetect import WORK_SIDE, CopyCheck, occurrences, pair_similarities, tar_work_images
 from hype.scoring.dedup import keep_mask
 from hype.scoring.errors import ScoreError
 from hype.scoring.neardup import (
@@ -54,10 +60,21 @@ from hype.scoring.neardup import (
     cluster_forest,
     components,
     keepers,
+    nearest_pairs,
     normalize_rows,
     pair_cosines,
+    spanning_forest,
 )
-from hype.scoring.pricing import JSON_GET, MISSING, ShardReads, add, lists, parquet_get, stage_requests
+from hype.scoring.pricing import (
+    JSON_GET,
+    MISSING,
+    ShardReads,
+    add,
+    lists,
+    parquet_get,
+    stage_requests,
+    stream_get,
+)
 from hype.scoring.rundir import (
     RunDir,
     ShardTask,
@@ -110,10 +127,12 @@ class SplitStage(ShardStage):
         model_digest: str,
         reuse_clusters: bool,
         drops: dict | None = None,
+        work_images: bool = False,
         **kw,
     ):
         super().__init__(run, **kw)
         self.groups = groups
+        self.work_images = work_images  # the copy check's: each row's work image in a `work` column
         self.model_digest = model_digest
         self.reuse_clusters = reuse_clusters  # the clusters stage's `cluster` column, else neardup's model
         self.drops = drops or {}
@@ -129,6 +148,7 @@ class SplitStage(ShardStage):
                 "groups": self.groups,
                 "format": SPLIT_FORMAT,
                 **ASSIGN,  # the rows' clusters
+                **({"work_images": WORK_SIDE} if self.work_images else {}),  # without: as before the check
             }
         )
 
@@ -148,7 +168,7 @@ class SplitStage(ShardStage):
         fp = self.fingerprint(task)
         self._debug_hook(task)
         r = self.run_dir
-        emb = read_parquet(r.shard_output("embed", task), columns=["uid", "clip_img"])
+        emb = read_parquet(r.shard_output("embed", task), columns=["uid", "key", "clip_img"])
         keep = keep_mask(emb.num_rows, self.drops.get(task.index))
         scores = read_parquet(r.shard_output("merge", task), columns=["uid", *METRICS])
         uids = emb.column("uid").filter(pa.array(keep))
@@ -157,6 +177,7 @@ class SplitStage(ShardStage):
                 f"{task.shard_id}: embed output and scores part differ; rerun to recompute them"
             )
         feats = embed_format.fixed_list_to_numpy(emb.column("clip_img"))[keep]
+        rows = np.flatnonzero(keep)  # the scored rows among the embed output's
         if self.reuse_clusters:
             cluster = read_parquet(r.shard_output("clusters", task), columns=["cluster"]).column(0)
             cluster = cluster.to_numpy().astype(np.int64)[keep]
@@ -177,6 +198,9 @@ class SplitStage(ShardStage):
                 "clip_img": embed_format.fixed_list(feats[order]),
             }
         )
+        if self.work_images:
+            names = occurrences(emb.column("key").to_pylist())
+            table = table.append_column("work", _work_column(task.source, [names[i] for i in rows[order]]))
         present, counts = np.unique(group, return_counts=True)
         return self._finish(
             task,
@@ -208,14 +232,39 @@ class SplitStage(ShardStage):
         }
 
 
-def read_split_group(run: RunDir, shard: ShardTask, g: int) -> pa.Table | None:
-    """Shard's rows of group of clusters `g` (its row group), or None when it has none."""
+WORK_BYTES = WORK_SIDE * WORK_SIDE * 3  # one work image (RGB uint8) in the split's `work` column
+
+
+def _work_column(tar: str, names: list[tuple[str, int]]) -> pa.Array:
+    """The work images of the shard's rows `names` (`occurrences`), read from its tar once; an image that
+    cannot be decoded is flat (it matches nothing)."""
+    images, _ = tar_work_images(tar, set(names))
+    blank = bytes(WORK_BYTES)
+    return pa.array([images[n].tobytes() if n in images else blank for n in names], pa.binary(WORK_BYTES))
+
+
+def _check_memory(images: int) -> None:
+    """Refuse, before allocating, a group whose candidates' work images do not fit (twice: the copy check's
+    thumbnails of them are about as large)."""
+    need = 2 * images * WORK_BYTES
+    free = available_memory()
+    if free is not None and need > free:
+        raise NeardupError(
+            f"the copy check of a group of clusters holds {images:,} work images (~{need / 2**30:.1f} GiB), "
+            f"{free / 2**30:.1f} GiB free: lower neardup.rows_per_group or neardup.candidates"
+        )
+
+
+def read_split_group(
+    run: RunDir, shard: ShardTask, g: int, columns: list[str] | None = None
+) -> pa.Table | None:
+    """Shard's rows of group of clusters `g` (its row group; `columns` of it), or None when it has none."""
     stats = read_json(run.shard_stats(SplitStage.name, shard)) or {}
     present = [grp for grp, _ in stats.get("groups", [])]
     if g not in present:
         return None
     with hype_io.open_input(run.shard_output(SplitStage.name, shard)) as f:
-        return pq.ParquetFile(f).read_row_group(present.index(g))
+        return pq.ParquetFile(f).read_row_group(present.index(g), columns=columns)
 
 
 class GroupStage(ShardStage):
@@ -234,9 +283,13 @@ class GroupStage(ShardStage):
         seed: int,
         max_cluster: int,
         pairs_per_block: int = PAIRS_PER_BLOCK,
+        check: CopyCheck | None = None,
+        candidates: int = 10,
         **kw,
     ):
         super().__init__(run, **kw)
+        self.check = check  # None: every pair >= threshold is an edge (before the copy check)
+        self.candidates = candidates
         self.shards = shards
         self.splits_digest = splits_digest
         self.threshold = threshold
@@ -256,6 +309,9 @@ class GroupStage(ShardStage):
                 "seed": self.seed,
                 "max_cluster": self.max_cluster,
                 "cosines": "pair_cosines",  # fixed-order float64 (earlier runs: the search's own, redone)
+                **(
+                    {"copy_check": self.check.settings(), "candidates": self.candidates} if self.check else {}
+                ),
             }
         )
 
@@ -268,8 +324,10 @@ class GroupStage(ShardStage):
         started = time.perf_counter()
         fp = self.fingerprint(task)
         self._debug_hook(task)
-        parts = [read_split_group(self.run_dir, s, task.index) for s in self.shards]
-        parts = [p for p in parts if p is not None and p.num_rows]
+        columns = ["group", "cluster", "uid", "hype", "centroid_sim", "clip_img"]  # the work images: later
+        parts = [(s, read_split_group(self.run_dir, s, task.index, columns)) for s in self.shards]
+        parts = [(s, p) for s, p in parts if p is not None and p.num_rows]
+        shards, parts = [s for s, _ in parts], [p for _, p in parts]
         rows = sum(p.num_rows for p in parts)
         members, edges = _empty_members(), (np.zeros(0, np.int64),) * 2 + (np.zeros(0, np.float32),)
         clusters = 0
@@ -281,7 +339,7 @@ class GroupStage(ShardStage):
             feats = normalize_rows(embed_format.fixed_list_to_numpy(t.column("clip_img")))
             hi, lo = arrow_to_pairs(t.column("uid"), f"{task.shard_id}: uid")
             bounds = np.flatnonzero(np.diff(cluster)) + 1
-            found = []
+            spans = []
             for start, stop in zip([0, *bounds], [*bounds, rows], strict=True):
                 clusters += 1
                 if stop - start < 2:
@@ -293,7 +351,13 @@ class GroupStage(ShardStage):
                         "(neardup.num_clusters=K with neardup.reuse_clusters=false) or raise "
                         "neardup.max_cluster (memory: its features)"
                     )
-                found.append(self._cluster(start, feats[start:stop], t, hi, lo))
+                spans.append((start, stop))
+            forests = [self._edges(feats[a:b]) for a, b in spans]
+            if self.check is not None:
+                forests = self._confirm(spans, forests, shards, task.index, order)
+            found = [
+                self._cluster(a, feats[a:b], f, t, hi, lo) for (a, b), f in zip(spans, forests, strict=True)
+            ]
             members, edges = _concat(found)
         # edges first, then members, then the marker (`_finish`): the marker means both are there
         edge_out = write_parquet(
@@ -313,11 +377,40 @@ class GroupStage(ShardStage):
     def edges_output(self, task: ShardTask) -> AnyPath:
         return self.run_dir.root / self.name / f"{task.shard_id}.edges.parquet"
 
-    def _cluster(self, offset: int, x: np.ndarray, t: pa.Table, hi, lo) -> tuple[dict, tuple]:
+    def _edges(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
+        """One cluster's forest (without the copy check) or its copy-check candidates: (a, b, cosine)."""
+        kw = {"pairs_per_block": self.pairs_per_block, "device": self.device}
+        if self.check is None:
+            return cluster_forest(x, self.threshold, **kw)
+        return nearest_pairs(x, self.threshold, self.candidates, **kw)
+
+    def _confirm(self, spans: list, cands: list, shards: list[ShardTask], g: int, order: np.ndarray) -> list:
+        """Each cluster's forest of its candidate pairs that the copy check confirms (`spans`: the clusters'
+        rows of the group, sorted by cluster; `order`: their places in the shards' parts, concatenated).
+        Only the candidates' work images are held, read one shard's work column at a time."""
+        ends = [np.concatenate([a, b]) + start for (start, _), (a, b, _) in zip(spans, cands, strict=True)]
+        needed = np.unique(np.concatenate([np.zeros(0, np.int64), *ends]))
+        _check_memory(len(needed))
+        works = np.zeros((len(needed), WORK_SIDE, WORK_SIDE, 3), np.uint8)
+        source, start = order[needed], 0
+        for shard in shards:
+            part = read_split_group(self.run_dir, shard, g, ["work"]).column("work").combine_chunks()
+            data = np.frombuffer(
+                part.buffers()[1], np.uint8, len(part) * WORK_BYTES, part.offset * WORK_BYTES
+            )
+            inside = np.flatnonzero((source >= start) & (source < start + len(part)))
+            works[inside] = data.reshape(-1, *works.shape[1:])[source[inside] - start]
+            start += len(part)
+        out = []
+        for (first, stop), (a, b, sim) in zip(spans, cands, strict=True):
+            at = np.stack([np.searchsorted(needed, a + first), np.searchsorted(needed, b + first)], axis=1)
+            ok = pair_similarities(works, works, at, self.check) >= self.check.threshold
+            out.append(spanning_forest(stop - first, a[ok], b[ok], sim[ok]))
+        return out
+
+    def _cluster(self, offset: int, x: np.ndarray, forest: tuple, t: pa.Table, hi, lo) -> tuple[dict, tuple]:
         """One cluster's members (rows of `t` from `offset`) and forest edges (member indices)."""
-        a, b, sim = cluster_forest(
-            x, self.threshold, pairs_per_block=self.pairs_per_block, device=self.device
-        )
+        a, b, sim = forest
         if not len(a):
             return _empty_members(), (a, b, sim)
         nodes = np.unique(np.concatenate([a, b]))  # members: every node a forest edge touches
@@ -443,8 +536,15 @@ def find_near_duplicates(state: Any, pool: Any, clusters_info: dict | None) -> d
     started = time.perf_counter()
     model = state.timed("neardup", lambda: _model(state, pool, clusters_info))
     groups = max(1, math.ceil(pool.unique / nc.rows_per_group))
+    check = CopyCheck(threshold=nc.copy_threshold) if nc.copy_check else None
     split = SplitStage(
-        run, groups=groups, model_digest=model.digest, reuse_clusters=model.reuse, drops=pool.drops, **pool.kw
+        run,
+        groups=groups,
+        model_digest=model.digest,
+        reuse_clusters=model.reuse,
+        drops=pool.drops,
+        work_images=check is not None,
+        **pool.kw,
     )
     split_stats = state.map(split, pool.tasks)
     state.check_failures("neardup", state.plan)
@@ -457,6 +557,8 @@ def find_near_duplicates(state: Any, pool: Any, clusters_info: dict | None) -> d
         seed=nc.seed,
         max_cluster=nc.max_cluster,
         pairs_per_block=nc.pairs_per_block,
+        check=check,
+        candidates=nc.candidates,
         **pool.kw,
     )
     tasks = [group_task(g) for g in range(groups)]
@@ -508,6 +610,8 @@ def _gather(run: RunDir, stage: GroupStage, tasks: list[ShardTask], stats: list[
         "edges": edge_out,
         "digest": fingerprint([output["digest"], edge_out["digest"]]),
         "threshold": stage.threshold,
+        # None: every pair >= threshold joined (runs before the copy check, or neardup.copy_check=false)
+        "copy_check": {"candidates": stage.candidates, **stage.check.settings()} if stage.check else None,
         "keeper": stage.keeper,
         "seed": stage.seed,
         "groups": groups,
@@ -648,6 +752,8 @@ def plan(est: Any) -> None:
     members = fit.out_bytes / max(1, est.probe.samples) * est.N / groups
     split = est.shard_bytes("neardup_split")
     req = neardup_requests(est.S, groups, split, members, est.embed_bytes, est.W, clusters=k, reuse=reuse)
+    if nc.copy_check:  # the split reads each pool tar for the work images (a HEAD, then the stream)
+        req["split"] = add(req["split"], {"pool_get": est.S * (1 + stream_get(est.tar_bytes))})
     est.map("neardup_split", "neardup split", "samples", requests=req["split"])
     est.map("neardup", "neardup groups", "samples", requests=add(req["groups"], req["driver"]))
 
