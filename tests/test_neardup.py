@@ -17,6 +17,7 @@ from hype.scoring.neardup import (
     cluster_forest,
     components,
     keepers,
+    nearest_pairs,
     normalize_rows,
     random_keys,
     similar_pairs,
@@ -123,6 +124,26 @@ def test_pairs_are_the_same_bytes_in_blocks_of_any_size_and_one_pair_at_a_time()
             order = np.lexsort((b, a))
             got = [a[order].tobytes(), b[order].tobytes(), sim[order].tobytes()]
             assert got == want_bytes, (device, rows)
+
+
+def test_copy_check_candidates_are_each_rows_nearest_whatever_the_block_or_device():
+    """`nearest_pairs` against a reference written out here: each row's k nearest other rows at cosine
+    >= threshold by float64 products summed per pair (ties to the smaller row), each pair once; the same
+    bytes for query blocks of 1, 7 and all rows, on faiss and torch."""
+    x, cluster = pool_with_copies(seed=3)
+    xc = normalize_rows(x[cluster == 1])
+    threshold, k = 0.5, 3
+    sims = np.array([[np.float32(np.add.reduce(u.astype(np.float64) * v)) for v in xc] for u in xc])
+    want = set()
+    for i in range(len(xc)):
+        near = sorted((-sims[i, j], j) for j in range(len(xc)) if j != i and sims[i, j] >= threshold)[:k]
+        want |= {(min(i, j), max(i, j)) for _, j in near}
+    assert len(want) >= 2 * len(xc)
+    for device in ("cpu", "cpu:0"):
+        for rows in (1, 7, len(xc)):
+            a, b, s = nearest_pairs(xc, threshold, k, pairs_per_block=rows * len(xc), device=device)
+            assert set(zip(a.tolist(), b.tolist(), strict=True)) == want and len(a) == len(want)
+            assert s.tobytes() == sims[a, b].astype(np.float32).tobytes() and (np.diff(a) >= 0).all()
 
 
 def test_the_stored_forest_answers_every_stricter_threshold():
