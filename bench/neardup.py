@@ -92,14 +92,20 @@ def measure(score: Path, truth, thresholds: list[float]) -> list[dict]:
         pred = group_pairs(list(members.values()))
         hit = len(pred & truth_pairs)
         with_source = sum(tuple(sorted((u, source[u]))) in pred for u in dup_uids)
-        # a member is rightly grouped when its group holds another of its true family; else it is "other"
+        # a copy is found when its group holds another of its true family; other samples (in no family)
+        # should be in no group
         right = {
             u for g in members.values() for u in g if sum(family.get(v, -1) == family.get(u) for v in g) > 1
         }
-        others = sum(len(g) for g in members.values()) - len(right)
+        others = sum(u not in family for g in members.values() for u in g)
         # the world also draws the same scene twice (rendered at two sizes: a copy by content, not in the
-        # truth's copies): members grouped with no copy and no other render of their scene
-        alone = [u for g in members.values() for u in g if sum(scene[v] == scene[u] for v in g) == 1]
+        # truth's copies): other samples grouped with no other render of their scene
+        alone = [
+            u
+            for g in members.values()
+            for u in g
+            if u not in family and [scene[v] for v in g].count(scene[u]) == 1
+        ]
         removed = [noise[u] for u, k in zip(uids, keep.tolist(), strict=True) if not k]
         rows.append(
             {

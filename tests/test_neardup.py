@@ -401,3 +401,15 @@ def test_a_run_scored_before_the_copy_check_still_dedups(tmp_path_factory, tmp_p
         (run / name).write_text(json.dumps(info))
     after = _select(run, tmp_path / "b.npy", "dedup")["filters"][0]
     assert after == before and after["removed_rows"] > 0 and after["copy_check"] is None
+
+
+def test_the_copy_check_refuses_work_images_that_do_not_fit_before_reading_them():
+    from memory_support import run_bounded
+
+    out = run_bounded(
+        "from hype.scoring.stage_neardup import _check_memory",
+        "_check_memory(100_000)",  # 100,000 work images: ~2.3 GiB with their thumbnails
+        headroom_mb=256,
+    )
+    assert out["error"].startswith("NeardupError") and "lower neardup.rows_per_group" in out["error"]
+    assert out["growth_mb"] < 64
