@@ -7,7 +7,11 @@ group. `hype score` runs its near-duplicate stage once at the lowest threshold (
 reusing c_IN's k-means), and every higher threshold is regrouped from the stored spanning forest, exactly
 as `hype select --filter dedup:threshold=T` does. For each threshold: the predicted pairs (every pair
 within a predicted group), precision and recall of the true pairs, the share of near-duplicate samples
-grouped with their source, and what `--filter dedup` (keeper hype) would remove, by noise kind.
+grouped with their source and with any of their family ("dups found"), the samples in no true family that
+are grouped ("others grouped"; "of another scene": those grouped with no other render of their scene,
+since the world draws some scenes twice), and what `--filter dedup` (keeper hype) would remove, by noise
+kind. The stage runs with its copy check (the default); `--set neardup.copy_check=false` measures
+cosine-only groups.
 
 The world and scorers are bench/quality.py's (same code: synth, the tiny MERU and CLIP scorers trained on
 the clean set, `hype score --config tiny`), at the demo's size by default:
@@ -155,7 +159,7 @@ def main() -> None:
         args,
         out,
         world,
-        (f"neardup.threshold={thresholds[0]}", *args.set),
+        ("neardup.copy_check=true", f"neardup.threshold={thresholds[0]}", *args.set),
     )
     truth = pq.read_table(world / "truth.parquet", columns=["uid", "noise", "source_uid", *SCENE]).to_pandas()
     rows = measure(score, truth, thresholds)
