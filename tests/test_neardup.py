@@ -376,7 +376,8 @@ def test_default_settings_group_the_copies_and_nothing_else(tmp_path_factory, tm
     meru, clip = models(tmp_path_factory)
     run = tmp_path / "run"
     shutil.copytree(neardup_run(tmp_path_factory), run)
-    assert run_cli(score_args(w, meru, clip, run, "--neardup")).exit_code == 0
+    result = run_cli(score_args(w, meru, clip, run, "--neardup"))
+    assert result.exit_code == 0 and "groups at cosine >= 0.9, copy similarity >= 0.9;" in result.output
     family = _true_families(w)
     groups = pq.read_table(run / "neardup" / "groups.parquet").to_pandas()
     scored = set(pq.read_table(run / "scores", columns=["uid"]).column("uid").to_pylist())

@@ -25,7 +25,8 @@
       decontam_eval/<id>.parquet, <id>_stats.json   CLIP features of the --decontaminate evaluation images
       decontam/matches.parquet (+ matches.json)     pool samples near an evaluation image (decontam.py)
       scores/part-<index:08d>.parquet           THE scores table (hype.table.schema)
-      neardup_split/<id>.parquet, <id>_stats.json   --neardup, per shard: cluster, HYPE score, feature
+      neardup_split/<id>.parquet, <id>_stats.json   --neardup, per shard: cluster, HYPE score, feature,
+                                                  work image (copy check)
       neardup/group-<g>.parquet (+ .edges.parquet, _stats.json)  per group of clusters: members, forest
       neardup/groups.parquet, edges.parquet (+ groups.json)  near-duplicate groups (stage_neardup)
       merge/<id>_stats.json                     completion markers of the score parts

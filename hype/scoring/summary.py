@@ -261,8 +261,9 @@ def format_summary(s: dict) -> str:
     if nd:
         lines.append(
             f"  neardup     {nd['members']:,} samples in {nd['groups']:,} groups at cosine >= "
-            f"{nd['threshold']}; "
-            f"keeper {nd['keeper']}: {nd['removed']:,} to remove (hype select --filter dedup)"
+            f"{nd['threshold']}"
+            + (f", copy similarity >= {cc['threshold']}" if (cc := nd.get("copy_check")) else "")
+            + f"; keeper {nd['keeper']}: {nd['removed']:,} to remove (hype select --filter dedup)"
         )
     for w in s["warnings"]:
         lines.append(f"  warning     {w}")
