@@ -752,8 +752,9 @@ def plan(est: Any) -> None:
     members = fit.out_bytes / max(1, est.probe.samples) * est.N / groups
     split = est.shard_bytes("neardup_split")
     req = neardup_requests(est.S, groups, split, members, est.embed_bytes, est.W, clusters=k, reuse=reuse)
-    if nc.copy_check:  # the split reads each pool tar for the work images (a HEAD, then the stream)
-        req["split"] = add(req["split"], {"pool_get": est.S * (1 + stream_get(est.tar_bytes))})
+    if nc.copy_check:  # the split streams each pool tar for the work images; a group reads its rows again
+        req["split"] = add(req["split"], {"pool_get": est.S * stream_get(est.tar_bytes)})
+        req["groups"] = add(req["groups"], {"get": req["groups"]["get"]})
     est.map("neardup_split", "neardup split", "samples", requests=req["split"])
     est.map("neardup", "neardup groups", "samples", requests=add(req["groups"], req["driver"]))
 
