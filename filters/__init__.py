@@ -15,6 +15,7 @@ Score rules give each row a number (the selection keeps the top rows); mask rule
 | intersect | mask | uid in an external subset file (e.g. DFN) |
 | decontaminate | mask | not near an evaluation image (`hype score --decontaminate`) |
 | dedup | mask | near-duplicates out but one keeper per group (`hype score` neardup stage) |
+| combine | score | weighted sum of score columns, weights inline or from a file (`hype fit`'s) |
 
 `union` with an external subset file is part of selection itself (`hype.select.union`).
 """
@@ -27,6 +28,7 @@ from hype.filters.hype import HypeScore
 from hype.filters.clip_score import ClipScore
 from hype.filters.specificity import Specificity
 from hype.filters.random import RandomScore
+from hype.filters.combine import Combine
 from hype.filters.image_cluster import ImageCluster
 from hype.filters.basic import BasicFilter
 from hype.filters.uid_set import Intersect
@@ -40,6 +42,7 @@ __all__ = [
     "ClipScore",
     "Specificity",
     "RandomScore",
+    "Combine",
     "ImageCluster",
     "BasicFilter",
     "Intersect",

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from test_select_helpers import write_scores
 
 from hype.cli import main
+from hype.data.uids import array_to_uids
 from hype.select.fit import fit_logistic
 from hype.synth import make_world
 from hype.synth.labels import curator_labels
@@ -136,3 +137,80 @@ def test_labels_past_the_bounds_are_refused_before_decoding(pool, tmp_path, monk
     many = labels_file(tmp_path / "many.parquet", uid=[f"{i:032x}" for i in range(11)], keep=[1, 0] * 5 + [1])
     res = fit("--scores", str(pool["run"]), "--labels", str(many), "--out", str(tmp_path / "w.json"))
     assert res.exit_code == 1 and "many.parquet: 11 rows; label a sample of at most 10" in res.output
+
+
+def _kept(path: Path) -> set:
+    return set(np.load(path).tolist())
+
+
+def test_select_combine_ranks_by_the_fitted_weights(pool, tmp_path):
+    """`hype select --rank combine --weights weights.json` keeps the top rows of the fitted sum of pool
+    z-scores, checked against a float64 computation of that sum; subset.json records what the fit saw."""
+    weights = tmp_path / "w.json"
+    assert (
+        fit("--scores", str(pool["run"]), "--labels", str(pool["labels"]), "--out", str(weights)).exit_code
+        == 0
+    )
+    record = json.loads(weights.read_text())
+    out = tmp_path / "s.npy"
+    args = ["select", "--scores", str(pool["run"]), "--out", str(out), "--top-k", "300", "--no-progress"]
+    res = CliRunner().invoke(main, [*args, "--rank", "combine", "--weights", str(weights)])
+    assert res.exit_code == 0, res.output
+    df = pool["df"]
+    ref = np.zeros(N)
+    for m, w in record["weights"].items():
+        x = df[m].to_numpy(np.float64)
+        ref += w * (x - x.mean()) / x.std()
+    top = np.argsort(-ref, kind="stable")[:300]
+    inline = tmp_path / "inline.npy"
+    spec = ",".join(f"{m}={w!r}" for m, w in record["weights"].items())
+    res2 = CliRunner().invoke(
+        main, [*args[:4], str(inline), *args[5:], "--rank", "combine", "--weights", spec]
+    )
+    assert res2.exit_code == 0, res2.output
+    assert _kept(out) == _kept(inline)
+    assert set(array_to_uids(np.load(out))) == {df["uid"][i] for i in top}
+    meta = json.loads((tmp_path / "s.json").read_text())
+    filed = meta["rank"]["weights_file"]
+    assert record["data"]["labels_sha256"] in json.dumps(filed)
+    assert hashlib.sha256(weights.read_bytes()).hexdigest() in json.dumps(filed)
+
+
+@pytest.mark.parametrize(
+    "content, extra, message",
+    [
+        ("[1, 2]", [], "expected a mapping metric: weight"),
+        ("{}", [], "no weights in it"),
+        ('{"eps_i": 1, "nope": 2}', [], "unknown metric 'nope'"),
+        (None, ["--normalize", "rank"], "fitted with normalize zscore"),
+    ],
+)
+def test_combine_weights_file_errors(pool, tmp_path, content, extra, message):
+    path = tmp_path / "w.json"
+    if content is None:
+        assert (
+            fit("--scores", str(pool["run"]), "--labels", str(pool["labels"]), "--out", str(path)).exit_code
+            == 0
+        )
+    else:
+        path.write_text(content)
+    res = CliRunner().invoke(
+        main,
+        [
+            "select",
+            "--scores",
+            str(pool["run"]),
+            "--out",
+            str(tmp_path / "s.npy"),
+            "--frac",
+            "0.1",
+            "--no-progress",
+            "--rank",
+            "combine",
+            "--weights",
+            str(path),
+            *extra,
+        ],
+    )
+    assert res.exit_code != 0 and message in res.output, res.output
+    assert "Traceback" not in res.output and not (tmp_path / "s.npy").exists()
