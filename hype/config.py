@@ -238,7 +238,8 @@ def apply_override(data: dict, item: str, root: type) -> None:
     cls: Any = root
     node = data
     for depth, part in enumerate(path):
-        valid = [f.name for f in dataclasses.fields(cls)]
+        hints = _section_keys(cls)
+        valid = list(hints)
         if part not in valid:
             where = ".".join(path[:depth]) or "the top level"
             raise ConfigError(
@@ -246,7 +247,7 @@ def apply_override(data: dict, item: str, root: type) -> None:
                 f"unknown key; valid keys in {where}: {', '.join(valid)}",
                 "override",
             )
-        hint = typing.get_type_hints(cls)[part]
+        hint = hints[part]
         if depth == len(path) - 1:
             if is_text(hint) and not (value is None or isinstance(value, str)):
                 value = item.split("=", 1)[1].strip()
@@ -265,6 +266,13 @@ def is_text(tp: Any) -> bool:
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         return str in typing.get_args(tp)
     return tp is str
+
+
+def _section_keys(cls: type) -> dict[str, Any]:
+    """A section's keys and their types: its fields', or those its `section_keys` declares (a section whose
+    plug-ins declare some of its keys: `hype.executor.ExecutorConfig`)."""
+    own = getattr(cls, "section_keys", None)
+    return own() if own is not None else typing.get_type_hints(cls)
 
 
 def _dataclass_of(tp: Any) -> type | None:
@@ -292,6 +300,8 @@ def build(cls: type, data: Any, key: str = "", *, source: str | None = None, exa
 def _build(cls: type, data: Any, key: str, exact_ints: bool) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(key, f"must be a mapping, got {type(data).__name__}")
+    if (split := getattr(cls, "build_section", None)) is not None:  # its plug-ins' keys, flat
+        data = split(data)
     where = f"{key}." if key else ""
     hints = typing.get_type_hints(cls)
     fields = dataclasses.fields(cls)

@@ -35,14 +35,15 @@ import resource
 import sys
 import time
 import traceback
+import typing
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from hype.config import at_least, one_of, positive
+from hype.config import ConfigError, at_least, build, one_of, to_dict
 from hype.io import storage
 from hype.plugins import Registry
 
@@ -54,22 +55,86 @@ EXECUTORS: Registry[type] = Registry("executors")
 
 @dataclass(frozen=True)
 class ExecutorConfig:
-    """The `executor` section of a config (`hype score`'s; `hype reshard` builds one from its options)."""
+    """The `executor` section of a config (`hype score`'s; `hype reshard` builds one from its options).
 
-    kind: str = "local"  # local | ray (--executor)
-    ray_address: str | None = None  # join a cluster: host:port or auto; null starts a local Ray
-    workers: int = 0  # actors per stage on Ray (0: as many as the cluster's resources allow)
-    cpus_per_worker: float = 0.0  # 0: 1 per actor on CPU clusters; on GPU clusters the CPUs per GPU share
-    gpus_per_worker: float = 1.0  # only when device is cuda; fractions share a GPU
+    The core keeps what every executor means; an executor plug-in declares its own settings as a frozen
+    dataclass `Settings` (`hype.pipelines.ray_executor.RayExecutor.Settings`: ray_address, ...), written as
+    flat keys of this section. A key no installed executor declares is an error naming the valid ones; keys
+    of another executor than `kind` are kept (a preset names Ray's beside `kind: local`, for `--executor
+    ray`) and `settings()` builds the chosen plug-in's from its own keys, validated by its dataclass."""
+
+    kind: str = "local"  # --executor: a name in EXECUTORS (local | ray bundled)
+    workers: int = (
+        0  # concurrent workers per stage (Ray: actors; 0: as many as the cluster's resources allow)
+    )
     retries: int = 2  # extra attempts for a shard whose worker died or raised
-    # Ray: seconds one attempt at a shard may take; then its worker (hung, or on a lost node) is killed
-    # and the shard counts a failed attempt. 0: no limit.
-    task_timeout: float = 3600.0  # counted once the worker has set the stage up (models loaded)
+    options: dict[str, Any] = field(default_factory=dict)  # the plug-ins' own keys
+    # The keys in the order written, so that config.yaml records a section as it was read.
+    given: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         one_of(self, "kind", tuple(sorted(EXECUTORS.names())))  # the registry's
-        at_least(self, 0, "workers", "retries", "cpus_per_worker", "task_timeout")
-        positive(self, "gpus_per_worker")
+        at_least(self, 0, "workers", "retries")
+        valid = self.section_keys()
+        if unknown := [k for k in self.options if k not in valid or k in _CORE]:
+            raise ConfigError(", ".join(unknown), f"unknown key; valid keys in executor: {', '.join(valid)}")
+        typed = dict(self.options)
+        for _, cls in EXECUTORS.items():  # every plug-in's keys valid, whichever executor runs
+            built = to_dict(build(_settings_class(cls), self._own(cls)))
+            typed |= {k: built[k] for k in self._own(cls)}  # as its dataclass typed them (0 -> 0.0)
+        object.__setattr__(self, "options", typed)
+
+    @classmethod
+    def section_keys(cls) -> dict[str, Any]:
+        """The section's flat keys and their types (`hype.config`'s hook): the core's, every plug-in's."""
+        hints = {k: v for k, v in typing.get_type_hints(cls).items() if k in _CORE}
+        for _, plugin in EXECUTORS.items():
+            hints |= typing.get_type_hints(_settings_class(plugin))
+        return hints
+
+    @classmethod
+    def build_section(cls, data: dict) -> dict:
+        """`hype.config.build`'s hook: the flat keys that are not the core's go into `options`."""
+        return {k: v for k, v in data.items() if k in _CORE} | {
+            "options": {k: v for k, v in data.items() if k not in _CORE},
+            "given": tuple(data),
+        }
+
+    def plugin(self) -> type:
+        return EXECUTORS.get(self.kind)
+
+    def settings(self) -> Any:
+        """The chosen executor's own settings: its `Settings` dataclass from its keys (defaults elsewhere)."""
+        return build(_settings_class(self.plugin()), self._own(self.plugin()))
+
+    def foreign(self) -> list[str]:
+        """The keys set here that the chosen executor does not read (another plug-in's)."""
+        return [k for k in self.options if k not in _keys(self.plugin())]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat, in the order written: the keys given, the core's and the chosen plug-in's (at their defaults
+        where not given; another plug-in's only where given, so that a config reads without it)."""
+        out = {k: getattr(self, k) for k in _CORE} | to_dict(self.settings()) | self.options
+        return {k: out[k] for k in dict.fromkeys([*self.given, *out]) if k in out}
+
+    def _own(self, cls: type) -> dict[str, Any]:
+        return {k: v for k, v in self.options.items() if k in _keys(cls)}
+
+
+_CORE = ("kind", "workers", "retries")  # what every executor means
+
+
+@dataclass(frozen=True)
+class NoSettings:
+    """An executor plug-in with no settings of its own."""
+
+
+def _settings_class(cls: type) -> type:
+    return getattr(cls, "Settings", NoSettings)
+
+
+def _keys(cls: type) -> list[str]:
+    return [f.name for f in fields(_settings_class(cls))]
 
 
 def usable_cpus() -> int:
@@ -379,6 +444,14 @@ class Executor:
     """Runs a stage's tasks; subclasses implement `_execute` (where `run` is called) and nothing else."""
 
     name = "executor"
+    # What `hype plan` and the commands ask a plug-in instead of its name (class attributes):
+    in_process = False  # runs in the driver's process: no start-up time, the driver's copies of models
+    copies_models = False  # each worker fetches a bucket's model itself (one LIST + GET per worker)
+
+    @classmethod
+    def gpus_per_worker(cls, config: ExecutorConfig) -> float:
+        """GPUs one worker holds on a cuda device, given the `executor` section."""
+        return 1.0
 
     def __init__(self, retries: int = 2, *, fail_fast: bool = False):
         self.retries = retries

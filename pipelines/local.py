@@ -17,6 +17,7 @@ from hype.executor import EXECUTORS, PoolExecutor
 @EXECUTORS.register
 class LocalExecutor(PoolExecutor):
     name = "local"
+    in_process = True  # started with the driver: no start-up to count, models shared with the driver
 
     def __init__(self, retries: int = 2):
         super().__init__(workers=1, retries=retries)

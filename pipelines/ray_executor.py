@@ -36,11 +36,14 @@ import math
 import os
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
+from hype.config import at_least, positive
 from hype.executor import (
     EXECUTORS,
     Executor,
+    ExecutorConfig,
     Job,
     StageSetupError,
     Tally,
@@ -109,6 +112,27 @@ class _Worker:
 @EXECUTORS.register
 class RayExecutor(Executor):
     name = "ray"
+    copies_models = True  # each actor fetches a bucket's model itself
+
+    @dataclass(frozen=True)
+    class Settings:
+        """Ray's keys of the `executor` section (`hype.executor.ExecutorConfig`)."""
+
+        ray_address: str | None = None  # join a cluster: host:port or auto; null starts a local Ray
+        cpus_per_worker: float = 0.0  # 0: 1 per actor on CPU clusters; on GPU clusters the CPUs per GPU share
+        gpus_per_worker: float = 1.0  # only when device is cuda; fractions share a GPU
+        # Seconds one attempt at a shard may take, counted once the actor has set the stage up (models
+        # loaded); then its actor (hung, or on a lost node) is killed and the shard counts a failed
+        # attempt. 0: no limit.
+        task_timeout: float = 3600.0
+
+        def __post_init__(self) -> None:
+            at_least(self, 0, "cpus_per_worker", "task_timeout")
+            positive(self, "gpus_per_worker")
+
+    @classmethod
+    def gpus_per_worker(cls, config: ExecutorConfig) -> float:
+        return config.settings().gpus_per_worker
 
     def __init__(
         self,
@@ -159,15 +183,15 @@ class RayExecutor(Executor):
     @classmethod
     def from_config(cls, cfg: Any) -> RayExecutor:
         """From a `hype.scoring.config.ScoreConfig`."""
-        e = cfg.executor
+        own = cfg.executor.settings()
         return cls(
-            e.ray_address,
-            workers=e.workers,
-            cpus_per_worker=e.cpus_per_worker,
-            gpus_per_worker=e.gpus_per_worker,
+            own.ray_address,
+            workers=cfg.executor.workers,
+            cpus_per_worker=own.cpus_per_worker,
+            gpus_per_worker=own.gpus_per_worker,
             device=cfg.device,
-            retries=e.retries,
-            task_timeout=e.task_timeout,
+            retries=cfg.executor.retries,
+            task_timeout=own.task_timeout,
         )
 
     def worker_device(self, device: str) -> str:

@@ -270,7 +270,7 @@ def test_cli_and_errors(pool, tmp_path):
         (["--subset", str(tmp_path / "missing.npy")], "subset file not found"),
         (["--pool", str(tmp_path / "nowhere")], "no such file or folder"),
         (["--shard-size", "0"], "--shard-size must be >= 1"),
-        (["--ray-address", "127.0.0.1:1"], "--ray-address is for --executor ray"),
+        (["--ray-address", "127.0.0.1:1"], "it is for --executor ray"),
     ]:
         base = {"--pool": str(pool["shards"]), "--subset": str(pool["subset"]), "--out": str(tmp_path / "e")}
         base.update(dict(zip(args[::2], args[1::2], strict=True)))

@@ -114,20 +114,24 @@ class _ExecutorSettings:
 
 def _executor(kind: str, ray_address: str | None, workers: int | None):
     """The executor of both passes, as a context manager: None (reshard's own pool of --workers local
-    processes) for `local`, else the plug-in built from the same `executor` settings `hype score` reads."""
+    processes) for an in-process executor (`local`), else the plug-in built from the same `executor`
+    settings `hype score` reads."""
     from contextlib import nullcontext
 
     from hype.config import ConfigError
     from hype.executor import make_executor
 
-    if kind == "local":
-        if ray_address is not None:
-            raise click.UsageError("--ray-address is for --executor ray")
-        return nullcontext()
+    options = {} if ray_address is None else {"ray_address": ray_address}
     if workers is not None and workers < 1:
         raise click.UsageError(f"--workers must be >= 1, got {workers}")
     try:
-        settings = ExecutorConfig(kind=kind, ray_address=ray_address, workers=workers or 0)
+        settings = ExecutorConfig(kind=kind, workers=workers or 0, options=options)
+        if settings.foreign():
+            raise click.UsageError(
+                f"--ray-address is not a setting of --executor {kind}; it is for --executor ray"
+            )
+        if settings.plugin().in_process:
+            return nullcontext()
         return make_executor(_ExecutorSettings(settings))
     except ConfigError as e:
         raise click.UsageError(str(e)) from None

@@ -215,7 +215,7 @@ class ScoreConfig:
         one_of(self, "precision", PRECISIONS)
 
     def to_dict(self) -> dict[str, Any]:
-        return to_dict(self)
+        return to_dict(self) | {"executor": self.executor.to_dict()}  # flat, as written
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)

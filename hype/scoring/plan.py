@@ -356,7 +356,7 @@ def run_probe(
         raise PlanError(f"{cfg.pool}: the pool has no samples to probe")
     t0 = time.perf_counter()
     executor = make_executor(cfg)
-    start_s = time.perf_counter() - t0 if cfg.executor.kind != "local" else 0.0
+    start_s = 0.0 if executor.in_process else time.perf_counter() - t0
     tmp = Path(tempfile.mkdtemp(prefix="hype-plan-"))
     try:
         workers = _workers(executor)
@@ -497,9 +497,10 @@ class _Estimate:
         return energy_per_row(self.probe.energy, refs)
 
     def model_copies(self, models: int, tasks: int) -> dict:
-        """Models fetched by a stage's Ray workers (none on the local executor: it runs in the driver's
-        process, whose copies the run's row counts): each a LIST (a folder?) and one GET (`cached_copy`)."""
-        if not storage.is_url(str(self.cfg.meru)) or self.cfg.executor.kind != "ray":
+        """Models fetched by a stage's workers on an executor whose workers copy them (`copies_models`: Ray's
+        actors; none on the local executor: it runs in the driver's process, whose copies the run's row
+        counts): each a LIST (a folder?) and one GET (`cached_copy`)."""
+        if not storage.is_url(str(self.cfg.meru)) or not self.cfg.executor.plugin().copies_models:
             return {}
         n = models * min(self.W, tasks)
         return {"pool_get": n, "pool_list": n}
@@ -622,7 +623,7 @@ def _plan_dict(cfg: ScoreConfig, size: PoolSize, probe: Probe, est: _Estimate) -
     device = probe.device
     gpus = 0
     if str(device).startswith("cuda"):
-        gpus = par * (cfg.executor.gpus_per_worker if cfg.executor.kind == "ray" else 1)
+        gpus = par * cfg.executor.plugin().gpus_per_worker(cfg.executor)
     return {
         "pool": {"path": cfg.pool, **size.to_dict()},
         "run": {
