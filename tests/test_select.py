@@ -342,11 +342,11 @@ def test_frac_of_eligible_and_too_few_eligible(world, tmp_path):
         ),
         (
             {"frac": 0.2, "rank": "random", "weights": "eps_i=1"},
-            r"--weights applies to ranking rules that take weights \(hype\), not 'random'; drop --weights",
+            r"--weights applies to ranking rules that take weights \(hype, combine\), not 'random'; drop --weights",
         ),
         (
             {"frac": 0.2, "rank": "random:seed=2", "normalize": "zscore"},
-            r"take a normalization \(hype, clip_score, specificity\), not 'random'",
+            r"take a normalization \(hype, clip_score, specificity, combine\), not 'random'",
         ),
         ({"frac": 0.2, "rank": "nope", "seed": 3}, "unknown rule 'nope'"),
         ({"threshold": 1e9}, "empty selection"),
