@@ -119,3 +119,42 @@ def test_a_stage_in_one_file_has_its_row_in_hype_plan(tmp_path_factory, tmp_path
     shards = json.loads(result.stdout)["pool"]["shards"]
     # a fresh run's requests for it: per shard its marker and parquet read, output + marker written
     assert row["requests"]["put"] == 2 * shards and row["requests"]["get"] > 0
+
+
+def test_a_registered_stage_is_cleaned_and_carded_like_the_built_in_ones(
+    tmp_path_factory, tmp_path, registered
+):
+    """The run's stage folders come from the declarations: a registered stage's temporaries left by a
+    killed run are removed on the rerun, and card.json names its outputs, so `hype verify` finds them
+    altered (also when the stage is no longer registered: the card says which folders it covers)."""
+    from hype.cli import main
+    from hype.io.files import TMP_TAG
+
+    run = tmp_path / "run"
+    shutil.copytree(baseline(tmp_path_factory), run)
+    meru, clip = models(tmp_path_factory)
+    (run / NAME).mkdir()
+    stale = run / NAME / f".x.parquet{TMP_TAG}123"
+    stale.write_bytes(b"left by a killed run")
+    assert run_cli(score_args(world(tmp_path_factory), meru, clip, run)).exit_code == 0
+    assert not stale.exists()
+    card = json.loads((run / "card.json").read_text())
+    assert NAME in card["stages"]
+    stages.unregister(NAME)
+    try:
+        marker = sorted((run / NAME).glob("*_stats.json"))[0]
+        stats = json.loads(marker.read_text())
+        stats["output"]["digest"] = "0" * len(stats["output"]["digest"])
+        marker.write_text(json.dumps(stats))
+        res = CliRunner().invoke(
+            main,
+            [
+                "verify",
+                str(run / "card.json"),
+                "--pool",
+                score_args(world(tmp_path_factory), meru, clip, run)[1],
+            ],
+        )
+    finally:
+        stages.register(STAGE, after="merge")
+    assert res.exit_code != 0 and f"the {NAME} stage's outputs are not the ones the card names" in res.output

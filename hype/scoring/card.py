@@ -43,7 +43,7 @@ from hype.executor import available_memory, usable_cpus
 from hype.io import blake2b128_file, load_npy, open_input, read_json, read_parquet, storage
 from hype.scoring.context import RunContext, StageSpec
 from hype.scoring.pricing import JSON_GET, lists, parquet_get, stream_get
-from hype.scoring.rundir import SHARD_STAGES, RunDir, atomic_write_json, fingerprint, make_tasks
+from hype.scoring.rundir import SHARD_STAGES, STAGE_NAME, RunDir, atomic_write_json, fingerprint, make_tasks
 from hype.table.schema import scores_dir
 
 FORMAT = "hype-score-card/2"
@@ -88,10 +88,11 @@ def _sample(run: RunDir, seed: int, n: int) -> list[list]:
     return [[rows[i][0], *(float(v) for v in rows[i][1:])] for i in take]
 
 
-def _stage_outputs(run: RunDir) -> dict[str, list[tuple[str, dict]]]:
-    """Per stage, each marker's name and the output it records, read once (no output is read)."""
+def _stage_outputs(run: RunDir, also: tuple[str, ...] = ()) -> dict[str, list[tuple[str, dict]]]:
+    """Per stage folder of the run (and `also`: those a card names), each marker's name and the output it
+    records, read once (no output is read)."""
     out = {}
-    for stage in SHARD_STAGES:
+    for stage in dict.fromkeys((*run.stage_folders, *also)):
         folder = run.root / stage
         names = (
             sorted(n for n in storage.list_names(folder) if n.endswith("_stats.json"))
@@ -339,7 +340,11 @@ def _check_scores(card: dict, source: RunDir, card_path: Path) -> bool:
 
 def _check_stages(card: dict, source: RunDir, card_path: Path) -> bool:
     """The stage digests redone from the markers beside the card; False when no markers lie there."""
-    redone = _stage_digests(_stage_outputs(source))
+    named = tuple(card["stages"])
+    bad = [n for n in named if not STAGE_NAME.fullmatch(n)]
+    if bad:  # a card is data: its stage names become folder names only when they are plain names
+        raise CardError(f"{card_path}: stage {bad[0]!r} is not a stage name; the card was altered")
+    redone = _stage_digests(_stage_outputs(source, named))
     if redone and redone != card["stages"]:
         stage = next(
             k for k in sorted(set(redone) | set(card["stages"])) if redone.get(k) != card["stages"].get(k)

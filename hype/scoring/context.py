@@ -83,7 +83,7 @@ class RunContext:
 
     def __init__(self, cfg: ScoreConfig, executor, progress: bool, stages: tuple[StageSpec, ...]):
         self.cfg = cfg
-        self.run = RunDir(storage.absolute(cfg.out))
+        self.run = RunDir(storage.absolute(cfg.out), tuple(s.name for s in stages if s.per_shard))
         self.executor = executor
         self.progress = progress
         self.specs = stages  # the run's stages, in order (their summary fields)

@@ -71,6 +71,7 @@ is refused before anything changes; plan.json's `frozen` keeps every later run o
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from os import PathLike
@@ -98,6 +99,7 @@ from hype.table.schema import scores_dir
 
 SHARD_STAGES = ("embed", "reference", "specificity", "classes", "captions", "clusters", "merge")
 SHARD_STAGES += ("neardup_split", "neardup")  # near-duplicates (hype.scoring.stage_neardup)
+STAGE_NAME = re.compile(r"[a-z0-9_]+")  # a stage's folder: a plain name, never a path
 file_identity = input_identity  # an input's identity in the stages' fingerprints (hype.io.runs)
 # Parquet writer settings are fixed here so that identical tables give identical bytes. zstd with no
 # dictionary except for the one low-cardinality column, and float columns byte-stream-split: a uid (32 hex
@@ -195,12 +197,18 @@ def write_parquet(path: str | PathLike, table: pa.Table) -> dict:
 class RunDir:
     """Paths of one run directory (see the module docstring)."""
 
-    def __init__(self, root: str | PathLike):
+    def __init__(self, root: str | PathLike, stages: tuple[str, ...] = ()):
         self._given = root if isinstance(root, (str, Path)) else str(root)
         self.remote = storage.is_url(self._given)
+        # The per-shard output folders: the built-in stages' and those of the stages a run declares (a
+        # registered stage's folder is created, cleaned and carded like theirs), each a plain name.
+        for name in stages:
+            if not STAGE_NAME.fullmatch(name):
+                raise RunDirError(f"stage folder {name!r}: a stage's name is lowercase letters, digits, _")
+        self.stage_folders = (*SHARD_STAGES, *(s for s in dict.fromkeys(stages) if s not in SHARD_STAGES))
 
     def __reduce__(self):  # small and picklable, no credentials: travels to Ray actors
-        return (RunDir, (str(self._given),))
+        return (RunDir, (str(self._given), self.stage_folders[len(SHARD_STAGES) :]))
 
     @property
     def root(self) -> AnyPath:
@@ -281,7 +289,7 @@ class RunDir:
                 storage.check_reachable(root)
                 return
             root.mkdir(parents=True, exist_ok=True)
-            for stage in SHARD_STAGES:
+            for stage in self.stage_folders:
                 (root / stage).mkdir(exist_ok=True)
             for sub in ("scores", "dedup", "metadata"):
                 (root / sub).mkdir(exist_ok=True)
@@ -300,7 +308,8 @@ class RunDir:
         if self.remote:
             return 0
         n = 0
-        for folder in (self.root, *(self.root / d for d in (*SHARD_STAGES, "scores", "dedup", "metadata"))):
+        folders = (*self.stage_folders, "scores", "dedup", "metadata")
+        for folder in (self.root, *(self.root / d for d in folders)):
             try:
                 entries = list(os.scandir(folder))
             except OSError:
