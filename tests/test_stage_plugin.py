@@ -94,6 +94,7 @@ def test_a_stage_in_one_file_runs_through_hype_score(tmp_path_factory, tmp_path,
     everything = [n for lengths in expected.values() for n in lengths]
     assert s[NAME] == {"shards": 3, "mean_chars": round(float(np.mean(everything)), 3)}
     assert s["stages"][NAME]["shards_run"] == 3 and s["status"] == "complete"
+    assert f'  {NAME} {{"shards": 3, "mean_chars": {s[NAME]["mean_chars"]}}}' in result.output  # printed too
 
     again = run_cli(score_args(world(tmp_path_factory), meru, clip, run))  # resumable like the others
     assert again.exit_code == 0, again.output

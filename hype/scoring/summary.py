@@ -9,6 +9,8 @@ Sample counts come from the per-shard markers, so they cover reused shards as we
 
 from __future__ import annotations
 
+import json
+
 from hype.data.samples import EMPTY_SHARD, MISSING_SHARD, UNREADABLE_SHARD, SkipStats
 from hype.scoring.config import ScoreConfig
 from hype.scoring.rundir import RunDir
@@ -254,6 +256,8 @@ def format_summary(s: dict) -> str:
         reused = f", {m['shards_reused']} reused" if m.get("shards_reused") else ""
         parts.append(f"{name} {m['seconds']:.1f}s{rate}{reused}")
     lines.append("  stages      " + " · ".join(parts))
+    for key in (k for k in s if k not in LAYOUT):  # a registered stage's own fields, as they are
+        lines.append(f"  {key:<11} {json.dumps(s[key], separators=(', ', ': '), default=str)}")
     if sh["failed"]:
         lines.append(f"  FAILED      {len(sh['failed'])} shard(s); rerun the same command to retry them:")
         lines += [f"              {f['shard']} ({f.get('stage')}): {f['error']}" for f in sh["failed"][:5]]
