@@ -81,9 +81,16 @@ class StageSpec:
 class RunContext:
     """State of one `hype score` invocation, as its stages see it."""
 
-    def __init__(self, cfg: ScoreConfig, executor, progress: bool, stages: tuple[StageSpec, ...]):
+    def __init__(
+        self,
+        cfg: ScoreConfig,
+        executor,
+        progress: bool,
+        stages: tuple[StageSpec, ...],
+        folders: tuple[str, ...] = (),
+    ):
         self.cfg = cfg
-        self.run = RunDir(storage.absolute(cfg.out), tuple(s.name for s in stages if s.per_shard))
+        self.run = RunDir(storage.absolute(cfg.out), folders)  # and the registered stages' folders
         self.executor = executor
         self.progress = progress
         self.specs = stages  # the run's stages, in order (their summary fields)

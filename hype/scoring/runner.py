@@ -86,7 +86,7 @@ def run_score(cfg: ScoreConfig, *, executor=None, progress: bool | None = None) 
             executor = make_executor(cfg)
         except (RuntimeError, ConnectionError, ValueError) as e:
             raise ScoreError(f"--executor {cfg.executor.kind}: {e}") from None
-    state = RunContext(cfg, executor, progress, stages.STAGES)
+    state = RunContext(cfg, executor, progress, stages.STAGES, stages.added_folders(cfg))
     run = state.run
     try:
         run.create()

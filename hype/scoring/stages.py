@@ -46,6 +46,9 @@ STAGES: tuple[StageSpec, ...] = (
     stage_neardup.STAGE,
     card.STAGE,
 )
+BUILT_IN = frozenset(
+    s.name for s in STAGES
+)  # their folders are the run directory's own (rundir.SHARD_STAGES)
 
 
 def register(stage: StageSpec, *, after: str) -> None:
@@ -70,3 +73,9 @@ def unregister(name: str) -> None:
 def active(cfg: ScoreConfig) -> list[StageSpec]:
     """The stages the config asks for, in order."""
     return [s for s in STAGES if s.when(cfg)]
+
+
+def added_folders(cfg: ScoreConfig) -> tuple[str, ...]:
+    """The per-shard folders of the registered stages this config runs: the run directory creates, cleans
+    and cards them as it does the built-in stages' folders."""
+    return tuple(s.name for s in active(cfg) if s.per_shard and s.name not in BUILT_IN)
