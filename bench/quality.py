@@ -72,6 +72,7 @@ ARMS: dict[str, list[str] | None] = {
 }
 DEFAULT_ARMS = [a for a in ARMS if a != "pool"]
 BASELINES = ("clip-score", "random")  # HYPE - baseline: the benchmark's two questions
+MERU_PRESET = "tiny-hyperbolic-scorer"  # the hyperbolic scorer's train preset; ARM@PRESET swaps it
 
 
 def main() -> None:
@@ -85,7 +86,12 @@ def main() -> None:
     p.add_argument("--frac", type=float, default=0.2)
     p.add_argument("--samples-seen", type=int, default=4800, help="per arm and seed (equal for all arms)")
     p.add_argument("--num-clusters", type=int, default=64)
-    p.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"known: {', '.join(ARMS)}")
+    p.add_argument(
+        "--arms",
+        default=",".join(DEFAULT_ARMS),
+        help=f"known: {', '.join(ARMS)}; ARM@PRESET scores the pool with a MERU-family scorer trained from "
+        f"train preset PRESET instead of {MERU_PRESET} (e.g. hype@tiny-hycoclip), same CLIP scorer",
+    )
     p.add_argument("--progress", action="store_true", help="show the commands' progress bars")
     p.add_argument("--name", default="quality", help="report file names: OUT/NAME.md and OUT/NAME.json")
     p.add_argument(
@@ -96,7 +102,7 @@ def main() -> None:
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    unknown = sorted(set(arms) - set(ARMS))
+    unknown = sorted({a.partition("@")[0] for a in arms} - set(ARMS))
     if unknown:
         p.error(f"unknown arms {unknown}; known: {', '.join(ARMS)}")
     if len(seeds) < 2:
@@ -108,14 +114,18 @@ def main() -> None:
     world = (args.world or out / "world").resolve()
     run = Runner(out / "logs", progress=args.progress)
     t0 = time.perf_counter()
-    score = out / "score" if args.report_only else _scores(run, args, out, world)
-    detection = _detection(score, world)
+    scorers = sorted({_scorer(a) for a in arms} | {MERU_PRESET}, key=lambda s: s != MERU_PRESET)
+    scores = {
+        s: _score_dir(out, s) if args.report_only else _scores(run, args, out, world, meru_preset=s)
+        for s in scorers
+    }
+    detection = _detection(scores[MERU_PRESET], world)
     per_arm = {}
     for arm in arms:
         if args.report_only and not _finished(out, arm, seeds):
             print(f"= {arm}: not every seed is finished, left out of this report", flush=True)
             continue
-        per_arm[arm] = _train_arm(run, args, out, world, score, arm, seeds)
+        per_arm[arm] = _train_arm(run, args, out, world, scores[_scorer(arm)], arm, seeds)
     result = _compare(per_arm, seeds, _chance_levels(world))
     result["arms_not_run"] = [a for a in arms if a not in per_arm]
     result.update(
@@ -123,6 +133,7 @@ def main() -> None:
         world=str(world),
         seeds=seeds,
         detection=detection,
+        detection_by_scorer={s: _detection(d, world) for s, d in scores.items() if s != MERU_PRESET},
         elapsed_s=round(time.perf_counter() - t0, 1),
     )
     (out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -132,22 +143,35 @@ def main() -> None:
     print(f"wrote {out / args.name}.md and .json ({result['elapsed_s'] / 60:.1f} min)")
 
 
-def _scores(run, args, out: Path, world: Path, extra: tuple[str, ...] = ()) -> Path:
+def _scorer(arm: str) -> str:
+    """The hyperbolic scorer's train preset of an arm: ARM@PRESET, or the default."""
+    return arm.partition("@")[2] or MERU_PRESET
+
+
+def _score_dir(out: Path, preset: str) -> Path:
+    return out / ("score" if preset == MERU_PRESET else f"score@{preset}")
+
+
+def _scores(
+    run, args, out: Path, world: Path, extra: tuple[str, ...] = (), *, meru_preset: str = MERU_PRESET
+) -> Path:
     """The world, its two scorers and the scored pool (each step skipped when its output exists), with the
-    near-duplicate stage (the dedup arms); `extra`: more `hype score` settings."""
+    near-duplicate stage (the dedup arms); the hyperbolic scorer trained from `meru_preset` (another preset
+    gets its own scorer and score folders); `extra`: more `hype score` settings."""
     if not (world / "world.json").is_file():
         run.hype("synth", "synth", "--out", str(world), "--size", str(args.size),
                  "--clean-size", str(args.clean_size), "--seed", str(args.world_seed),
                  "--no-progress")  # fmt: skip
     models = out / "scorers"
-    for name, preset in (("meru", "tiny-hyperbolic-scorer"), ("clip", "tiny-clip")):
+    meru = "meru" if meru_preset == MERU_PRESET else f"meru@{meru_preset}"
+    for name, preset in ((meru, meru_preset), ("clip", "tiny-clip")):
         if not (models / name / "model.safetensors").is_file():
             run.hype(f"train-{name}", *train_args(preset, world / "clean" / "shards", models / name))
-    score = out / "score"
+    score = _score_dir(out, meru_preset)
     run.hype(
-        "score",
+        f"score-{meru}",
         "score", "--pool", str(world / "pool" / "shards"),
-        "--meru", str(models / "meru" / "model.safetensors"),
+        "--meru", str(models / meru / "model.safetensors"),
         "--clip", str(models / "clip" / "model.safetensors"),
         "--class-images", str(world / "eval" / "reference" / "train"), "--out", str(score),
         "--config", "tiny", "--num-clusters", str(args.num_clusters), "--no-progress",
@@ -168,11 +192,12 @@ def _train_arm(run, args, out: Path, world: Path, score: Path, arm: str, seeds: 
     info = json.loads((world / "world.json").read_text())
     subset, samples = None, info["counts"]["pool"]
     composition = {k: v / samples for k, v in info["noise_counts"].items()}
-    if ARMS[arm] is not None:
+    rule = ARMS[arm.partition("@")[0]]
+    if rule is not None:
         subset = out / "subsets" / f"{arm}.npy"
         if not subset.is_file():
             subset.parent.mkdir(parents=True, exist_ok=True)
-            run.hype(f"select-{arm}", *select_args(score, args.frac, subset, ARMS[arm]))
+            run.hype(f"select-{arm}", *select_args(score, args.frac, subset, rule))
         samples = len(load_subset(subset))
         composition = subset_composition(subset, world / "truth.parquet")
     per_seed = []
@@ -351,6 +376,9 @@ def _markdown(result: dict, args) -> str:
             lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Detection AUROC, clean vs each noise kind (1.0 = every clean sample scores higher):", ""]
     lines += _detection_md(result["detection"])
+    for scorer, det in result.get("detection_by_scorer", {}).items():
+        lines += ["", f"Detection AUROC with the hyperbolic scorer of `{scorer}` (arms @{scorer}):", ""]
+        lines += _detection_md(det)
     return "\n".join(lines) + "\n"
 
 
