@@ -90,3 +90,42 @@ def test_hycoclip_loss_refuses_a_non_hyperbolic_model_and_an_odd_batch():
     x = torch.zeros(3, 4)
     with pytest.raises(ValueError, match="2B rows"):
         loss({"image": x, "text": x, "curv": torch.tensor(1.0), "logit_scale": torch.tensor(1.0)})
+
+
+def test_rows_without_a_box_train_only_their_whole_pair():
+    I, T, Ib, Tb, c = _points(4)
+    keep = np.array([True, False, True, True, False, True])
+    s, K, w = 5.0, 0.1, 0.2
+    loss = HyCoCLIPLoss(get_geometry("hyperbolic"), entailment_weight=w, K=K, box_mask=torch.from_numpy(keep))
+    got = loss(
+        {
+            "image": torch.from_numpy(np.concatenate([I, Ib])),
+            "text": torch.from_numpy(np.concatenate([T, Tb])),
+            "curv": torch.tensor(c, dtype=torch.float64),
+            "logit_scale": torch.tensor(s, dtype=torch.float64),
+        }
+    )
+
+    # The reference: whole terms over every row; box terms over the boxed rows, still against every whole.
+    def logits(rows, cols):
+        return -s * np.array([[r_dist(r, col, c) for col in cols] for r in rows])
+
+    def ce(lg, targets):
+        m = lg.max(1, keepdims=True)
+        return float((np.log(np.exp(lg - m).sum(1)) + m[:, 0] - lg[np.arange(len(lg)), targets]).mean())
+
+    idx = np.flatnonzero(keep)
+    contrastive = (
+        _log_softmax_ce(logits(I, T))
+        + _log_softmax_ce(logits(T, I))
+        + ce(logits(Ib[idx], T), idx)
+        + ce(logits(Tb[idx], I), idx)
+    ) / 4
+
+    def E(apex, point, m):
+        return float(np.maximum(r_ext_law_of_cosines(apex, point, c) - m * r_aper(apex, c, K), 0).mean())
+
+    entail = (E(T, I, 0.7) + E(Tb[idx], Ib[idx], 0.7) + E(Ib[idx], I[idx], 1.2) + E(Tb[idx], T[idx], 1.2)) / 2
+    np.testing.assert_allclose(
+        [got["contrastive"].item(), got["entailment"].item()], [contrastive, entail], rtol=1e-9
+    )

@@ -25,6 +25,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from hype.data.grounding import NO_GROUNDING, grit_boxes
 from hype.data.samples import RawSample, SkipStats, decode_pair, iter_tar_samples, sample_uid
 from hype.data.subset_index import SubsetIndex
 
@@ -47,7 +48,8 @@ class _Progress:
 
 
 class TrainStream(IterableDataset):
-    """Infinite stream of batches `{"images", "tokens", "skips", "shards_read"}` of `batch_size` samples.
+    """Infinite stream of batches `{"images", "tokens", "skips", "shards_read"}` of `batch_size` samples
+    (with `grounding_min_area`, also `box_images` and `box_tokens`: one GRIT box per sample, HyCoCLIP).
 
     `skips` and `shards_read` are what this worker saw since its previous batch, so the consumer can
     sum them. `generation` (the step a run starts or resumes at) enters the seed, so a resumed run draws
@@ -71,6 +73,8 @@ class TrainStream(IterableDataset):
         generation: int = 0,
         shuffle_buffer: int = 2000,
         data_spec: str = "",
+        grounding_min_area: int | None = None,
+        unboxed: str = "skip",
     ):
         if not shards:
             raise ValueError("TrainStream needs at least one shard")
@@ -87,6 +91,9 @@ class TrainStream(IterableDataset):
         self.seed, self.rank, self.world_size, self.generation = seed, rank, world_size, generation
         self.shuffle_buffer = max(1, shuffle_buffer)
         self.data_spec = data_spec or f"{len(self.shards)} shards"
+        # HyCoCLIP: each sample also yields one of its GRIT boxes (crop + phrase); None: plain pairs.
+        self.grounding_min_area = grounding_min_area
+        self.unboxed = unboxed  # skip: a sample without a box is skipped; whole: kept, masked (box_mask)
 
     # --- shard order --------------------------------------------------------------------------------
 
@@ -184,32 +191,66 @@ class TrainStream(IterableDataset):
             stats.add(CAPTION_TRANSFORM_FAILED, f"{sample.where}: {type(e).__name__}: {e}")
             return None
 
+    def _box(self, sample: RawSample, image: Image.Image, caption: str, rng, stats: SkipStats):
+        """One GRIT box of the sample drawn by `rng`: (crop, phrase); None when it has none (a skip,
+        counted, unless unboxed samples are kept whole)."""
+        try:
+            meta, why = sample.meta() or {}, "no noun_chunks/ref_exps box above the area cutoff"
+        except ValueError as e:
+            meta, why = {}, f"unreadable .json ({e})"
+        boxes = grit_boxes(meta, caption, image.width, image.height, self.grounding_min_area)
+        if boxes:
+            phrase, box = boxes[int(rng.integers(len(boxes)))]
+            return image.crop(box), phrase
+        if self.unboxed == "skip":
+            stats.add(NO_GROUNDING, f"{sample.where}: {why}")
+        return None
+
     def __iter__(self) -> Iterator[dict]:
         worker, num_workers = self._worker()
         rng = np.random.default_rng([self.seed, self.rank, worker, self.generation])
         stats, prog = SkipStats(), _Progress()
         images: list[torch.Tensor] = []
         captions: list[str] = []
+        box_images: list[torch.Tensor] = []
+        box_texts: list[str] = []
+        has_box: list[bool] = []
         shards_reported = 0
         for sample in self._shuffled(self._raw(rng, worker, num_workers, stats, prog), rng):
             prog.tried += 1
             pair = decode_pair(sample, stats)
             caption = None if pair is None else self._caption(sample, pair[1], stats)
+            box, grounded = None, self.grounding_min_area is not None
+            if caption is not None and grounded:
+                box = self._box(sample, pair[0], pair[1], rng, stats)
+                caption = None if box is None and self.unboxed == "skip" else caption
             if pair is None or caption is None:
                 self._check_usable(prog, stats)
                 continue
             images.append(self.image_transform(pair[0]))
             captions.append(caption)
+            if grounded:
+                # An unboxed sample kept whole carries its whole pair as a placeholder box, masked out.
+                box_images.append(images[-1] if box is None else self.image_transform(box[0]))
+                box_texts.append(caption if box is None else box[1])
+                has_box.append(box is not None)
             prog.good += 1
             if len(images) == self.batch_size:
-                yield {
+                batch = {
                     "images": torch.stack(images),
                     "tokens": self.tokenize(captions),
                     "skips": stats.take(),
                     "shards_read": prog.shards_read - shards_reported,
                 }
+                if grounded:
+                    batch.update(
+                        box_images=torch.stack(box_images),
+                        box_tokens=self.tokenize(box_texts),
+                        box_mask=torch.tensor(has_box),
+                    )
+                yield batch
                 shards_reported = prog.shards_read
-                images, captions = [], []
+                images, captions, box_images, box_texts, has_box = [], [], [], [], []
 
 
 def ignore_stop_signals(worker_id: int = 0) -> None:

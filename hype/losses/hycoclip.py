@@ -15,7 +15,9 @@ Box rows are matched to their whole pair's column (the authors' code): a box is 
 texts or images of the global batch, never with other boxes.
 
 The model sees the whole and the box rows in one forward pass, stacked (`[wholes; boxes]`, 2B rows);
-this loss splits them again, so the training step stays the one every other loss uses.
+this loss splits them again, so the training step stays the one every other loss uses. `box_mask` (B,),
+set per step, marks the rows that have a box: the others (a sample without grounding, trained on its
+whole pair only) carry a placeholder box row that every box term leaves out.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ def _split(x: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _cone_violation(apex: Tensor, point: Tensor, curv: Tensor | float, K: float, scale: float) -> Tensor:
+    """mean relu(ext(apex, point) - scale * aper(apex)); 0 over no rows."""
+    if apex.shape[0] == 0:
+        return apex.new_zeros(())
     angle = lorentz.exterior_angle(apex, point, curv)
     return torch.clamp(angle - scale * lorentz.half_aperture(apex, curv, K), min=0.0).mean()
 
@@ -52,6 +57,7 @@ class HyCoCLIPLoss:
     K: float | None = None
     inter_aperture: float = 0.7  # text ⊃ image, at both levels
     intra_aperture: float = 1.2  # box ⊃ whole, in each modality
+    box_mask: Tensor | None = None  # (B,) bool: rows with a box (None: all)
 
     def __post_init__(self) -> None:
         if not isinstance(self.geometry, Hyperbolic):
@@ -68,21 +74,37 @@ class HyCoCLIPLoss:
         rank, _ = world()
         all_images, all_texts = gather_with_grad(image), gather_with_grad(text)
         labels = torch.arange(image.shape[0], device=image.device) + rank * image.shape[0]
+        keep = self.box_mask
+        if keep is not None:
+            keep = keep.to(image.device)
+            box_image, box_text, box_labels = box_image[keep], box_text[keep], labels[keep]
+            whole_image, whole_text = image[keep], text[keep]
+        else:
+            box_labels, whole_image, whole_text = labels, image, text
 
-        def ce_image(rows: Tensor) -> Tensor:
-            return F.cross_entropy(scale * self.geometry.pairwise(rows, all_texts, curv=curv), labels)
+        def ce_image(rows: Tensor, target: Tensor) -> Tensor:
+            if rows.shape[0] == 0:
+                return rows.new_zeros(())
+            return F.cross_entropy(scale * self.geometry.pairwise(rows, all_texts, curv=curv), target)
 
-        def ce_text(rows: Tensor) -> Tensor:
-            return F.cross_entropy(scale * self.geometry.pairwise(all_images, rows, curv=curv).T, labels)
+        def ce_text(rows: Tensor, target: Tensor) -> Tensor:
+            if rows.shape[0] == 0:
+                return rows.new_zeros(())
+            return F.cross_entropy(scale * self.geometry.pairwise(all_images, rows, curv=curv).T, target)
 
-        contrastive = (ce_image(image) + ce_text(text) + ce_image(box_image) + ce_text(box_text)) / 4
+        contrastive = (
+            ce_image(image, labels)
+            + ce_text(text, labels)
+            + ce_image(box_image, box_labels)
+            + ce_text(box_text, box_labels)
+        ) / 4
         K = self.K if self.K is not None else lorentz.DEFAULT_K
         inter, intra = self.inter_aperture, self.intra_aperture
         entailment = (
             _cone_violation(text, image, curv, K, inter)
             + _cone_violation(box_text, box_image, curv, K, inter)
-            + _cone_violation(box_image, image, curv, K, intra)
-            + _cone_violation(box_text, text, curv, K, intra)
+            + _cone_violation(box_image, whole_image, curv, K, intra)
+            + _cone_violation(box_text, whole_text, curv, K, intra)
         ) / 2
         return {
             "loss": contrastive + self.entailment_weight * entailment,

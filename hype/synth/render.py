@@ -132,11 +132,17 @@ def _render_crop(scene: Scene, width: int, height: int) -> Image.Image:
     return img.crop((x0, y0, x0 + width, y0 + width))
 
 
+def jitter_crop(w: int, h: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
+    """The pixels `jitter` cuts off (left, top, right, bottom): its first draws from `rng`."""
+    dx0, dx1 = (int(v) for v in rng.integers(0, max(1, w // 16) + 1, size=2))
+    dy0, dy1 = (int(v) for v in rng.integers(0, max(1, h // 16) + 1, size=2))
+    return dx0, dy0, dx1, dy1
+
+
 def jitter(img: Image.Image, rng: np.random.Generator) -> Image.Image:
     """A near-duplicate: a small crop, a brightness change, and sometimes a resize."""
     w, h = img.size
-    dx0, dx1 = (int(v) for v in rng.integers(0, max(1, w // 16) + 1, size=2))
-    dy0, dy1 = (int(v) for v in rng.integers(0, max(1, h // 16) + 1, size=2))
+    dx0, dy0, dx1, dy1 = jitter_crop(w, h, rng)
     out = img.crop((dx0, dy0, w - dx1, h - dy1))
     out = ImageEnhance.Brightness(out).enhance(float(rng.uniform(0.88, 1.12)))
     if rng.random() < 0.4:

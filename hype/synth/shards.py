@@ -38,6 +38,7 @@ class ShardSample:
     jpeg: bytes
     width: int
     height: int
+    extra: dict | None = None  # more keys of the sample's JSON (GRIT's grounding)
 
     @property
     def sha256(self) -> str:
@@ -74,6 +75,7 @@ def sample_json(s: ShardSample, sha256: str) -> dict:
         "original_width": s.width,
         "original_height": s.height,
         "sha256": sha256,
+        **(s.extra or {}),
     }
 
 

@@ -40,6 +40,7 @@ from hype.synth.eval_tasks import (
     render_items,
     task_folder,
 )
+from hype.synth.grounding import grounding
 from hype.synth.noise import NOISE_KINDS, NoiseSpecError, parse_noise
 from hype.synth.pool import Sample, plan_clean, plan_pool, render_sample
 from hype.synth.render import EVAL_IMAGE_EXT
@@ -177,7 +178,8 @@ def _shard_job(
             key = f"{shard:05d}{j:04d}"
             jpeg, w, h = render_sample(s)
             url = f"{base_url}/images/{s.uid}.jpg" if base_url is not None else f"synth://clean/{s.uid}.jpg"
-            item = ShardSample(key, s.uid, url, s.caption, jpeg, w, h)
+            ground = grounding(s.scene, s.caption, s.width, s.height, s.dup_seed)
+            item = ShardSample(key, s.uid, url, s.caption, jpeg, w, h, ground)
             batch.append(item)
             truth.append(_truth_row(s, key, shard, w, h))
             meta.append(

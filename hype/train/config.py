@@ -94,6 +94,27 @@ class SamplerConfig:
 
 
 @dataclass(frozen=True)
+class HyCoCLIPConfig:
+    """HyCoCLIP's training (SPEC §2.6, `hype.losses.hycoclip`): every sample also yields one of the GRIT
+    boxes of its `.json` (`hype.data.grounding`: crops larger than `min_box_area` pixels, one drawn per
+    sample and step; a sample without one is skipped and counted), and the loss adds the box level and the
+    box ⊃ whole cones. The model stays MERU's; its `loss.entailment_weight` weighs the entailment terms."""
+
+    enabled: bool = False
+    min_box_area: int = 32 * 32  # the authors' cutoff on GRIT's images
+    inter_aperture: float = 0.7  # text ⊃ image at both levels: ext < 0.7 aper
+    intra_aperture: float = 1.2  # box ⊃ whole in each modality: ext < 1.2 aper
+    # A sample with no box: `skip` it (the authors' preparation drops them) or train its `whole` pair
+    # (the whole-level terms only; its box terms are left out).
+    unboxed: str = "skip"
+
+    def __post_init__(self) -> None:
+        one_of(self, "unboxed", ("skip", "whole"))
+        at_least(self, 0, "min_box_area")
+        positive(self, "inter_aperture", "intra_aperture")
+
+
+@dataclass(frozen=True)
 class OptimConfig:
     """AdamW with linear warm-up and cosine decay to 0 (DESIGN §2.5)."""
 
@@ -169,6 +190,7 @@ class TrainConfig:
     debug_nan_at_step: int | None = None  # test hook: the loss becomes NaN at this step
     data: DataConfig = field(default_factory=DataConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    hycoclip: HyCoCLIPConfig = field(default_factory=HyCoCLIPConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -187,6 +209,11 @@ class TrainConfig:
         if self.device != "auto" and not self.device.startswith(("cpu", "cuda", "mps")):
             raise ConfigError("device", f"must be auto, cpu, cuda or cuda:N; got {self.device!r}")
         at_least(self, 1, "max_steps", "debug_nan_at_step", "threads")
+        if self.hycoclip.enabled and self.accum_steps > 1:
+            # The step stacks wholes and boxes into one forward pass; micro-batches would split that stack.
+            raise ConfigError(
+                "accum_steps", "HyCoCLIP training takes accum_steps=1; lower batch_size instead"
+            )
 
     @property
     def total_steps(self) -> int:
@@ -197,11 +224,12 @@ class TrainConfig:
         return load_model_config(self.model)
 
     def to_dict(self) -> dict[str, Any]:
-        """The config as plain data; without the `sampler` section while it is the default stream, so a run's
-        config.yaml, state and recipe fingerprint read as they did before the sampler existed."""
+        """The config as plain data; without the `sampler` and `hycoclip` sections while they are the
+        defaults, so a run's config.yaml, state and recipe fingerprint read as before they existed."""
         d = to_dict(self)
-        if self.sampler == SamplerConfig():
-            del d["sampler"]
+        for name, default in (("sampler", SamplerConfig()), ("hycoclip", HyCoCLIPConfig())):
+            if getattr(self, name) == default:
+                del d[name]
         return d
 
     @classmethod

@@ -29,6 +29,7 @@ from torch import nn
 from tqdm import tqdm
 
 from hype.data.errors import SelectError
+from hype.data.grounding import NO_GROUNDING
 from hype.data.pipeline import CAPTION_TRANSFORM_FAILED, TrainStream, make_loader
 from hype.data.samples import EMPTY_SHARD, SKIP_REASONS, SkipStats
 from hype.data.shards import ShardList, expand_shards
@@ -37,6 +38,7 @@ from hype.data.uids import load_subset, write_subset
 from hype.io import AnyPath, cached_copy, storage, write_text
 from hype.io.runs import is_done
 from hype.losses import ContrastiveEntailmentLoss
+from hype.losses.hycoclip import HyCoCLIPLoss
 from hype.models import ConfigError, ContrastiveModel, ModelConfig, create_model, load_model_config
 from hype.train.captions import make_caption_transform
 from hype.train.config import TrainConfig
@@ -67,7 +69,7 @@ from hype.train.state import (
 )
 from hype.train.step import autocast_for, forward_backward
 
-COUNTED_REASONS = (*SKIP_REASONS, CAPTION_TRANSFORM_FAILED)
+COUNTED_REASONS = (*SKIP_REASONS, CAPTION_TRANSFORM_FAILED, NO_GROUNDING)
 
 
 class InitError(ValueError):
@@ -175,11 +177,7 @@ class Trainer:
         self.model.train()
         if cfg.grad_checkpointing:
             self.model.set_grad_checkpointing(True)
-        self.loss_fn = ContrastiveEntailmentLoss(
-            self.model.geometry,
-            entailment_weight=self.model_config.loss.entailment_weight or 0.0,
-            K=self.model_config.loss.entailment_K,
-        )
+        self.loss_fn = self._loss_fn()
         self.base_K = self.model_config.loss.entailment_K
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.trainable = [p for g in self.optimizer.param_groups for p in g["params"]]
@@ -215,6 +213,8 @@ class Trainer:
             generation=self.generation,
             shuffle_buffer=cfg.data.shuffle_buffer,
             data_spec=self.shards.spec,
+            grounding_min_area=cfg.hycoclip.min_box_area if cfg.hycoclip.enabled else None,
+            unboxed=cfg.hycoclip.unboxed,
         )
         self.skips = SkipStats()
         self.shards_read = 0
@@ -226,6 +226,16 @@ class Trainer:
                 f"learning rate never reaches optim.lr={cfg.optim.lr} (lower optim.warmup_steps or raise "
                 "samples_seen)"
             )
+
+    def _loss_fn(self) -> ContrastiveEntailmentLoss | HyCoCLIPLoss:
+        weight, K = self.model_config.loss.entailment_weight or 0.0, self.model_config.loss.entailment_K
+        h = self.cfg.hycoclip
+        if not h.enabled:
+            return ContrastiveEntailmentLoss(self.model.geometry, entailment_weight=weight, K=K)
+        try:
+            return HyCoCLIPLoss(self.model.geometry, weight, K, h.inter_aperture, h.intra_aperture)
+        except ValueError as e:
+            raise InitError(f"hycoclip.enabled: {e}; pick a MERU model (e.g. model=meru-vit-s16)") from e
 
     def _sample(self) -> dict:
         """Draw the soft-cap multiset (`hype.train.sampler`) on rank 0 into OUT/sampled.npy, which every
@@ -589,8 +599,12 @@ class Trainer:
         current = step_idx + 1
         self.skips.merge(batch["skips"])
         self.shards_read += batch["shards_read"]
-        images = batch["images"].to(info.device, non_blocking=True)
-        tokens = batch["tokens"].to(info.device, non_blocking=True)
+        images, tokens = batch["images"], batch["tokens"]
+        if "box_images" in batch:  # HyCoCLIP: wholes and boxes in one forward pass, split by its loss
+            images = torch.cat([images, batch["box_images"]])
+            tokens = torch.cat([tokens, batch["box_tokens"]])
+        images = images.to(info.device, non_blocking=True)
+        tokens = tokens.to(info.device, non_blocking=True)
         lr = lr_at(
             step_idx,
             base_lr=cfg.optim.lr,
@@ -600,6 +614,8 @@ class Trainer:
         set_lr(self.optimizer, lr)
         K = entailment_K_at(step_idx, self.total_steps, cfg.loss, self.base_K)
         self.loss_fn.K = K
+        if isinstance(self.loss_fn, HyCoCLIPLoss):
+            self.loss_fn.box_mask = batch.get("box_mask")
         self.optimizer.zero_grad(set_to_none=True)
         forward_backward(
             model,
