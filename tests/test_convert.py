@@ -288,8 +288,8 @@ def ref_exp_map(feats, log_alpha, log_curv):
     return torch.sinh(r) / r * v
 
 
-def ref_meru_image(sd, images01, a):
-    """MERU `encode_image(images in [0, 1], project=True)`."""
+def ref_meru_image(sd, images01, a, lift=True):
+    """MERU `encode_image(images in [0, 1], project=True)`; lift=False: the CLIP baseline's."""
     s = {k: v.to(F64) for k, v in sd.items() if v.is_floating_point()}
     x = (images01.to(F64) - s["pixel_mean"]) / s["pixel_std"]
     x = ref_patches(x, s["visual.patch_embed.proj.weight"], s["visual.patch_embed.proj.bias"])
@@ -297,10 +297,11 @@ def ref_meru_image(sd, images01, a):
     for i in range(a["depth"]):
         x = ref_block(x, _sub(sd, f"visual.blocks.{i}."), TIMM_NAMES, a["heads"], 1e-5, causal=False)
     x = ref_layer_norm(x, s["visual.norm.weight"], s["visual.norm.bias"], 1e-5)[:, 0]
-    return ref_exp_map(x @ s["visual_proj.weight"].T, sd["visual_alpha"], sd["curv"])
+    f = x @ s["visual_proj.weight"].T
+    return ref_exp_map(f, sd["visual_alpha"], sd["curv"]) if lift else f / f.norm(dim=-1, keepdim=True)
 
 
-def ref_meru_text(sd, tokens, a):
+def ref_meru_text(sd, tokens, a, lift=True):
     s = {k: v.to(F64) for k, v in sd.items() if v.is_floating_point()}
     L = tokens.shape[1]
     x = s["textual.token_embed.weight"][tokens] + s["textual.posit_embed"][:L]
@@ -308,7 +309,8 @@ def ref_meru_text(sd, tokens, a):
         x = ref_block(x, _sub(sd, f"textual.resblocks.{i}."), CLIP_NAMES, a["text_heads"], 1e-5, causal=True)
     x = ref_layer_norm(x, s["textual.ln_final.weight"], s["textual.ln_final.bias"], 1e-5)
     x = x[torch.arange(x.shape[0]), tokens.argmax(-1)]  # EOT = the highest token id
-    return ref_exp_map(x @ s["textual_proj.weight"].T, sd["textual_alpha"], sd["curv"])
+    f = x @ s["textual_proj.weight"].T
+    return ref_exp_map(f, sd["textual_alpha"], sd["curv"]) if lift else f / f.norm(dim=-1, keepdim=True)
 
 
 def ref_hype_image(sd, images_normalized, a):
@@ -898,3 +900,90 @@ def test_a_malformed_source_is_the_commands_clear_error(tmp_path, name, command)
     )
     assert result.exit_code == 1 and f"Error: {src}: " in result.output, (result.output, result.exception)
     assert not (tmp_path / "o.safetensors").exists()
+
+
+# --- HyCoCLIP's release (PalAvik/hycoclip): HyCoCLIP, MERU and CLIP baselines in MERU's layout --------
+
+
+def test_hycoclip_release_kinds_convert_and_match_the_reference_forward(tmp_path, meru_yaml):
+    """`hype convert hycoclip`: HyCoCLIP's (and its MERU's) checkpoints are MERU's layout; its CLIP
+    baseline is the same towers without curvature and α (cosine geometry, `meru-clip-vit-*16`)."""
+    runner = CliRunner()
+    sd = tiny_meru_state_dict(seed=11)
+    ckpt = _save(tmp_path / "hycoclip_vit_tiny.pth", {"model": sd, "iteration": 500000})
+    out = tmp_path / "hycoclip.safetensors"
+    result = runner.invoke(
+        main, ["convert", "hycoclip", str(ckpt), "--out", str(out), "--model-config", str(meru_yaml)]
+    )
+    assert result.exit_code == 0 and "curvature      0.37" in result.output, result.output
+
+    clip_sd = {k: v for k, v in sd.items() if k not in ("curv", "visual_alpha", "textual_alpha")}
+    clip_yaml = tmp_path / "tiny-meru-clip.yaml"
+    clip_yaml.write_text(
+        yaml.safe_dump(
+            {**yaml.safe_load(meru_yaml.read_text()), "name": "tiny-meru-clip", "geometry": "clip"}
+        )
+    )
+    clip_ckpt = _save(tmp_path / "clip_vit_tiny.pth", {"model": clip_sd})
+    clip_out = tmp_path / "clip.safetensors"
+    args = ["convert", "hycoclip", str(clip_ckpt), "--out", str(clip_out)]
+    result = runner.invoke(main, [*args, "--model-config", str(clip_yaml), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["kind"] == "MERU/HyCoCLIP CLIP baseline" and summary["scalars"] == {
+        "logit_scale": pytest.approx(42.0)
+    }
+    # A hyperbolic config for a checkpoint without curvature is refused with the fix.
+    result = runner.invoke(main, [*args, "--overwrite", "--model-config", str(meru_yaml)])
+    assert result.exit_code == 1 and "meru-clip-vit-b16" in result.output
+
+    gen = torch.Generator().manual_seed(8)
+    images01 = torch.rand(3, 3, TINY_MERU["image"], TINY_MERU["image"], generator=gen, dtype=F64)
+    tokens = random_tokens(TINY_MERU)
+    own = (images01 - sd["pixel_mean"].double()) / sd["pixel_std"].double()
+    with torch.no_grad():
+        for path, lift in ((out, True), (clip_out, False)):
+            m64 = load_checkpoint(path).double()
+            want_img, want_txt = (
+                ref_meru_image(sd, images01, TINY_MERU, lift),
+                ref_meru_text(sd, tokens, TINY_MERU, lift),
+            )
+            torch.testing.assert_close(m64.encode_image(own), want_img, rtol=1e-9, atol=1e-12)
+            torch.testing.assert_close(m64.encode_text(tokens), want_txt, rtol=1e-9, atol=1e-12)
+        clip = load_checkpoint(clip_out).double()
+        # The baseline's logit: the stored scale (fp32 log 42) times the cosine, as CLIPBaseline computes it.
+        torch.testing.assert_close(
+            clip.logit_scale * clip.geometry.pairwise(clip.encode_image(own), clip.encode_text(tokens)),
+            42.0
+            * ref_meru_image(sd, images01, TINY_MERU, False)
+            @ ref_meru_text(sd, tokens, TINY_MERU, False).T,
+            rtol=1e-7,
+            atol=0,
+        )
+
+
+def test_a_converted_hycoclip_scores_a_pool(tmp_path, tmp_path_factory, meru_yaml):
+    """`hype score --meru <converted HyCoCLIP>`: the converted file is a hype MERU checkpoint."""
+    from test_score_support import models, run_cli, score_args, world
+
+    a = dict(TINY_MERU, vocab=49408, context=77)  # the real tokenizer's ids and length
+    config = yaml.safe_load(meru_yaml.read_text())
+    config["text"].update(vocab_size=49408, context_length=77)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    ckpt = _save(tmp_path / "hycoclip_vit_tiny.pth", {"model": tiny_meru_state_dict(seed=12, a=a)})
+    convert_meru(ckpt, tmp_path / "hycoclip.safetensors", model_config=tmp_path / "c.yaml")
+    result = run_cli(
+        score_args(
+            world(tmp_path_factory),
+            tmp_path / "hycoclip.safetensors",
+            models(tmp_path_factory)[1],
+            tmp_path / "run",
+        )
+    )
+    assert result.exit_code == 0, result.output
+    import pyarrow.dataset as ds
+
+    scores = ds.dataset(tmp_path / "run" / "scores", format="parquet").to_table().to_pandas()
+    assert len(scores) > 100
+    for col in ("eps_i", "eps_t", "neg_d_l", "cos_theta"):
+        assert scores[col].notna().all() and (scores[col].abs() < 1e6).all() and scores[col].std() > 0

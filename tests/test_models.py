@@ -325,6 +325,10 @@ EXPECTED = {
     "meru-vit-b16": _vit(224, 16, 768, 12, 512, meru=True) + _text(512, 12, 512) + HYPERBOLIC_SCALARS,
     "meru-vit-l16": _vit(224, 16, 1024, 24, 512, meru=True) + _text(512, 12, 512) + HYPERBOLIC_SCALARS,
     "hype-meru-vit-l14": _vit(224, 14, 1024, 24, 768) + _text(768, 12, 768) + HYPERBOLIC_SCALARS,
+    # MERU's and HyCoCLIP's CLIP baselines: MERU's towers, one scalar (the logit scale).
+    "meru-clip-vit-s16": _vit(224, 16, 384, 12, 512, meru=True) + _text(512, 12, 512) + 1,
+    "meru-clip-vit-b16": _vit(224, 16, 768, 12, 512, meru=True) + _text(512, 12, 512) + 1,
+    "meru-clip-vit-l16": _vit(224, 16, 1024, 24, 512, meru=True) + _text(512, 12, 512) + 1,
     "euclip-vit-b16": _vit(224, 16, 768, 12, 512, final_ln=False) + _text(512, 12, 512, final_ln=False) + 1,
     "oblique-multi-vit-b16": _vit(224, 16, 768, 12, 32, k=16) + _text(512, 12, 32, k=16) + 1,
 }

@@ -1,4 +1,4 @@
-"""`hype convert meru|hype-release|open-clip SRC --out OUT.safetensors`: other models -> hype's format."""
+"""`hype convert meru|hycoclip|hype-release|open-clip SRC --out OUT.safetensors`: models -> hype."""
 
 from __future__ import annotations
 
@@ -57,17 +57,21 @@ def convert() -> None:
     """
 
 
-@convert.command("meru")
-@_common
-@click.option(
+_MERU_MODEL_CONFIG = click.option(
     "--model-config",
     default=None,
     metavar="NAME|PATH",
-    help="meru-vit-s16, meru-vit-b16, meru-vit-l16 or a YAML config [default: inferred from the ViT's "
-    "width, depth and patch size].",
+    help="meru-vit-{s,b,l}16 (meru-clip-vit-{s,b,l}16 for a CLIP baseline) or a YAML config [default: "
+    "inferred from the ViT's width, depth and patch size, and from the curvature's presence].",
 )
+
+
+@convert.command("meru")
+@_common
+@_MERU_MODEL_CONFIG
 def meru(ckpt: str, out: str, ignore_keys: tuple[str, ...], overwrite: bool, as_json: bool, model_config):
-    """MERU's released checkpoint (meru_vit_{s,b,l}.pth, facebookresearch/meru) -> OUT."""
+    """MERU's released checkpoint (meru_vit_{s,b,l}.pth or the CLIP baseline clip_vit_{s,b,l}.pth,
+    facebookresearch/meru) -> OUT."""
     from hype.convert import convert_meru
 
     _run(
@@ -79,6 +83,16 @@ def meru(ckpt: str, out: str, ignore_keys: tuple[str, ...], overwrite: bool, as_
         ignore_keys=ignore_keys,
         overwrite=overwrite,
     )
+
+
+@convert.command("hycoclip")
+@_common
+@_MERU_MODEL_CONFIG
+def hycoclip(ckpt: str, out: str, ignore_keys: tuple[str, ...], overwrite: bool, as_json: bool, model_config):
+    """HyCoCLIP's released checkpoints (hycoclip_vit_{s,b}.pth and its baselines meru_vit_{s,b}.pth,
+    clip_vit_{s,b}.pth, PalAvik/hycoclip) -> OUT. HyCoCLIP's model is MERU's (the same modules and
+    scalars; only its training differs), so this is `hype convert meru` under the release's name."""
+    meru.callback(ckpt, out, ignore_keys, overwrite, as_json, model_config)
 
 
 @convert.command("hype-release")

@@ -255,10 +255,11 @@ class ConversionReport:
             f"  model config   {self.model_config} ({self.config_origin})",
             f"  source         {self.source_tensors} tensors ({', '.join(self.source_dtypes)})",
             f"  parameters     {self.parameters:,} ({self.parameters / 1e6:.1f}M)",
-            f"  curvature      {s['curvature']:.6g}",
-            f"  alpha          image {s['alpha_img']:.6g}, text {s['alpha_txt']:.6g}",
-            f"  logit scale    {s['logit_scale']:.6g} (temperature {1.0 / s['logit_scale']:.6g})",
         ]
+        if "curvature" in s:  # hyperbolic models; a cosine model has its logit scale only
+            out.append(f"  curvature      {s['curvature']:.6g}")
+            out.append(f"  alpha          image {s['alpha_img']:.6g}, text {s['alpha_txt']:.6g}")
+        out.append(f"  logit scale    {s['logit_scale']:.6g} (temperature {1.0 / s['logit_scale']:.6g})")
         if self.ignored_top_level:
             out.append(f"  not converted  top-level entries: {', '.join(self.ignored_top_level)}")
         if self.ignored_keys:
@@ -291,6 +292,8 @@ def read_scalars(model: ContrastiveModel) -> tuple[dict[str, float], dict[str, f
     effective, stored = {}, {}
     with torch.no_grad():
         for name, (param, prop) in SCALARS.items():
+            if getattr(model, param, None) is None:  # a cosine model has no curvature or α
+                continue
             stored[name] = math.exp(float(getattr(model, param)))
             effective[name] = float(getattr(model, prop))
     return effective, stored

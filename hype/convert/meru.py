@@ -1,4 +1,9 @@
-"""MERU's released checkpoints (facebookresearch/meru: meru_vit_{s,b,l}.pth) -> hype. DESIGN §2.1, §3.
+"""MERU's and HyCoCLIP's released checkpoints -> hype. DESIGN §2.1, §3.
+
+facebookresearch/meru (meru_vit_{s,b,l}.pth, clip_vit_{s,b,l}.pth) and PalAvik/hycoclip, built on MERU's code
+(hycoclip_vit_{s,b}.pth, meru_vit_{s,b}.pth, clip_vit_{s,b}.pth), share one layout: HyCoCLIP's model is
+MERU's (same modules, encoders and scalars; only its training differs), and the CLIP baselines are the
+same towers without the curvature and α scalars (`meru-clip-vit-*16`, cosine geometry).
 
 MERU stores `{"model": state_dict}` (its `CheckpointManager`) of `meru.models.MERU`:
 - `visual.*`: a timm VisionTransformer (class-token pooling, no head, nn.LayerNorm eps 1e-5, no
@@ -42,7 +47,8 @@ from hype.models import ModelConfig, load_model_config
 Tensor = torch.Tensor
 
 MERU_CONFIGS = ("meru-vit-s16", "meru-vit-b16", "meru-vit-l16")
-WHAT = "MERU (facebookresearch/meru)"
+CLIP_BASELINE_CONFIGS = ("meru-clip-vit-s16", "meru-clip-vit-b16", "meru-clip-vit-l16")
+WHAT = "MERU / HyCoCLIP (facebookresearch/meru, PalAvik/hycoclip)"
 
 # Per-block renames: timm ViT block -> open_clip ResidualAttentionBlock.
 _VISION_BLOCK = {
@@ -102,10 +108,13 @@ def meru_rules(config: ModelConfig) -> list[Rule]:
         Rule("textual.ln_final.bias", "text.ln_final.bias"),
         Rule("textual_proj.weight", "text.text_projection", "transpose"),
         Rule("logit_scale", "log_logit_scale"),
-        Rule("curv", "log_curv"),
-        Rule("visual_alpha", "log_alpha_img"),
-        Rule("textual_alpha", "log_alpha_txt"),
     ]
+    if config.geometry == "hyperbolic":  # the CLIP baselines have no curvature or α
+        rules += [
+            Rule("curv", "log_curv"),
+            Rule("visual_alpha", "log_alpha_img"),
+            Rule("textual_alpha", "log_alpha_txt"),
+        ]
     return rules
 
 
@@ -143,8 +152,12 @@ def resolve_meru_config(
     sd: Mapping[str, Tensor], model_config: ModelConfig | str | Path | dict | None, source: str
 ) -> tuple[ModelConfig, str]:
     """(config, how it was chosen): the given one, checked against the state dict, or the shipped
-    `meru-vit-*16` config whose ViT width, depth and patch size match."""
+    `meru-vit-*16` config (`meru-clip-vit-*16` for a CLIP baseline: no `curv`) whose ViT width, depth and
+    patch size match."""
     found = meru_architecture(sd)
+    # A CLIP baseline has none of the hyperbolic scalars; one missing alone is a damaged MERU checkpoint.
+    baseline = not any(k in sd for k in ("curv", "visual_alpha", "textual_alpha"))
+    shipped = CLIP_BASELINE_CONFIGS if baseline else MERU_CONFIGS
     if found["vision.width"] is None or found["text.width"] is None:
         keys = ", ".join(list(sd)[:6])
         raise ConversionError(
@@ -153,7 +166,13 @@ def resolve_meru_config(
         )
     if model_config is not None:
         config = load_model_config(model_config)
-        check_hyperbolic(config, source)
+        if not baseline:
+            check_hyperbolic(config, source)
+        elif config.geometry != "clip":
+            raise ConversionError(
+                f"{source}: a CLIP baseline (no curv or α in the checkpoint) needs a clip-geometry config, not "
+                f"{config.name!r} ({config.geometry}); omit --model-config or pass e.g. meru-clip-vit-b16"
+            )
         problems = architecture_mismatches(found, config)
         if problems:
             raise ConversionError(
@@ -162,13 +181,13 @@ def resolve_meru_config(
             )
         return config, "given"
     matches = []
-    for name in MERU_CONFIGS:
+    for name in shipped:
         config = load_model_config(name)
         if not architecture_mismatches(found, config):
             matches.append(config)
     if len(matches) != 1:
         raise ConversionError(
-            f"{source}: no shipped MERU config ({', '.join(MERU_CONFIGS)}) matches this checkpoint "
+            f"{source}: no shipped MERU config ({', '.join(shipped)}) matches this checkpoint "
             f"({_describe(found)}). Pass --model-config with a YAML config describing it (copy "
             "configs/models/meru-vit-b16.yaml and edit the vision/text sections; heads are not stored "
             "in a checkpoint)."
@@ -254,4 +273,5 @@ def convert_meru(
     )
     model, scalar_notes = build_model(config, mapped)
     details["notes"] = [*details["notes"], *scalar_notes]
-    return finish("MERU", ckpt, out, model, sd, top_level, details)
+    kind = "MERU" if config.geometry == "hyperbolic" else "MERU/HyCoCLIP CLIP baseline"
+    return finish(kind, ckpt, out, model, sd, top_level, details)
