@@ -85,6 +85,25 @@ def agreement(rows: pd.DataFrame, column: str, fits: pd.Series | None = None) ->
     return hits, len(judged)
 
 
+def kind_shares(dropped: pd.DataFrame, image_kind: pd.Series) -> str:
+    """The main deficit's share naming the kind's own term, by kind, with the underspecified images split
+    into those showing nothing (blank, noise) and clutter (#36's table)."""
+    d = dropped.assign(image_kind=image_kind.reindex(dropped.index))
+    groups = {
+        "misaligned": d["noise"] == "misaligned",
+        "underspecified text": d["noise"] == "underspecified_text",
+        "underspecified image (blank, noise)": (d["noise"] == "underspecified_image")
+        & d["image_kind"].isin(NO_OBJECT),
+        "cluttered image": (d["noise"] == "underspecified_image") & (d["image_kind"] == "clutter"),
+    }
+    parts = []
+    for name, mask in groups.items():
+        g = d[mask]
+        hits = sum(term in OWN[kind] for term, kind in zip(g["deficit"], g["noise"], strict=True))
+        parts.append(f"{name} {hits}/{len(g)} ({100 * hits / max(len(g), 1):.0f}%)")
+    return "main deficit = the kind's own term, by kind: " + "; ".join(parts)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--world", required=True)
@@ -112,6 +131,7 @@ def main() -> None:
                 f"({100 * more / max(n, 1):.0f}%)\n"
             )
             print(confusion(dropped, column))
+        print("\n" + kind_shares(dropped, truth["image_kind"]))
         kept = rows[rows["kept"]]
         share = (kept["noise"] == "clean").mean() if len(kept) else np.nan
         print(f"\n(kept: {len(kept)}, clean share {share:.2f}; {time.perf_counter() - started:.1f} s)")
