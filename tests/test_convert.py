@@ -891,7 +891,7 @@ MALFORMED_SOURCES = {
 
 
 @pytest.mark.parametrize("name", list(MALFORMED_SOURCES))
-@pytest.mark.parametrize("command", ["meru", "hype-release", "open-clip"])
+@pytest.mark.parametrize("command", ["meru", "hycoclip", "hype-release", "open-clip"])
 def test_a_malformed_source_is_the_commands_clear_error(tmp_path, name, command):
     src = tmp_path / "bad.pt"
     src.write_bytes(MALFORMED_SOURCES[name])
@@ -960,6 +960,21 @@ def test_hycoclip_release_kinds_convert_and_match_the_reference_forward(tmp_path
             rtol=1e-7,
             atol=0,
         )
+
+
+def test_hycoclip_wrong_layout_or_truncated_file_is_a_clear_error(tmp_path):
+    """A HYPE-release file given to `hype convert hycoclip` names the right command; a release file cut
+    short (an interrupted download) is a one-line error naming it; neither writes the output."""
+    runner, out = CliRunner(), tmp_path / "o.safetensors"
+    wrong = _save(tmp_path / "hype_release.pt", tiny_hype_state_dict())
+    result = runner.invoke(main, ["convert", "hycoclip", str(wrong), "--out", str(out)])
+    assert result.exit_code == 1 and "hype convert hype-release" in result.output, result.output
+    full = _save(tmp_path / "full.pth", {"model": tiny_meru_state_dict(), "iteration": 500000}).read_bytes()
+    cut = tmp_path / "hycoclip_vit_s.pth"
+    cut.write_bytes(full[: len(full) // 2])
+    result = runner.invoke(main, ["convert", "hycoclip", str(cut), "--out", str(out)])
+    assert result.exit_code == 1 and f"Error: {cut}: " in result.output, (result.output, result.exception)
+    assert result.output.count("\n") == 1 and not out.exists()
 
 
 def test_a_converted_hycoclip_scores_a_pool(tmp_path, tmp_path_factory, meru_yaml):

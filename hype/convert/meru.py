@@ -170,8 +170,8 @@ def resolve_meru_config(
             check_hyperbolic(config, source)
         elif config.geometry != "clip":
             raise ConversionError(
-                f"{source}: a CLIP baseline (no curv or α in the checkpoint) needs a clip-geometry config, not "
-                f"{config.name!r} ({config.geometry}); omit --model-config or pass e.g. meru-clip-vit-b16"
+                f"{source}: a CLIP baseline (no curv or α in the checkpoint) needs a clip-geometry config, "
+                f"not {config.name!r} ({config.geometry}); omit --model-config or pass e.g. meru-clip-vit-b16"
             )
         problems = architecture_mismatches(found, config)
         if problems:
