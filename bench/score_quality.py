@@ -12,7 +12,7 @@
 AUROC = P(metric(clean) > metric(noisy)), ties counting one half (`hype.scoring.quality`).
 
     python bench/score_quality.py [--out runs/quality] [--size 4000] [--clean-size 8000]
-        [--samples-seen 12800] [--world DIR] [--meru CKPT --clip CKPT] [--json]
+        [--samples-seen 12800] [--world DIR] [--meru CKPT --clip CKPT] [--meru-config PRESET] [--json]
 """
 
 from __future__ import annotations
@@ -56,6 +56,11 @@ def main() -> None:
         default="",
         help="key=value overrides of the MERU scorer's recipe, e.g. 'loss.K_start=0.3 loss.K_end=0.1'",
     )
+    p.add_argument(
+        "--meru-config",
+        default="tiny-hyperbolic-scorer",
+        help="train preset of the hyperbolic scorer, e.g. tiny-hycoclip (HyCoCLIP's losses on the grounding)",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
 
@@ -77,7 +82,7 @@ def main() -> None:
         )
         timings["synth_s"] = round(time.perf_counter() - t, 1)
     models = {}
-    for role, preset in (("meru", "tiny-hyperbolic-scorer"), ("clip", "tiny-clip")):
+    for role, preset in (("meru", args.meru_config), ("clip", "tiny-clip")):
         given = getattr(args, role)
         if given:
             models[role] = given
