@@ -64,7 +64,7 @@ class CopyCheck:
     edge_size: int = 24  # edge thumbnail side in pixels
     scales: tuple[float, ...] = (0.95, 0.9, 0.85)  # window side / image side, besides the whole image
     steps: int = 7  # window offsets per axis per scale
-    threshold: float = 0.85  # copy similarity at or above which a candidate is a copy
+    threshold: float = 0.9  # copy similarity at or above which a candidate is a copy
 
     def __post_init__(self) -> None:
         for name in ("colour_size", "edge_size"):
