@@ -624,10 +624,18 @@ def released_meru_shapes(width: int, depth: int) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize(
     ("width", "depth", "name"),
-    [(384, 12, "meru-vit-s16"), (768, 12, "meru-vit-b16"), (1024, 24, "meru-vit-l16")],
+    [
+        *((384, 12, f"meru{k}-vit-s16") for k in ("", "-clip")),
+        *((768, 12, f"meru{k}-vit-b16") for k in ("", "-clip")),
+        (1024, 24, "meru-vit-l16"),
+        (1024, 24, "meru-clip-vit-l16"),
+    ],
 )
 def test_released_meru_layouts_map_completely(width, depth, name):
+    """MERU's and HyCoCLIP's releases; a CLIP baseline (no curvature or α) is inferred as meru-clip-*."""
     sd = released_meru_shapes(width, depth)
+    if "-clip-" in name:
+        sd = {k: v for k, v in sd.items() if k not in ("curv", "visual_alpha", "textual_alpha")}
     config, mapped, details = meru_state_dict_to_hype(sd)  # no config: inferred from width and depth
     assert config.name == name and details["config_origin"].startswith("inferred")
     assert details["notes"] == []  # ImageNet mean/std already in the shipped config
