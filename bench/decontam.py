@@ -30,6 +30,12 @@ source (`source_similarity`, no CLIP), every one of the 1,400 copies scores >= 0
 0.853). The clean samples it still passes are scenes that are, in pixels, nearly a crop of an evaluation
 scene (one object of the same shape, colour and place on the same flat background). The check took 57 /
 90 / 226 s for 71,291 / 706,257 / 2,082,121 candidate pairs.
+
+Last, `clean_scenes`: the clean samples flagged at the last arm's settings, and how many are their
+evaluation image's scene drawn again (the world's plan replayed). 2026-11-29, world seeds 0 / 1 with their
+own tiny CLIPs, at the defaults since #37 item 5 (30 candidates, copy >= 0.9): 166 / 171 of 2,000 flagged,
+109 / 92 of them the same scene; the rest mostly differ in colour only (32 / 59: orange against yellow or
+red) or shape only (20 / 11).
 """
 
 from __future__ import annotations
@@ -70,7 +76,7 @@ def main() -> None:
     args = ap.parse_args()
     out = args.out
     started = time.perf_counter()
-    world = out / "world"
+    world = (out / "world").resolve()  # the run records resolved paths: a linked world compares equal
     if not (world / "world.json").is_file():
         hype("synth", "--out", str(world), "--size", str(args.size), "--eval-size", str(args.eval_size),
              "--no-progress")  # fmt: skip
@@ -127,6 +133,8 @@ def main() -> None:
     print(candidate_recall(run, truth).to_string())
     print("copy similarity of each copy with its source (the check alone, no CLIP):")
     print(source_similarity(copies, chosen, truth).to_string())
+    print("clean samples flagged at the last arm's settings: their evaluation image's scene drawn again?")
+    print(clean_scenes(run, world).to_string(index=False))
     (out / "decontam.json").write_text(json.dumps(table.to_dict(orient="records"), indent=1))
     print(f"({time.perf_counter() - started:.0f} s; CLIP {clip})")
 
@@ -153,6 +161,35 @@ def measure(run: Path, truth: pd.DataFrame, thresholds: tuple, column: str) -> p
         row["false_positives"] = int((clean >= t).sum())
         row["clean_samples"] = n_clean
         rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def clean_scenes(run: Path, world: Path, thresholds: tuple = (0.85, 0.9, 0.95)) -> pd.DataFrame:
+    """Per copy threshold: clean samples flagged, how many of them are their best match's scene drawn again
+    (the world's pool and evaluation scenes come from one grammar: same shape, colour, count, size,
+    position and background) and which attributes the rest differ in. The scenes are the world's plan,
+    replayed from world.json's arguments."""
+    from hype.scoring.stage_decontam import task_name
+    from hype.synth.eval_tasks import task_folder
+    from hype.synth.world import _Args, _plan
+
+    info = json.loads((world / "world.json").read_text())
+    a = info["args"]
+    sizes = (a["size"], info["seed"], a["clean_size"], a["eval_size"], a["reference_per_class"])
+    plan = _plan(_Args(world, *sizes, a["shard_size"], a["noise"], a["base_url"], 1))
+    pool = {s.uid: s.scene for s in plan.pool}
+    scenes = {(task_name(task_folder(t)), i.key): i.scene for t, its in plan.eval_items.items() for i in its}
+    attrs = ("shape", "color", "count", "size", "position", "background")
+
+    m = pd.read_parquet(run / "decontam" / "matches.parquet")
+    m = m[m.uid.isin(pool)].sort_values("copy_similarity", ascending=False)
+    rows = []
+    for t in thresholds:
+        best = m[m.copy_similarity >= t].drop_duplicates("uid")
+        pairs = [(pool[r.uid], scenes[(r.task, r.eval_key)]) for r in best.itertuples()]
+        differ = pd.Series([",".join(k for k in attrs if getattr(p, k) != getattr(e, k)) for p, e in pairs])
+        rows.append({"copy_threshold": t, "clean_flagged": len(best), "same_scene": int((differ == "").sum()),
+                     "others_differ_in": differ[differ != ""].value_counts().head(3).to_dict()})  # fmt: skip
     return pd.DataFrame(rows)
 
 

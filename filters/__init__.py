@@ -16,6 +16,7 @@ Score rules give each row a number (the selection keeps the top rows); mask rule
 | decontaminate | mask | not near an evaluation image (`hype score --decontaminate`) |
 | dedup | mask | near-duplicates out but one keeper per group (`hype score` neardup stage) |
 | combine | score | weighted sum of score columns, weights inline or from a file (`hype fit`'s) |
+| negclip | score | negCLIPLoss: cos θ minus the contrastive normalization (needs `embed.clip_txt=true`) |
 
 `union` with an external subset file is part of selection itself (`hype.select.union`).
 """
@@ -29,6 +30,7 @@ from hype.filters.clip_score import ClipScore
 from hype.filters.specificity import Specificity
 from hype.filters.random import RandomScore
 from hype.filters.combine import Combine
+from hype.filters.negclip import NegClip
 from hype.filters.image_cluster import ImageCluster
 from hype.filters.basic import BasicFilter
 from hype.filters.uid_set import Intersect
@@ -43,6 +45,7 @@ __all__ = [
     "Specificity",
     "RandomScore",
     "Combine",
+    "NegClip",
     "ImageCluster",
     "BasicFilter",
     "Intersect",

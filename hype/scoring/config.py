@@ -49,6 +49,7 @@ class EmbedConfig:
     decode_workers: int = 0  # decode workers per embedding worker (0: the CPUs this worker may use)
     prefetch_batches: int = 2  # batches decoded ahead of the model
     jpeg_draft: bool = True  # decode JPEGs >= 4x the model input at a reduced DCT scale (faster, ~same)
+    clip_txt: bool = False  # also store the CLIP text embedding (`--rank negclip`); off: runs as before
 
     def __post_init__(self) -> None:
         one_of(self, "decode", ("processes", "threads"))

@@ -146,6 +146,7 @@ class _EmbedBase(ShardStage):
         prefetch_batches: int,
         jpeg_draft: bool,
         precision: str,
+        clip_txt: bool = False,
         **kw,
     ):
         super().__init__(run, **kw)
@@ -155,6 +156,7 @@ class _EmbedBase(ShardStage):
         self.prefetch_batches = prefetch_batches
         self.jpeg_draft = jpeg_draft
         self.precision = precision
+        self.clip_txt = clip_txt  # the pool's CLIP text embeddings too (EmbedStage; for `--rank negclip`)
 
     def _start_decoding(self, models: dict, labelled: bool, label_required: bool = True) -> None:
         self._models = models
@@ -268,11 +270,18 @@ class EmbedStage(_EmbedBase):
                 "metadata": self.metadata,
                 "jpeg_draft": self.jpeg_draft,
                 "numerics": numerics(self.device, self.precision),
+                # only when on, so that runs without it keep their fingerprints
+                **({"clip_txt": True} if self.clip_txt else {}),
             }
         )
 
     def setup(self) -> None:
         super().setup()
+        if self.clip_txt and self.clip_from_metadata():
+            raise ScoreError(
+                "embed.clip_txt=true needs the CLIP text tower: pass --clip (the --metadata features are "
+                "image features only)"
+            )
         self.device = resolve_device(self.device)
         self._meru = load_scorer(self.meru_ref, "meru", self.device)
         self._clip = None if self.clip_from_metadata() else load_scorer(self.clip_ref, "clip", self.device)
@@ -297,19 +306,23 @@ class EmbedStage(_EmbedBase):
         self._debug_hook(task)
         retried = storage.retry_count()
         stats, counts = SkipStats(), {"samples": 0}
-        cols: dict[str, list] = {k: [] for k in embed_format.PAIR_COLUMNS + embed_format.EMBEDDING_COLUMNS}
+        names = embed_format.PAIR_COLUMNS + embed_format.EMBEDDING_COLUMNS + self._extra()
+        cols: dict[str, list] = {k: [] for k in names}
         for batch in self._batches(self._samples(task, stats, counts)):
             self._embed_batch(batch, cols, stats)
         read = self._check_read(task, identity, stats)
-        dims = {"meru_img": self._meru_dim, "meru_txt": self._meru_dim, "clip_img": self._clip_dim}
+        dims = {"meru_img": self._meru_dim, "meru_txt": self._meru_dim}
+        dims |= {"clip_img": self._clip_dim, "clip_txt": self._clip_dim}
         pairs = {k: cols[k] for k in ("uid", "key", "text", "width", "height")}
         for k in ("neg_d_l", "cos_theta"):
             pairs[k] = np.concatenate(cols[k]) if cols[k] else np.zeros(0, np.float32)
         arrays = {
             k: np.concatenate(cols[k]) if cols[k] else np.zeros((0, dims[k]), np.float32)
-            for k in embed_format.EMBEDDING_COLUMNS
+            for k in embed_format.EMBEDDING_COLUMNS + self._extra()
         }
-        schema = embed_format.embed_schema(self._meru_dim, self._clip_dim, self._curv, self._K)
+        schema = embed_format.embed_schema(
+            self._meru_dim, self._clip_dim, self._curv, self._K, clip_txt=self.clip_txt
+        )
         table = embed_format.build_table(pairs, arrays, schema)
         return self._finish(
             task,
@@ -332,9 +345,12 @@ class EmbedStage(_EmbedBase):
             storage_retries=storage.retry_count() - retried,  # transient errors ridden out reading the shard
         )
 
+    def _extra(self) -> tuple[str, ...]:
+        return ("clip_txt",) if self.clip_txt else ()
+
     @torch.inference_mode()
     def _embed_batch(self, batch: list[Decoded], cols: dict, stats: SkipStats) -> None:
-        cos = clip_img = None
+        cos = clip_img = clip_txt = None
         if self._lookup is not None:
             found, scores, feats = self._lookup.lookup([it.uid for it in batch])
             for it, ok in zip(batch, found, strict=True):
@@ -358,8 +374,8 @@ class EmbedStage(_EmbedBase):
             mi, mt = mi.float(), mt.float()
             neg_d_l = get_geometry("hyperbolic").rowwise(mi, mt, curv=self._curv)
             if self._clip is not None:
-                clip_img = ci.float()
-                cos = get_geometry("clip").rowwise(clip_img, ct.float())
+                clip_img, clip_txt = ci.float(), ct.float()
+                cos = get_geometry("clip").rowwise(clip_img, clip_txt)
         mi, mt, neg_d_l = mi.cpu(), mt.cpu(), neg_d_l.cpu()
         clip_img, cos = clip_img.float().cpu(), cos.float().cpu()
         ok = (
@@ -375,6 +391,7 @@ class EmbedStage(_EmbedBase):
                     stats.add(NONFINITE, f"{it.where}: NaN or inf in an embedding or score")
             batch = [it for it, good in zip(batch, ok.tolist(), strict=True) if good]
             mi, mt, clip_img, neg_d_l, cos = mi[ok], mt[ok], clip_img[ok], neg_d_l[ok], cos[ok]
+            clip_txt = clip_txt[ok] if clip_txt is not None else None
         for it in batch:
             cols["uid"].append(it.uid)
             cols["key"].append(it.key)
@@ -386,6 +403,8 @@ class EmbedStage(_EmbedBase):
         cols["meru_img"].append(mi.numpy())
         cols["meru_txt"].append(mt.numpy())
         cols["clip_img"].append(clip_img.numpy())
+        if self.clip_txt:  # unit length, as clip_img (the CLIP geometry's cos θ normalizes both)
+            cols["clip_txt"].append(torch.nn.functional.normalize(clip_txt.cpu(), dim=1).numpy())
 
 
 class ClassEmbedStage(_EmbedBase):

@@ -14,6 +14,7 @@ One row per embedded sample, in the order of the input tar:
 | meru_img    | fixed_size_list<float32>[n]   | MERU image embedding, space components on the hyperboloid |
 | meru_txt    | fixed_size_list<float32>[n]   | MERU text embedding, space components                   |
 | clip_img    | fixed_size_list<float32>[d]   | CLIP image embedding, L2-normalized (c_IN clustering)   |
+| clip_txt    | fixed_size_list<float32>[d]   | CLIP text embedding, L2-normalized; only with embed.clip_txt |
 
 Fixed-size lists keep each embedding contiguous: `fixed_list_to_numpy` reads a column into an (rows, n)
 float32 array without a copy per row. The schema metadata records the MERU curvature and cone constant
@@ -31,7 +32,7 @@ PAIR_COLUMNS = ("uid", "key", "text", "width", "height", "neg_d_l", "cos_theta")
 EMBEDDING_COLUMNS = ("meru_img", "meru_txt", "clip_img")
 
 
-def embed_schema(meru_dim: int, clip_dim: int, curv: float, K: float) -> pa.Schema:
+def embed_schema(meru_dim: int, clip_dim: int, curv: float, K: float, *, clip_txt: bool = False) -> pa.Schema:
     fields = [
         pa.field("uid", pa.string(), nullable=False),
         pa.field("key", pa.string()),
@@ -44,6 +45,8 @@ def embed_schema(meru_dim: int, clip_dim: int, curv: float, K: float) -> pa.Sche
         pa.field("meru_txt", pa.list_(pa.float32(), meru_dim)),
         pa.field("clip_img", pa.list_(pa.float32(), clip_dim)),
     ]
+    if clip_txt:  # opt-in (embed.clip_txt): tables without it keep their bytes
+        fields.append(pa.field("clip_txt", pa.list_(pa.float32(), clip_dim)))
     return pa.schema(fields, metadata={"hype.curv": repr(float(curv)), "hype.K": repr(float(K))})
 
 
@@ -67,7 +70,7 @@ def build_table(
     pairs: dict[str, list | np.ndarray], embeddings: dict[str, np.ndarray], schema: pa.Schema
 ) -> pa.Table:
     arrays = [pa.array(pairs[name], type=schema.field(name).type) for name in PAIR_COLUMNS]
-    arrays += [fixed_list(embeddings[name]) for name in EMBEDDING_COLUMNS]
+    arrays += [fixed_list(embeddings[name]) for name in schema.names[len(arrays) :]]
     return pa.Table.from_arrays(arrays, schema=schema)
 
 

@@ -30,12 +30,19 @@ class EmbedSettings:
     prefetch_batches: int
     jpeg_draft: bool
     precision: str
+    clip_txt: bool = False  # the pool's CLIP text embeddings too (embed.clip_txt)
 
     @classmethod
     def of(cls, cfg: ScoreConfig) -> EmbedSettings:
         e = cfg.embed
         return cls(
-            cfg.batch_size, e.decode_workers, e.decode, e.prefetch_batches, e.jpeg_draft, cfg.precision
+            cfg.batch_size,
+            e.decode_workers,
+            e.decode,
+            e.prefetch_batches,
+            e.jpeg_draft,
+            cfg.precision,
+            e.clip_txt,
         )
 
     def kwargs(self) -> dict:

@@ -524,6 +524,7 @@ def explain_selection(sel, wanted: Wanted) -> dict:
     for m in masks:
         table.require(m.columns(), f"filter {m.spec()!r}")
         m.attach(table)
+    ranker.attach(table)
     stats = {m: RunningStats() for m in table.present_metrics()}
     watch = CutWatcher()
     bits: list[np.ndarray] = []

@@ -42,7 +42,7 @@ def select_subset(req: SelectRequest) -> dict:
     done = Marker(summary_path).done(fp)
     if done is not None and storage.exists(npy) and storage.exists(parquet):
         return {**done, "summary": str(summary_path), "skipped": True}
-    for m in masks:
+    for m in (ranker, *masks):  # rules that read the run's other outputs (embed/, neardup/, ...)
         m.attach(table)
     warnings: list[str] = []
     nominal = nominal_rows(table, req.metadata)

@@ -1,0 +1,130 @@
+"""`negclip` (negCLIPLoss, Wang et al. NeurIPS 2024) against the paper's formula in float64, on a run's
+scores table with embed tables beside it; the embed stage's opt-in `clip_txt` column it reads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from test_select_helpers import write_scores
+
+import hype.filters  # noqa: F401
+from hype.scoring.embed_format import embed_schema, fixed_list
+from hype.select import SelectError
+from hype.select.rules import make_rule
+from hype.table.reader import ScoresTable
+from hype.table.schema import METRICS
+
+N, D = 300, 24
+
+
+def _unit(rng, n, d):
+    x = rng.normal(size=(n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _run(root, img, txt, uids, *, clip_txt=True, files=2, reverse=False):
+    """A scores table of `uids` and RUN_DIR/embed/ tables of their embeddings (`files` shards)."""
+    rng = np.random.default_rng(1)
+    df = pd.DataFrame({"uid": uids, **{m: rng.normal(size=len(uids)).astype(np.float32) for m in METRICS}})
+    df = df.assign(shard="s.tar", key=[str(i) for i in range(len(uids))], text="", width=1, height=1)
+    df = df.astype({"width": np.int32, "height": np.int32})
+    write_scores(df, root, parts=2, row_group_size=37)
+    (root / "embed").mkdir()
+    schema = embed_schema(4, D, 1.0, 0.1, clip_txt=clip_txt)
+    for i, rows in enumerate(np.array_split(np.arange(len(uids)), files)):
+        rows = rows[::-1] if reverse else rows
+        n = len(rows)
+        cols = {"uid": pa.array([uids[r] for r in rows]), "key": pa.array([str(r) for r in rows])}
+        cols |= {"text": pa.array([""] * n), "width": pa.array([1] * n, pa.int32())}
+        cols |= {"height": pa.array([1] * n, pa.int32())}
+        cols |= {c: pa.array(np.zeros(n, np.float32)) for c in ("neg_d_l", "cos_theta")}
+        cols |= {c: fixed_list(np.zeros((n, 4), np.float32)) for c in ("meru_img", "meru_txt")}
+        cols |= {"clip_img": fixed_list(img[rows])} | (
+            {"clip_txt": fixed_list(txt[rows])} if clip_txt else {}
+        )
+        pq.write_table(pa.Table.from_pydict(cols, schema=schema), root / "embed" / f"{i:05d}.parquet")
+    return ScoresTable(root)
+
+
+def _scores(table, **params):
+    rule = make_rule("negclip", **params)
+    rule.attach(table)
+    uids = np.concatenate([b.texts("uid") for b in table.iter_batches(["uid"], progress=None)])
+    vals = np.concatenate([rule.score(b) for b in table.iter_batches(["uid"], progress=None)])
+    return dict(zip(uids, vals, strict=True))
+
+
+def reference(img, txt, uids, tau, k, batch, seed):
+    """The paper's definition: -τ × the mean over k random batches of the symmetric CLIP loss of pair i
+    (cross-entropy of the softmax over its batch, image->text and text->image), float64; the batches are
+    the seeded partitions of the pool in uid order."""
+    order = np.argsort(uids, kind="stable")
+    x, y = img[order].astype(np.float64), txt[order].astype(np.float64)
+    loss = np.zeros(len(uids))
+    for r in range(k):
+        perm = np.random.default_rng([seed, r]).permutation(len(uids))
+        for s in range(0, len(uids), batch):
+            b = perm[s : s + batch]
+            logits = x[b] @ y[b].T / tau
+            p_i2t = np.exp(logits - logits.max(1, keepdims=True))
+            p_i2t /= p_i2t.sum(1, keepdims=True)
+            p_t2i = np.exp(logits - logits.max(0, keepdims=True))
+            p_t2i /= p_t2i.sum(0, keepdims=True)
+            loss[b] += -(np.log(np.diag(p_i2t)) + np.log(np.diag(p_t2i))) / 2
+    out = -tau * loss / k
+    return dict(zip(np.asarray(uids)[order], out, strict=True))
+
+
+def test_negclip_is_the_papers_formula_and_order_free(tmp_path):
+    rng = np.random.default_rng(0)
+    img = _unit(rng, N, D)
+    txt = _unit(rng, N, D) * 0.3 + img * 0.7  # aligned pairs, some closer than others
+    txt /= np.linalg.norm(txt, axis=1, keepdims=True)
+    uids = [f"{(i * 7919 + 13) % 100003:032x}" for i in range(N)]
+    params = {"k": 3, "batch": 64, "temperature": 0.05, "seed": 4}
+    got = _scores(_run(tmp_path / "a", img, txt, uids), **params)
+    want = reference(img, txt, uids, 0.05, 3, 64, 4)
+    np.testing.assert_allclose([got[u] for u in uids], [want[u] for u in uids], rtol=0, atol=2e-6)
+    # other files, row order and row groups: the same bytes
+    again = _scores(_run(tmp_path / "b", img, txt, uids, files=3, reverse=True), **params)
+    assert all(again[u] == got[u] for u in uids)
+    other = _scores(_run(tmp_path / "c", img, txt, uids), **{**params, "seed": 5})
+    assert any(other[u] != got[u] for u in uids)  # the seed draws the batches
+
+
+def test_negclip_without_clip_txt_names_the_rerun(tmp_path):
+    rng = np.random.default_rng(0)
+    img = _unit(rng, 20, D)
+    table = _run(tmp_path / "r", img, img, [f"{i:032x}" for i in range(20)], clip_txt=False)
+    with pytest.raises(SelectError, match=r"no clip_txt column.*embed\.clip_txt=true"):
+        make_rule("negclip").attach(table)
+
+
+def test_score_stores_clip_txt_only_when_asked_and_select_ranks_by_negclip(tmp_path_factory, tmp_path):
+    """embed.clip_txt=true reruns embed with unit CLIP text embeddings whose cosine with clip_img is cos θ;
+    the default run has no such column (its bytes are as before); `--rank negclip` selects from it."""
+    import shutil
+
+    from test_score_support import baseline, models, run_cli, score_args, world
+
+    from hype.scoring.embed_format import read_embeddings
+    from hype.select.run import SelectRequest, select_subset
+
+    base = baseline(tmp_path_factory)
+    assert all("clip_txt" not in pq.read_schema(f).names for f in (base / "embed").glob("*.parquet"))
+    run = tmp_path / "run"
+    shutil.copytree(base, run)
+    meru, clip = models(tmp_path_factory)
+    result = run_cli([*score_args(world(tmp_path_factory), meru, clip, run), "embed.clip_txt=true"])
+    assert result.exit_code == 0, result.output
+    f = sorted((run / "embed").glob("*.parquet"))[0]
+    img, txt = read_embeddings(f, "clip_img"), read_embeddings(f, "clip_txt")
+    cos = pq.read_table(f, columns=["cos_theta"]).column("cos_theta").to_numpy()
+    np.testing.assert_allclose(np.linalg.norm(txt, axis=1), 1, atol=1e-5)
+    np.testing.assert_allclose((img.astype(np.float64) * txt).sum(1), cos, atol=1e-5)
+    out = tmp_path / "s.npy"
+    select_subset(SelectRequest(scores=run, out=out, frac=0.5, rank="negclip:batch=64,k=2", progress=False))
+    assert out.exists()
