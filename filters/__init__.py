@@ -17,6 +17,7 @@ Score rules give each row a number (the selection keeps the top rows); mask rule
 | dedup | mask | near-duplicates out but one keeper per group (`hype score` neardup stage) |
 | combine | score | weighted sum of score columns, weights inline or from a file (`hype fit`'s) |
 | negclip | score | negCLIPLoss: cos θ minus the contrastive normalization (needs `embed.clip_txt=true`) |
+| normsim | score | NormSim: p-norm of an image's CLIP similarities to a target set (never the eval images) |
 
 `union` with an external subset file is part of selection itself (`hype.select.union`).
 """
@@ -31,6 +32,7 @@ from hype.filters.specificity import Specificity
 from hype.filters.random import RandomScore
 from hype.filters.combine import Combine
 from hype.filters.negclip import NegClip
+from hype.filters.normsim import NormSim
 from hype.filters.image_cluster import ImageCluster
 from hype.filters.basic import BasicFilter
 from hype.filters.uid_set import Intersect
@@ -46,6 +48,7 @@ __all__ = [
     "RandomScore",
     "Combine",
     "NegClip",
+    "NormSim",
     "ImageCluster",
     "BasicFilter",
     "Intersect",

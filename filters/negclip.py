@@ -8,9 +8,7 @@ x, y: the run's unit CLIP image and text embeddings (`RUN_DIR/embed/`, `clip_img
 ones are stored only with `hype score ... embed.clip_txt=true`); B_r(i): the batch of row i in the r-th
 seeded partition of the pool, whose rows are in uid order (so file order and row groups do not matter).
 
-Byte-identical on any CPU and thread count: every dot product is of the embeddings rounded to a 2^-b grid
-with d·4^b <= 2^53, so each product and every partial sum is an integer in float64 and BLAS's order and
-blocking cannot change it (the rounding moves a dot product by at most √d·2^-(b+1), ~7e-6 at d = 768).
+Byte-identical on any CPU and thread count: dot products on the exact grid of `hype.filters.embeddings`.
 """
 
 from __future__ import annotations
@@ -18,11 +16,8 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import numpy as np
-import pyarrow.parquet as pq
 
-from hype.data.uids import UidMultiset, arrow_to_pairs, sort_order, to_structured
-from hype.io import open_input, read_parquet, read_parquet_schema, storage
-from hype.scoring.embed_format import fixed_list_to_numpy
+from hype.filters.embeddings import PoolEmbeddings, grid_unit, on_grid
 from hype.select.errors import SelectError
 from hype.select.rules import RULES, Rule
 from hype.table.reader import Batch
@@ -52,7 +47,7 @@ class NegClip(Rule):
         p = self.params
         if p["k"] < 1 or p["batch"] < 2 or not p["temperature"] > 0:
             raise SelectError("rule 'negclip': k >= 1, batch >= 2 and temperature > 0, e.g. negclip:k=10")
-        self.found: UidMultiset | None = None
+        self.pool: PoolEmbeddings | None = None
         self.values = np.zeros(0)
 
     def columns(self) -> list[str]:
@@ -60,81 +55,26 @@ class NegClip(Rule):
 
     def attach(self, table) -> None:
         """Read every run's CLIP embeddings and score the whole pool (the batches span it)."""
-        his, los, imgs, txts = [], [], [], []
-        files = [
-            f for folder in table.folders for f in sorted(storage.glob(f"{folder.parent}/embed/*.parquet"))
-        ]
-        if not files:
-            raise SelectError(
-                f"rule 'negclip': no embed/*.parquet beside {table.folders[0]}; score with hype score"
-            )
-        _check_memory(files, self.params["max_gb"])
-        for f in files:
-            t = read_parquet(f, columns=["uid", "clip_img", "clip_txt"])
-            hi, lo = arrow_to_pairs(t.column("uid"), f"{f}: column 'uid'")
-            his.append(hi)
-            los.append(lo)
-            imgs.append(fixed_list_to_numpy(t.column("clip_img")))
-            txts.append(fixed_list_to_numpy(t.column("clip_txt")))
-        hi, lo = np.concatenate(his), np.concatenate(los)
-        order = sort_order(hi, lo)  # uid order: the batches do not depend on file order
-        img, txt = np.concatenate(imgs)[order], np.concatenate(txts)[order]
+        fix = "rerun hype score with embed.clip_txt=true (and --clip)"
+        pool = PoolEmbeddings(
+            self.name, table, ["clip_img", "clip_txt"], self.params["max_gb"], {"clip_txt": fix}
+        )
         p = self.params
-        values = neg_clip_loss(img, txt, p["temperature"], p["k"], p["batch"], p["seed"])
-        self.found = UidMultiset(to_structured(hi[order], lo[order]))
-        first = np.r_[0, np.cumsum(self.found.counts)[:-1]]  # a repeated uid keeps its first row's value
-        self.values = values[first]
+        img, txt = pool.arrays["clip_img"], pool.arrays["clip_txt"]
+        self.values = neg_clip_loss(img, txt, p["temperature"], p["k"], p["batch"], p["seed"])
+        self.pool = pool
 
     def score(self, batch: Batch) -> np.ndarray:
-        if self.found is None:
+        if self.pool is None:
             raise SelectError("rule 'negclip' reads the run's embeddings first (Rule.attach)")
-        at = self.found.find(*batch.uid_pairs())
-        if (at < 0).any():
-            raise SelectError(
-                f"rule 'negclip': {int((at < 0).sum())} scored rows have no embed/ row (e.g. uid "
-                f"{batch.texts('uid')[int(np.argmax(at < 0))]}); rescore the run with hype score"
-            )
-        return self.values[at]
-
-
-def _check_memory(files: list[str], max_gb: float) -> None:
-    """Refuse, before reading, a pool whose embeddings would not fit `max_gb`; name the fix."""
-    rows = dim = 0
-    for f in files:
-        schema = read_parquet_schema(f)
-        if "clip_txt" not in schema.names:
-            raise SelectError(
-                f"rule 'negclip': {f} has no clip_txt column (CLIP text embeddings); rerun hype score with "
-                "embed.clip_txt=true (and --clip)"
-            )
-        dim = schema.field("clip_txt").type.list_size
-        rows += _rows(f)
-    need = rows * dim * 8 * 3 / 2**30  # float32 as read, then the float64 grid copies
-    if need > max_gb:
-        raise SelectError(
-            f"rule 'negclip': {rows} rows x {dim} dims need ~{need:.1f} GB, over max_gb={max_gb:g}; "
-            "raise it (negclip:max_gb=...) on a larger machine"
-        )
-
-
-def _rows(path: str) -> int:
-    with open_input(path) as fh:
-        return pq.ParquetFile(fh).metadata.num_rows
-
-
-def grid_bits(dim: int) -> int:
-    """b of the 2^-b grid on which a dot product of `dim` components in [-1, 1] sums exactly in float64."""
-    return int((53 - np.ceil(np.log2(dim))) // 2)
+        return self.pool.per_row(self.values, batch)
 
 
 def neg_clip_loss(img: np.ndarray, txt: np.ndarray, tau: float, k: int, batch: int, seed: int) -> np.ndarray:
     """negCLIPLoss of each row of unit `img`, `txt` (rows, d) over `k` seeded partitions into batches of
     `batch` rows (the last one smaller); float64."""
     n, d = img.shape
-    b = grid_bits(d)
-    qi = np.rint(np.clip(img, -1, 1).astype(np.float64) * 2.0**b)
-    qt = np.rint(np.clip(txt, -1, 1).astype(np.float64) * 2.0**b)
-    unit = 2.0 ** (-2 * b)
+    qi, qt, unit = on_grid(img), on_grid(txt), grid_unit(d)
     own = np.add.reduce(qi * qt, axis=1) * unit  # exact integer sums, then one rounding
     norm = np.zeros(n)
     for r in range(k):

@@ -59,7 +59,8 @@ def apply(rule: Rule, table: ScoresTable) -> np.ndarray:
 
 
 def test_registry_lists_every_rule_with_its_kind():
-    assert set(rule_names("score")) == {"hype", "clip_score", "specificity", "random", "combine", "negclip"}
+    scores = {"hype", "clip_score", "specificity", "random", "combine", "negclip", "normsim"}
+    assert set(rule_names("score")) == scores
     assert set(rule_names("mask")) == {"image_cluster", "basic", "intersect", "decontaminate", "dedup"}
     for name, cls in RULES.items():
         assert cls.name == name and cls.kind in ("score", "mask") and cls.summary

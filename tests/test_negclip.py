@@ -49,8 +49,8 @@ def _run(root, img, txt, uids, *, clip_txt=True, files=2, reverse=False):
     return ScoresTable(root)
 
 
-def _scores(table, **params):
-    rule = make_rule("negclip", **params)
+def _scores(table, rule="negclip", **params):
+    rule = make_rule(rule, **params)
     rule.attach(table)
     uids = np.concatenate([b.texts("uid") for b in table.iter_batches(["uid"], progress=None)])
     vals = np.concatenate([rule.score(b) for b in table.iter_batches(["uid"], progress=None)])
@@ -128,3 +128,52 @@ def test_score_stores_clip_txt_only_when_asked_and_select_ranks_by_negclip(tmp_p
     out = tmp_path / "s.npy"
     select_subset(SelectRequest(scores=run, out=out, frac=0.5, rank="negclip:batch=64,k=2", progress=False))
     assert out.exists()
+
+
+def norm_sim_reference(img, target, p):
+    """NormSim_p (the paper): the p-norm over the target set of the image's cosine with each target image."""
+    t = target.astype(np.float64)
+    t /= np.linalg.norm(t, axis=1, keepdims=True)
+    sims = img.astype(np.float64) @ t.T
+    return np.sqrt((sims**2).sum(1)) if p == "2" else np.abs(sims).max(1)
+
+
+@pytest.mark.parametrize("p", ["2", "inf"])
+def test_normsim_is_the_papers_norm_over_a_streamed_target(tmp_path, p):
+    rng = np.random.default_rng(2)
+    img = _unit(rng, N, D)
+    uids = [f"{i * 31 + 7:032x}" for i in range(N)]
+    target = rng.normal(size=(5000, D)).astype(np.float32)  # two blocks, unnormalized
+    (tmp_path / "t").mkdir()
+    np.save(tmp_path / "t" / "a.npy", target[:3000])
+    np.save(tmp_path / "t" / "b.npy", target[3000:])
+    got = _scores(
+        _run(tmp_path / "r", img, img, uids, clip_txt=False), "normsim", target=str(tmp_path / "t"), p=p
+    )
+    want = norm_sim_reference(img, target, p)
+    np.testing.assert_allclose([got[u] for u in uids], want, rtol=1e-6, atol=1e-6)
+    again = _scores(
+        _run(tmp_path / "r2", img, img, uids, clip_txt=False, files=3, reverse=True),
+        "normsim",
+        target=str(tmp_path / "t"),
+        p=p,
+    )
+    assert all(again[u] == got[u] for u in uids)
+
+
+def test_normsim_refuses_the_evaluation_images_and_bad_targets(tmp_path):
+    rng = np.random.default_rng(0)
+    img = _unit(rng, 20, D)
+    table = _run(tmp_path / "r", img, img, [f"{i:032x}" for i in range(20)], clip_txt=False)
+    (tmp_path / "eval" / "feats").mkdir(parents=True)
+    np.save(tmp_path / "eval" / "feats" / "f.npy", img)
+    (tmp_path / "r" / "config.yaml").write_text(f"decontam:\n  eval_dir: {tmp_path / 'eval'}\n")
+    with pytest.raises(SelectError, match="overlaps the run's evaluation images"):
+        make_rule("normsim", target=str(tmp_path / "eval" / "feats")).attach(table)
+    (tmp_path / "bad").mkdir()
+    np.save(tmp_path / "bad" / "f.npy", img[:, :5])
+    with pytest.raises(SelectError, match="not rows of the run's CLIP width 24"):
+        make_rule("normsim", target=str(tmp_path / "bad")).attach(table)
+    (tmp_path / "bad" / "f.npy").write_bytes(b"\x93NUMPY garbage")
+    with pytest.raises(SelectError, match="is not a .npy array"):
+        make_rule("normsim", target=str(tmp_path / "bad")).attach(table)
