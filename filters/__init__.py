@@ -18,6 +18,7 @@ Score rules give each row a number (the selection keeps the top rows); mask rule
 | combine | score | weighted sum of score columns, weights inline or from a file (`hype fit`'s) |
 | negclip | score | negCLIPLoss: cos θ minus the contrastive normalization (needs `embed.clip_txt=true`) |
 | normsim | score | NormSim: p-norm of an image's CLIP similarities to a target set (never the eval images) |
+| dbp | score | density-based pruning: per-cluster quotas from cluster complexity, `inner` rule inside |
 
 `union` with an external subset file is part of selection itself (`hype.select.union`).
 """
@@ -33,6 +34,7 @@ from hype.filters.random import RandomScore
 from hype.filters.combine import Combine
 from hype.filters.negclip import NegClip
 from hype.filters.normsim import NormSim
+from hype.filters.dbp import DensityPruning
 from hype.filters.image_cluster import ImageCluster
 from hype.filters.basic import BasicFilter
 from hype.filters.uid_set import Intersect
@@ -49,6 +51,7 @@ __all__ = [
     "Combine",
     "NegClip",
     "NormSim",
+    "DensityPruning",
     "ImageCluster",
     "BasicFilter",
     "Intersect",

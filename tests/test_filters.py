@@ -59,7 +59,7 @@ def apply(rule: Rule, table: ScoresTable) -> np.ndarray:
 
 
 def test_registry_lists_every_rule_with_its_kind():
-    scores = {"hype", "clip_score", "specificity", "random", "combine", "negclip", "normsim"}
+    scores = {"hype", "clip_score", "specificity", "random", "combine", "negclip", "normsim", "dbp"}
     assert set(rule_names("score")) == scores
     assert set(rule_names("mask")) == {"image_cluster", "basic", "intersect", "decontaminate", "dedup"}
     for name, cls in RULES.items():

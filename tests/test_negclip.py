@@ -177,3 +177,50 @@ def test_normsim_refuses_the_evaluation_images_and_bad_targets(tmp_path):
     (tmp_path / "bad" / "f.npy").write_bytes(b"\x93NUMPY garbage")
     with pytest.raises(SelectError, match="is not a .npy array"):
         make_rule("normsim", target=str(tmp_path / "bad")).attach(table)
+
+
+def test_dbp_keeps_the_papers_cluster_quotas_and_the_inner_rules_best_inside(tmp_path):
+    """DBP (Abbas et al. 2024): shares softmax(d_intra·d_inter/τ) computed here in float64 from the
+    definitions, quotas N·P(c) capped at the cluster's size with the excess handed on (the paper's loop),
+    and inside each cluster the inner rule's (cos θ's) best rows."""
+    from hype.scoring.clusters import kmeans_centroids, nearest_centroid
+
+    rng = np.random.default_rng(3)
+    centers = _unit(rng, 4, D)
+    spread = np.repeat([0.05, 0.2, 0.4, 0.8], 100)
+    img = np.repeat(centers, 100, axis=0) + rng.normal(size=(400, D)).astype(np.float32) * spread[:, None] / 5
+    img = (img / np.linalg.norm(img, axis=1, keepdims=True)).astype(np.float32)
+    uids = [f"{(i * 7919 + 13) % 100003:032x}" for i in range(400)]
+    table = _run(tmp_path / "r", img, img, uids, clip_txt=False)
+    got = _scores(table, "dbp", inner="clip_score", clusters=4, neighbors=2, tau=0.02)
+    # the reference, on rows in uid order (as the rule sees them)
+    order = np.argsort(uids, kind="stable")
+    x, su = img[order].astype(np.float64), np.asarray(uids)[order]
+    label = nearest_centroid(img[order], kmeans_centroids(img[order], 4, backend="torch"), backend="torch")
+    mu = np.stack([x[label == c].sum(0) for c in range(4)])
+    mu /= np.linalg.norm(mu, axis=1, keepdims=True)
+    d_intra = np.array([(1 - x[label == c] @ mu[c]).mean() for c in range(4)])
+    cd = 1 - mu @ mu.T
+    d_inter = np.array([np.sort(np.delete(cd[c], c))[:2].mean() for c in range(4)])
+    share = np.exp(d_intra * d_inter / 0.02)
+    share /= share.sum()
+    size, quota, left, n = np.bincount(label, minlength=4), np.zeros(4), np.ones(4, bool), 120.0
+    while True:  # the paper's quotas: cap at the size, hand the excess to the uncapped in proportion
+        q = n * share * left / (share * left).sum()
+        over = left & (q >= size - quota)
+        if not over.any():
+            quota[left] += q[left]
+            break
+        quota[over] = size[over]
+        left &= ~over
+        n = 120.0 - quota[~left].sum()
+    keep = sorted(su, key=lambda u: -got[u])[:120]
+    counts = np.bincount(label[np.searchsorted(su, keep)], minlength=4)
+    assert np.abs(counts - quota).max() <= 1, (counts, quota)
+    assert counts.max() > 2 * counts.min()  # the shares differ: the case tests the quotas
+    scores = pd.read_parquet(tmp_path / "r" / "scores").set_index("uid")["cos_theta"]
+    cos = dict(zip(uids, scores.loc[uids], strict=True))
+    for c in range(4):  # inside each cluster: its best rows by cos θ
+        members = su[label == c]
+        best = sorted(members, key=lambda u: (-cos[u], u))[: counts[c]]
+        assert set(best) == {u for u in keep if u in set(members)}

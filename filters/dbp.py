@@ -1,0 +1,128 @@
+"""`dbp`: density-based pruning (Abbas et al. 2024, "Effective pruning of web-scale datasets based on
+complexity of concept clusters", arXiv 2401.04578): k-means clusters of the pool's CLIP image embeddings,
+a share of the kept rows per cluster from its complexity, then another rule's score inside each cluster.
+
+For cluster c with unit centroid μ_c: d_intra(c) = mean over its members of 1 - x·μ_c, d_inter(c) = mean
+over its `neighbors` nearest other centroids of 1 - μ_c·μ_c', d(c) = d_intra·d_inter, and its share
+P(c) = softmax(d / τ). The paper keeps N·P(c) rows of cluster c, a cluster smaller than its quota keeping
+all and its excess going to the others in proportion: that is exactly the global top-N of the score
+-(r + 1)/P(c) for the row ranked r (from 0) inside its cluster by the `inner` rule, so `hype select`'s own
+cut (any --frac/--top-k) applies the quotas. Ties inside a cluster go to the lower uid.
+
+The k-means is `hype.scoring.clusters.kmeans_centroids` (torch, seeded) and `nearest_centroid`, exact on any
+machine; the distances are float64 on the exact grid of `hype.filters.embeddings`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from hype.filters.embeddings import PoolEmbeddings, grid_unit, on_grid
+from hype.scoring.clusters import kmeans_centroids, nearest_centroid
+from hype.select.errors import SelectError
+from hype.select.rules import RULES, Rule, make_rule
+from hype.table.reader import Batch
+
+
+@RULES.register
+class DensityPruning(Rule):
+    name: ClassVar[str] = "dbp"
+    kind: ClassVar[str] = "score"
+    summary: ClassVar[str] = (
+        "density-based pruning: per-cluster quotas from cluster complexity, inner rule inside"
+    )
+    PARAMS: ClassVar = {
+        "inner": (
+            str,
+            "hype",
+            "ranking rule inside each cluster (a spec: hype, clip_score, negclip:k=5, ...)",
+        ),
+        "clusters": (int, 100, "k-means clusters of the pool's CLIP image embeddings"),
+        "tau": (float, 0.1, "softmax temperature over the clusters' d_intra x d_inter"),
+        "neighbors": (int, 20, "nearest other centroids averaged for d_inter"),
+        "seed": (int, 0, "seed of the k-means"),
+        "max_gb": (float, 16.0, "refuse a pool whose image embeddings (as read and on the grid) exceed this"),
+    }
+
+    def __init__(self, **params: Any):
+        super().__init__(**params)
+        p = self.params
+        if p["clusters"] < 1 or p["neighbors"] < 1 or not p["tau"] > 0:
+            raise SelectError("rule 'dbp': clusters >= 1, neighbors >= 1 and tau > 0, e.g. dbp:clusters=100")
+        if p["inner"].split(":")[0] == self.name:
+            raise SelectError("rule 'dbp': inner=dbp would nest without end; name another rule")
+        self.inner = make_rule(p["inner"], "score")
+        self.pool: PoolEmbeddings | None = None
+        self.values = np.zeros(0)
+        self.found: dict = {}
+
+    def columns(self) -> list[str]:
+        return ["uid"]
+
+    def attach(self, table) -> None:
+        self.pool = pool = PoolEmbeddings(self.name, table, ["clip_img"], self.params["max_gb"], {})
+        x = pool.arrays["clip_img"]
+        k = min(self.params["clusters"], len(x))
+        centroids = kmeans_centroids(x, k, seed=self.params["seed"], backend="torch")
+        label = nearest_centroid(x, centroids, backend="torch")
+        share = cluster_shares(x, label, k, self.params["tau"], self.params["neighbors"])
+        inner = self._inner_scores(table, pool)
+        order = np.lexsort((np.arange(len(x)), -inner, label))  # per cluster: inner score desc, then uid
+        rank = np.empty(len(x), np.int64)
+        starts = np.searchsorted(label[order], np.arange(k))
+        rank[order] = np.arange(len(x)) - np.repeat(starts, np.bincount(label, minlength=k))
+        self.values = -(rank + 1.0) / share[label]
+        self.found = {
+            "clusters_used": int(k),
+            "share_max": float(share.max()),
+            "share_min": float(share.min()),
+        }
+
+    def _inner_scores(self, table, pool: PoolEmbeddings) -> np.ndarray:
+        """The inner rule's score of every embedded row (uid order), from a pass over the scores table."""
+        inner = self.inner
+        inner.attach(table)
+        cols = list(dict.fromkeys(["uid", *inner.columns()]))
+        if inner.needs_pool_pass:
+            for b in table.iter_batches(cols, progress=None):
+                inner.observe(b)
+            inner.finish_observe()
+        out = np.full(len(pool.first), -np.inf)
+        for b in table.iter_batches(cols, progress=None):
+            at = pool.uids.find(*b.uid_pairs())
+            out[at[at >= 0]] = np.asarray(inner.score(b), np.float64)[at >= 0]
+        return np.repeat(out, pool.uids.counts)  # per embedded row
+
+    def score(self, batch: Batch) -> np.ndarray:
+        if self.pool is None:
+            raise SelectError("rule 'dbp' clusters the run's embeddings first (Rule.attach)")
+        return self.pool.per_row(self.values, batch)
+
+    def describe(self) -> dict:
+        return {"rule": self.name, **self.params, "inner_rule": self.inner.describe(), **self.found}
+
+
+def cluster_shares(x: np.ndarray, label: np.ndarray, k: int, tau: float, neighbors: int) -> np.ndarray:
+    """P(c) = softmax(d_intra(c)·d_inter(c) / τ) of each of the k clusters of unit rows `x` (DBP, Abbas et al.
+    §3); an empty cluster gets share 0."""
+    sums = np.zeros((k, x.shape[1]))
+    np.add.at(sums, label, x.astype(np.float64))  # row order: the same sums everywhere
+    size = np.bincount(label, minlength=k)
+    mu = sums / np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1e-12)
+    unit = grid_unit(x.shape[1])
+    qx, qmu = on_grid(x), on_grid(mu)
+    own = np.add.reduce(qx * qmu[label], axis=1) * unit  # x·μ of each row's own cluster, exact
+    d_intra = np.bincount(label, weights=1.0 - own, minlength=k) / np.maximum(size, 1)
+    live = np.flatnonzero(size > 0)
+    dist = 1.0 - (qmu[live] @ qmu[live].T) * unit
+    np.fill_diagonal(dist, np.inf)
+    m = min(neighbors, len(live) - 1)
+    d_inter = np.zeros(k)
+    if m > 0:
+        d_inter[live] = np.sort(dist, axis=1)[:, :m].mean(axis=1)
+    d = d_intra * d_inter / tau
+    share = np.zeros(k)
+    share[live] = np.exp(d[live] - d[live].max())
+    return share / share.sum()
