@@ -23,15 +23,18 @@ class HypeScore(Rule):
     }
     OPTIONS: ClassVar = ("weights", "normalize")  # hype select --weights, --normalize
     FIXED_WEIGHTS: ClassVar[Mapping[str, float] | None] = None  # subclasses that are one fixed sum
+    ANY_COLUMN: ClassVar[bool] = False  # weights on other columns than the HYPE terms (`combine`)
 
     def __init__(self, weights: str | Mapping[str, Any] | None = None, **params: Any):
         if weights is not None and not isinstance(weights, str):
-            weights = format_weights(parse_weights(weights))
+            weights = format_weights(parse_weights(weights, any_column=self.ANY_COLUMN))
         if weights is not None:
             params["weights"] = weights
         super().__init__(**params)
         fixed = self.FIXED_WEIGHTS
-        self.weights = dict(parse_weights(fixed if fixed is not None else self.params["weights"]))
+        self.weights = dict(
+            parse_weights(fixed if fixed is not None else self.params["weights"], any_column=self.ANY_COLUMN)
+        )
         if "weights" in self.params:
             self.params["weights"] = format_weights(self.weights)
         self.combiner = Combiner(self.weights, self.params["normalize"])

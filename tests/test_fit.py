@@ -181,7 +181,7 @@ def test_select_combine_ranks_by_the_fitted_weights(pool, tmp_path):
     [
         ("[1, 2]", [], "expected a mapping metric: weight"),
         ("{}", [], "no weights in it"),
-        ('{"eps_i": 1, "nope": 2}', [], "unknown metric 'nope'"),
+        ('{"eps_i": 1, "nope": 2}', [], "'nope' is neither a numeric column"),
         (None, ["--normalize", "rank"], "fitted with normalize zscore"),
     ],
 )

@@ -52,8 +52,13 @@ def _run(root, img, txt, uids, *, clip_txt=True, files=2, reverse=False):
 def _scores(table, rule="negclip", **params):
     rule = make_rule(rule, **params)
     rule.attach(table)
-    uids = np.concatenate([b.texts("uid") for b in table.iter_batches(["uid"], progress=None)])
-    vals = np.concatenate([rule.score(b) for b in table.iter_batches(["uid"], progress=None)])
+    cols = list(dict.fromkeys(["uid", *rule.columns()]))
+    if rule.needs_pool_pass:
+        for b in table.iter_batches(cols, progress=None):
+            rule.observe(b)
+        rule.finish_observe()
+    uids = np.concatenate([b.texts("uid") for b in table.iter_batches(cols, progress=None)])
+    vals = np.concatenate([rule.score(b) for b in table.iter_batches(cols, progress=None)])
     return dict(zip(uids, vals, strict=True))
 
 
@@ -224,3 +229,32 @@ def test_dbp_keeps_the_papers_cluster_quotas_and_the_inner_rules_best_inside(tmp
         members = su[label == c]
         best = sorted(members, key=lambda u: (-cos[u], u))[: counts[c]]
         assert set(best) == {u for u in keep if u in set(members)}
+
+
+def _zscore(v):
+    v = np.asarray(v, np.float64)
+    return (v - v.mean()) / v.std()
+
+
+def test_combine_sums_any_numeric_column_and_any_ranking_rule_zscored(tmp_path):
+    """`combine` over a column a plug-in stage wrote (here `aesthetic`) and over a rule's score (negclip),
+    each z-scored over the pool as the HYPE terms are; an unknown name lists what there is."""
+    rng = np.random.default_rng(5)
+    img = _unit(rng, N, D)
+    txt = _unit(rng, N, D) * 0.5 + img
+    txt /= np.linalg.norm(txt, axis=1, keepdims=True)
+    uids = [f"{i * 131 + 5:032x}" for i in range(N)]
+    table = _run(tmp_path / "r", img, txt, uids)
+    for f in sorted((tmp_path / "r" / "scores").glob("*.parquet")):  # a plug-in stage's extra column
+        t = pq.read_table(f)
+        extra = pa.array(rng.normal(size=t.num_rows).astype(np.float32))
+        pq.write_table(t.append_column("aesthetic", extra), f, row_group_size=37)
+    table = ScoresTable(tmp_path / "r")
+    got = _scores(table, "combine", weights="aesthetic=1,cos_theta=0.5,negclip=2", normalize="zscore")
+    df = pd.read_parquet(tmp_path / "r" / "scores").set_index("uid").loc[uids]
+    neg = reference(img, txt, uids, 0.01, 10, 32768, 0)
+    want = _zscore(df["aesthetic"]) + 0.5 * _zscore(df["cos_theta"]) + 2 * _zscore([neg[u] for u in uids])
+    # negclip's grid rounding (~1e-6 here), divided by its small pool std and weighted 2
+    np.testing.assert_allclose([got[u] for u in uids], want, rtol=0, atol=5e-4)
+    with pytest.raises(SelectError, match=r"'nope' is neither a numeric column .*aesthetic.*cos_theta"):
+        make_rule("combine", weights="nope=1").attach(table)

@@ -38,7 +38,7 @@ def weighted_sum(
     columns are widened exactly inside the ufuncs (no float64 copy of each column), so the result is the
     same as summing float64 copies."""
     total: np.ndarray | None = None
-    for m in METRICS:
+    for m in summed_order(weights):
         w = float(weights.get(m, 0.0))
         if w == 0.0:
             continue
@@ -54,13 +54,19 @@ def weighted_sum(
     return total
 
 
+def summed_order(weights: Mapping[str, float]) -> list[str]:
+    """The order of a weighted sum: METRICS in theirs, then any other column (`combine`) by name."""
+    return [*METRICS, *sorted(k for k in weights if k not in METRICS)]
+
+
 def hype_score(columns: Mapping[str, np.ndarray]) -> np.ndarray:
     """The HYPE score of paper Eq. 1, ε_i + ε_t + (−d_L) + cos θ + c_IN: `weighted_sum` at PAPER_WEIGHTS."""
     return weighted_sum(columns, PAPER_WEIGHTS)
 
 
-def parse_weights(spec: str | Mapping[str, object]) -> dict[str, float]:
-    """`"eps_i=1,eps_t=0.5"` or a mapping -> {metric: weight} over all of METRICS (unnamed metrics: 0)."""
+def parse_weights(spec: str | Mapping[str, object], *, any_column: bool = False) -> dict[str, float]:
+    """`"eps_i=1,eps_t=0.5"` or a mapping -> {metric: weight} over all of METRICS (unnamed metrics: 0);
+    `any_column`: other names too (`combine`, which checks them against the table)."""
     if isinstance(spec, Mapping):
         items = [(str(k), v) for k, v in spec.items()]
     else:
@@ -78,7 +84,7 @@ def parse_weights(spec: str | Mapping[str, object]) -> dict[str, float]:
     weights = dict.fromkeys(METRICS, 0.0)
     seen = set()
     for name, value in items:
-        if name not in METRICS:
+        if name not in METRICS and not any_column:
             raise SelectError(f"--weights: unknown metric {name!r}; the metrics are {', '.join(METRICS)}")
         if name in seen:
             raise SelectError(f"--weights: {name} is given twice")
@@ -111,8 +117,8 @@ class Combiner:
     def __init__(self, weights: Mapping[str, float], normalize: str = "none"):
         if normalize not in NORMALIZATIONS:
             raise SelectError(f"--normalize: {normalize!r} is not one of {', '.join(NORMALIZATIONS)}")
-        self.weights = {m: float(weights.get(m, 0.0)) for m in METRICS}
-        self.metrics = [m for m in METRICS if self.weights[m] != 0.0]
+        self.weights = {m: float(weights.get(m, 0.0)) for m in summed_order(weights)}
+        self.metrics = [m for m in self.weights if self.weights[m] != 0.0]
         if not self.metrics:
             raise SelectError("every weight is 0, so every sample would tie; give a metric a weight")
         self.normalize = normalize
