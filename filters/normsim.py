@@ -29,6 +29,7 @@ from hype.select.rules import RULES, Rule
 from hype.table.reader import Batch
 
 BLOCK = 4096  # target rows per block: fixed, so the float64 sums run in one order everywhere
+CHUNK_BYTES = 32 << 20  # one block of similarities (pool rows x BLOCK), float64
 
 
 @RULES.register
@@ -83,12 +84,15 @@ def norm_sim(x: np.ndarray, blocks: Iterator[np.ndarray], p: str) -> tuple[np.nd
     """(NormSim_p of each row of unit `x` against the target rows of `blocks`, the target's row count)."""
     qx, unit = on_grid(x), grid_unit(x.shape[1])
     acc, rows = np.zeros(len(x)), 0
+    step = max(1, CHUNK_BYTES // (8 * BLOCK))  # pool rows per similarity block
     for block in blocks:
-        sims = (qx @ on_grid(block).T) * unit  # exact dot products, one rounding
-        if p == "2":
-            acc += np.add.reduce(sims * sims, axis=1)
-        else:
-            acc = np.maximum(acc, np.abs(sims).max(axis=1))
+        qb = on_grid(block)
+        for s in range(0, len(x), step):
+            sims = (qx[s : s + step] @ qb.T) * unit  # exact dot products, one rounding
+            if p == "2":
+                acc[s : s + step] += np.add.reduce(sims * sims, axis=1)
+            else:
+                acc[s : s + step] = np.maximum(acc[s : s + step], np.abs(sims).max(axis=1))
         rows += len(block)
     if rows == 0:
         raise SelectError("rule 'normsim': the target has no rows")
