@@ -258,3 +258,38 @@ def test_combine_sums_any_numeric_column_and_any_ranking_rule_zscored(tmp_path):
     np.testing.assert_allclose([got[u] for u in uids], want, rtol=0, atol=5e-4)
     with pytest.raises(SelectError, match=r"'nope' is neither a numeric column .*aesthetic.*cos_theta"):
         make_rule("combine", weights="nope=1").attach(table)
+
+
+def test_a_workflow_select_step_ranks_by_the_new_rules(tmp_path):
+    """`hype run`: a select step names negclip/dbp like any rule (`rank:`), and selects what
+    `hype select` does."""
+    import yaml
+
+    from hype.data.uids import array_to_uids, load_subset
+    from hype.select.run import SelectRequest, select_subset
+    from hype.workflow import load_workflow
+
+    rng = np.random.default_rng(6)
+    img = _unit(rng, 200, D)
+    uids = [f"{i * 17 + 3:032x}" for i in range(200)]
+    _run(tmp_path / "r", img, _unit(rng, 200, D), uids)
+    rank = "dbp:inner=negclip:k=1,clusters=3"
+    spec = {
+        "name": "rules",
+        "out": str(tmp_path / "wf"),
+        "steps": [
+            {
+                "name": "pick",
+                "run": "select",
+                "args": {"scores": str(tmp_path / "r"), "rank": rank, "frac": 0.25},
+            }
+        ],
+    }
+    (tmp_path / "w.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    wf = load_workflow(tmp_path / "w.yaml")
+    assert [o.state for o in wf.run(echo=lambda _: None)] == ["ran"]
+    select_subset(
+        SelectRequest(scores=tmp_path / "r", out=tmp_path / "s.npy", frac=0.25, rank=rank, progress=False)
+    )
+    got = array_to_uids(load_subset(tmp_path / "wf" / "pick" / "subset.npy"))
+    assert got == array_to_uids(load_subset(tmp_path / "s.npy")) and len(got) == 50
