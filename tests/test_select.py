@@ -342,7 +342,8 @@ def test_frac_of_eligible_and_too_few_eligible(world, tmp_path):
         ),
         (
             {"frac": 0.2, "rank": "random", "weights": "eps_i=1"},
-            r"--weights applies to ranking rules that take weights \(hype, combine\), not 'random'; drop --weights",
+            r"--weights applies to ranking rules that take weights \(hype, combine\), not 'random'; "
+            r"drop --weights",
         ),
         (
             {"frac": 0.2, "rank": "random:seed=2", "normalize": "zscore"},
