@@ -1,8 +1,9 @@
 """The suite's long end-to-end runs, started in the background when the session begins.
 
 A few tests only read the outputs of one long run (`hype demo` at the small sizes, the GPU suite's smoke
-run): a minute or two of process start-ups, imports and small trainings that use about one core. Run in
-the foreground they add their whole time to the suite; started beside the other tests, they overlap them.
+run, the demo workflow killed in every step): a minute or two of process start-ups, imports and small
+trainings that use about one core. Run in the foreground they add their whole time to the suite; started
+beside the other tests, they overlap them.
 So: a collected test that asks for one of `RUNS`' fixtures starts that run when the session begins (in its
 own process group, output to files), the tests that read a run are moved to the end of the session, and the
 fixture waits for its run there. A run no collected test needs is never started (`pytest -m "not slow"`,

@@ -8,15 +8,14 @@ import contextlib
 import hashlib
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+from background import background_run, waited
 from click.testing import CliRunner
 from conftest import DEMO_VARS
 
@@ -376,25 +375,17 @@ def test_hype_run_and_hype_demo_never_replace_a_folder_they_did_not_make(tmp_pat
 
 # --- the demo workflow, killed in every step -----------------------------------------------------------
 
-SMALL = [*DEMO_VARS, "steps.pool.runtime.processes=1"]  # tests/test_demo.py's sizes
+
+@background_run("demo_killed", timeout=900)
+def _killed_command(folder: Path) -> list[str]:
+    """The demo workflow killed in every step, then finished (tests/demo_killed.py), beside the suite."""
+    return [sys.executable, str(Path(__file__).with_name("demo_killed.py")), str(folder)]
 
 
-def _hype_run(out: Path, *extra: str, **popen) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "hype.cli", "run", "demo", f"out={out}", *SMALL, "--executor", "local"]
-    return subprocess.Popen([*cmd, "--no-progress", *extra], start_new_session=True, **popen)
-
-
-def _marker(out: Path, step: str) -> dict:
-    path = out / ".hype" / "steps" / f"{step}.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _files(folder: Path) -> list[Path]:
-    """The files a step has written so far (not the lock files its command takes)."""
-    return [p for p in folder.rglob("*") if p.is_file() and not p.name.endswith(".lock")]
+@pytest.fixture
+def demo_killed(request) -> tuple[Path, subprocess.CompletedProcess]:
+    """(its folder, its completed process): waits for the run started with the session."""
+    return waited(request, "demo_killed")
 
 
 def _digests(out: Path) -> dict[str, str]:
@@ -408,40 +399,21 @@ def _digests(out: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_demo_workflow_killed_in_every_step_gives_the_outputs_of_an_uninterrupted_run(tmp_path, demo_run):
+def test_demo_workflow_killed_in_every_step_gives_the_outputs_of_an_uninterrupted_run(demo_run, demo_killed):
     # The uninterrupted run: the session's `hype demo` (Ray scoring, 2 download processes: neither
     # changes an output), made once for tests/test_demo.py too.
-    (base, whole), out = demo_run, tmp_path / "killed"
+    base, whole = demo_run
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
-    steps = list(load_workflow("demo", [f"out={base}", *SMALL]).steps)
-
-    # For each step in turn: run, and kill the whole process group (hype run and the command it runs)
-    # in that step: once the step has written a file, or 0.8 s after it started (the steps that write
-    # their output as they go are given the time to write some). The next run finishes that step and is
-    # killed in the next one.
-    killed, partial = [], []
-    for step in steps:
-        wait = 30.0 if step in ("pool", "meru", "score", "train-hype") else 0.8
-        proc = _hype_run(out, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        started = None
-        while proc.poll() is None:
-            if started is None and _marker(out, step).get("pid") == proc.pid:
-                started = time.monotonic()
-            if started is not None and (_files(out / step) or time.monotonic() - started > wait):
-                break
-            time.sleep(0.02)
-        with contextlib.suppress(ProcessLookupError):  # it may have finished the last steps first
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        if _marker(out, step).get("state") == "running":
-            killed.append(step)
-            partial += [step] if _files(out / step) else []
-    last = _hype_run(out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    log = last.communicate(timeout=900)[0]
-    assert last.returncode == 0, log[-3000:]
+    # The interrupted one: `hype run demo` killed in each step in turn, each next run finishing that step
+    # and killed in the next one, then run to the end (tests/demo_killed.py, started with the session).
+    folder, last = demo_killed
+    assert last.returncode == 0, last.stdout[-3000:] + last.stderr[-3000:]
+    kills = json.loads((folder / "kills.json").read_text())
+    killed, partial, out = kills["killed"], kills["partial"], folder / "killed"
+    assert kills["steps"] == list(load_workflow("demo", [f"out={base}", *DEMO_VARS]).steps)
 
     # A kill landed in every step that runs a command (the table is written at once, atomically).
-    assert [s for s in steps if s not in killed] in ([], ["results"]), killed
+    assert [s for s in kills["steps"] if s not in killed] in ([], ["results"]), killed
     # The download, a scorer's and a subset's training and the scoring were cut with their outputs begun.
     assert {"pool", "meru", "score", "train-hype"} <= set(partial), partial
     assert (base / "results.md").read_text().count("\n| ") == 4  # the header and three subsets
