@@ -229,8 +229,13 @@ def test_bad_samples_are_skipped_and_counted(pool, tmp_path):
             info = tarfile.TarInfo(m.name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
+    # Cut inside the .json of a sample near the middle (not at a fixed byte fraction: where the half falls
+    # depends on the members' sizes).
     last = shards / "00000002.tar"
-    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+    with tarfile.open(last) as tar:
+        jsons = [m for m in tar.getmembers() if m.name.endswith(".json")]
+    cut = jsons[len(jsons) // 2]
+    last.write_bytes(last.read_bytes()[: cut.offset_data + cut.size // 2])
     save_subset(tmp_path / "all.npy", pool["uids"])
     meta = reshard(shards, tmp_path / "all.npy", tmp_path / "out", shard_size=1000, workers=1, progress=False)
     counts = meta["skipped"]["counts"]
