@@ -89,11 +89,11 @@ class DensityPruning(Rule):
             for b in table.iter_batches(cols, progress=None):
                 inner.observe(b)
             inner.finish_observe()
-        out = np.full(len(pool.first), -np.inf)
+        out = np.full(len(pool.uids), -np.inf)
         for b in table.iter_batches(cols, progress=None):
             at = pool.uids.find(*b.uid_pairs())
             out[at[at >= 0]] = np.asarray(inner.score(b), np.float64)[at >= 0]
-        return np.repeat(out, pool.uids.counts)  # per embedded row
+        return out
 
     def score(self, batch: Batch) -> np.ndarray:
         if self.pool is None:

@@ -1,5 +1,11 @@
-"""What the rules that read a run's CLIP embeddings (`negclip`, `normsim`) share: the pool's `RUN_DIR/embed/`
-tables in uid order (memory checked before reading), a value per uid, and dot products on an exact grid.
+"""What the rules that read a run's CLIP embeddings (`negclip`, `normsim`, `dbp`) share: the pool's
+`RUN_DIR/embed/` tables in uid order (memory checked before reading), a value per uid, and dot products on an
+exact grid.
+
+The pool is the scores table's: the embed outputs of the shards `plan.json` lists (a run directory keeps those
+of shards it no longer has: a pool moved or copied and scored again, a rerun of fewer shards), and one row
+per uid, the first in shard order (a uid repeated across or within shards is scored once, as the dedup
+stage keeps it). A table `hype score` did not write (no plan.json or summary.json) is read whole.
 
 Byte-identical on any CPU and thread count: the dot products are of the embeddings rounded to a 2^-b grid
 with d·4^b <= 2^53, so each product and every partial sum is an integer in float64 and BLAS's order and
@@ -13,8 +19,9 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from hype.data.uids import UidMultiset, arrow_to_pairs, sort_order, to_structured
-from hype.io import open_input, read_parquet, read_parquet_schema, storage
+from hype.io import StorageError, open_input, read_json, read_parquet, read_parquet_schema, storage
 from hype.scoring.embed_format import fixed_list_to_numpy
+from hype.scoring.rundir import RunDir, plan_tasks
 from hype.select.errors import SelectError
 from hype.table.reader import Batch
 
@@ -23,16 +30,20 @@ class PoolEmbeddings:
     """Columns of every run's embed tables, rows in uid order (file order and row groups do not matter)."""
 
     def __init__(self, rule: str, table, columns: list[str], max_gb: float, fix: dict[str, str]):
-        files = [
-            f for folder in table.folders for f in sorted(storage.glob(f"{folder.parent}/embed/*.parquet"))
-        ]
+        files = [f for folder in table.folders for f in embed_files(rule, folder.parent)]
         if not files:
             raise SelectError(
                 f"rule {rule!r}: no embed/*.parquet beside {table.folders[0]}; score with hype score"
             )
         rows = dim = 0
         for f in files:  # before reading: the columns exist and fit
-            names = read_parquet_schema(f).names
+            try:
+                names = read_parquet_schema(f).names
+            except (OSError, StorageError) as e:
+                raise SelectError(
+                    f"rule {rule!r}: cannot read {f}, the embed output of a shard its run lists ({e}); "
+                    "rescore the run with hype score"
+                ) from None
             for c in columns:
                 if c not in names:
                     raise SelectError(
@@ -56,11 +67,12 @@ class PoolEmbeddings:
             for c in columns:
                 parts[c].append(fixed_list_to_numpy(t.column(c)))
         hi, lo = np.concatenate(his), np.concatenate(los)
-        order = sort_order(hi, lo)
+        order = sort_order(hi, lo)  # stable: a repeated uid's rows in shard order
+        repeats = UidMultiset(to_structured(hi[order], lo[order]))
+        keep = order[np.r_[0, np.cumsum(repeats.counts)[:-1]]]  # each uid's first row
         self.rule = rule
-        self.arrays = {c: np.concatenate(parts[c])[order] for c in columns}
-        self.uids = UidMultiset(to_structured(hi[order], lo[order]))
-        self.first = np.r_[0, np.cumsum(self.uids.counts)[:-1]]  # a repeated uid: its first row
+        self.arrays = {c: np.concatenate(parts[c])[keep] for c in columns}
+        self.uids = UidMultiset.from_unique(repeats.hi, repeats.lo, np.ones(len(keep), np.int64))
 
     def per_row(self, values: np.ndarray, batch: Batch) -> np.ndarray:
         """`values` (one per embedded row, uid order) of the batch's rows."""
@@ -70,7 +82,24 @@ class PoolEmbeddings:
                 f"rule {self.rule!r}: {int((at < 0).sum())} scored rows have no embed/ row (e.g. uid "
                 f"{batch.texts('uid')[int(np.argmax(at < 0))]}); rescore the run with hype score"
             )
-        return values[self.first[at]]
+        return values[at]
+
+
+def embed_files(rule: str, run: storage.AnyPath) -> list:
+    """The embed outputs of the shards `run`'s plan.json lists, in shard order (the module docstring)."""
+    plan = read_json(run / "plan.json")
+    try:
+        tasks = None if plan is None else plan_tasks(plan)
+    except (KeyError, TypeError, ValueError):
+        tasks = None  # not the shape hype score writes: as unreadable
+    if tasks is not None:
+        return [RunDir(run).shard_output("embed", t) for t in tasks]
+    if storage.exists(run / "summary.json"):  # hype score's: a run it completed has a plan.json
+        raise SelectError(
+            f"rule {rule!r}: {run / 'plan.json'} is missing or unreadable, so which embed/ tables are the "
+            "run's shards is unknown; rerun hype score on the run to rewrite it"
+        )
+    return sorted(storage.glob(f"{run}/embed/*.parquet"))
 
 
 def grid_bits(dim: int) -> int:

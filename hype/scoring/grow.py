@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hype.io import blake2b128_file, load_npy, read_json
-from hype.scoring.rundir import RunDir, ShardTask
+from hype.scoring.rundir import RunDir, ShardTask, plan_tasks
 
 CARD = "card.json"
 
@@ -59,9 +59,7 @@ def grow_plan(run: RunDir, tasks: list[ShardTask]) -> tuple[list[ShardTask], Fro
                 "its frozen reference; restore the card, or score the pool into a new --out"
             )
         return tasks, None
-    old = [
-        ShardTask(int(s["index"]), s["path"], s["id"], s.get("source") or "") for s in plan.get("shards", [])
-    ]
+    old = plan_tasks(plan)
     old_ids = {t.shard_id for t in old}
     new = [t for t in tasks if t.shard_id not in old_ids]
     if not new and not plan.get("frozen"):

@@ -161,6 +161,14 @@ def make_tasks(paths: Iterable[str]) -> list[ShardTask]:
     return [ShardTask(i, p, shard_id(p), absolute(p)) for i, p in enumerate(paths)]
 
 
+def plan_tasks(plan: Mapping) -> list[ShardTask]:
+    """The shards a run's `plan.json` (read) lists, in shard order: the run's shards, whatever other outputs
+    its folders still hold from shards it no longer has."""
+    return [
+        ShardTask(int(s["index"]), s["path"], s["id"], s.get("source") or "") for s in plan.get("shards", [])
+    ]
+
+
 # --- atomic writes (hype.io), in the run directory's JSON and Parquet style -----------------------
 
 
