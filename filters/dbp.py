@@ -19,17 +19,15 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from hype.filters.embeddings import PoolEmbeddings, grid_unit, on_grid
+from hype.filters.embeddings import PoolEmbeddings, PoolRule, grid_unit, on_grid
 from hype.scoring.clusters import kmeans_centroids, nearest_centroid
 from hype.select.errors import SelectError
-from hype.select.rules import RULES, Rule, make_rule
-from hype.table.reader import Batch
+from hype.select.rules import RULES, make_rule
 
 
 @RULES.register
-class DensityPruning(Rule):
+class DensityPruning(PoolRule):
     name: ClassVar[str] = "dbp"
-    kind: ClassVar[str] = "score"
     summary: ClassVar[str] = (
         "density-based pruning: per-cluster quotas from cluster complexity, inner rule inside"
     )
@@ -54,15 +52,8 @@ class DensityPruning(Rule):
         if p["inner"].split(":")[0] == self.name:
             raise SelectError("rule 'dbp': inner=dbp would nest without end; name another rule")
         self.inner = make_rule(p["inner"], "score")
-        self.pool: PoolEmbeddings | None = None
-        self.values = np.zeros(0)
-        self.found: dict = {}
 
-    def columns(self) -> list[str]:
-        return ["uid"]
-
-    def attach(self, table) -> None:
-        self.pool = pool = PoolEmbeddings(self.name, table, ["clip_img"], self.params["max_gb"], {})
+    def pool_values(self, table, pool: PoolEmbeddings) -> np.ndarray:
         x = pool.arrays["clip_img"]
         k = min(self.params["clusters"], len(x))
         centroids = kmeans_centroids(x, k, seed=self.params["seed"], backend="torch")
@@ -73,12 +64,12 @@ class DensityPruning(Rule):
         rank = np.empty(len(x), np.int64)
         starts = np.searchsorted(label[order], np.arange(k))
         rank[order] = np.arange(len(x)) - np.repeat(starts, np.bincount(label, minlength=k))
-        self.values = -(rank + 1.0) / share[label]
         self.found = {
             "clusters_used": int(k),
             "share_max": float(share.max()),
             "share_min": float(share.min()),
         }
+        return -(rank + 1.0) / share[label]
 
     def _inner_scores(self, table, pool: PoolEmbeddings) -> np.ndarray:
         """The inner rule's score of every embedded row (uid order), from a pass over the scores table."""
@@ -94,11 +85,6 @@ class DensityPruning(Rule):
             at = pool.uids.find(*b.uid_pairs())
             out[at[at >= 0]] = np.asarray(inner.score(b), np.float64)[at >= 0]
         return out
-
-    def score(self, batch: Batch) -> np.ndarray:
-        if self.pool is None:
-            raise SelectError("rule 'dbp' clusters the run's embeddings first (Rule.attach)")
-        return self.pool.per_row(self.values, batch)
 
     def describe(self) -> dict:
         return {"rule": self.name, **self.params, "inner_rule": self.inner.describe(), **self.found}

@@ -1,5 +1,6 @@
-"""What the rules that read a run's CLIP embeddings (`negclip`, `normsim`, `dbp`) share: the pool's
-`RUN_DIR/embed/` tables in uid order (memory checked before reading), a value per uid, and dot products on an
+"""What the rules that read a run's CLIP embeddings (`negclip`, `normsim`, `dbp`) share: `PoolRule`, a
+ranking rule that reads the pool's `RUN_DIR/embed/` tables in uid order (`PoolEmbeddings`, memory checked
+before reading), computes a value per uid once, and scores each row by its uid; and dot products on an
 exact grid.
 
 The pool is the scores table's: the embed outputs of the shards `plan.json` lists (a run directory keeps those
@@ -15,6 +16,8 @@ at d = 768).
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import numpy as np
 import pyarrow.parquet as pq
 
@@ -23,6 +26,7 @@ from hype.io import StorageError, open_input, read_json, read_parquet, read_parq
 from hype.scoring.embed_format import fixed_list_to_numpy
 from hype.scoring.rundir import RunDir, plan_tasks
 from hype.select.errors import SelectError
+from hype.select.rules import Rule
 from hype.table.reader import Batch
 
 
@@ -83,6 +87,43 @@ class PoolEmbeddings:
                 f"{batch.texts('uid')[int(np.argmax(at < 0))]}); rescore the run with hype score"
             )
         return values[at]
+
+
+class PoolRule(Rule):
+    """A ranking rule over the pool's embeddings: `attach` reads the `EMBEDDINGS` columns (a `max_gb`
+    parameter bounds them) and `pool_values` computes one value per uid from them; `score` looks each
+    row's up. A subclass sets its name, params and maths; `found` goes into its description."""
+
+    kind: ClassVar[str] = "score"
+    EMBEDDINGS: ClassVar[tuple[str, ...]] = ("clip_img",)
+    FIX: ClassVar[dict[str, str]] = {}  # column -> how to get it, when a run lacks it
+
+    def __init__(self, **params: Any):
+        super().__init__(**params)
+        self.pool: PoolEmbeddings | None = None
+        self.values = np.zeros(0)
+        self.found: dict = {}
+
+    def columns(self) -> list[str]:
+        return ["uid"]
+
+    def attach(self, table) -> None:
+        """Read every run's embeddings and compute the whole pool's values (they depend on all rows)."""
+        pool = PoolEmbeddings(self.name, table, list(self.EMBEDDINGS), self.params["max_gb"], self.FIX)
+        self.values = self.pool_values(table, pool)
+        self.pool = pool
+
+    def pool_values(self, table, pool: PoolEmbeddings) -> np.ndarray:
+        """The value of each of `pool`'s uids (uid order)."""
+        raise NotImplementedError
+
+    def score(self, batch: Batch) -> np.ndarray:
+        if self.pool is None:
+            raise SelectError(f"rule {self.name!r} reads the run's embeddings first (Rule.attach)")
+        return self.pool.per_row(self.values, batch)
+
+    def describe(self) -> dict:
+        return {**super().describe(), **self.found}
 
 
 def embed_files(rule: str, run: storage.AnyPath) -> list:

@@ -17,18 +17,16 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from hype.filters.embeddings import PoolEmbeddings, grid_unit, on_grid
+from hype.filters.embeddings import PoolEmbeddings, PoolRule, grid_unit, on_grid
 from hype.select.errors import SelectError
-from hype.select.rules import RULES, Rule
-from hype.table.reader import Batch
+from hype.select.rules import RULES
 
 CHUNK_BYTES = 32 << 20  # one block of logits (rows of a batch x the batch), float64
 
 
 @RULES.register
-class NegClip(Rule):
+class NegClip(PoolRule):
     name: ClassVar[str] = "negclip"
-    kind: ClassVar[str] = "score"
     summary: ClassVar[str] = "negCLIPLoss: cos θ minus the contrastive normalization over random batches"
     PARAMS: ClassVar = {
         "k": (int, 10, "random batch partitions averaged over (the paper's K)"),
@@ -41,33 +39,20 @@ class NegClip(Rule):
         "seed": (int, 0, "seed of the random batches"),
         "max_gb": (float, 16.0, "refuse a pool whose embeddings (float64, image and text) exceed this"),
     }
+    EMBEDDINGS: ClassVar = ("clip_img", "clip_txt")
+    FIX: ClassVar = {"clip_txt": "rerun hype score with embed.clip_txt=true (and --clip)"}
 
     def __init__(self, **params: Any):
         super().__init__(**params)
         p = self.params
         if p["k"] < 1 or p["batch"] < 2 or not p["temperature"] > 0:
             raise SelectError("rule 'negclip': k >= 1, batch >= 2 and temperature > 0, e.g. negclip:k=10")
-        self.pool: PoolEmbeddings | None = None
-        self.values = np.zeros(0)
 
-    def columns(self) -> list[str]:
-        return ["uid"]
-
-    def attach(self, table) -> None:
-        """Read every run's CLIP embeddings and score the whole pool (the batches span it)."""
-        fix = "rerun hype score with embed.clip_txt=true (and --clip)"
-        pool = PoolEmbeddings(
-            self.name, table, ["clip_img", "clip_txt"], self.params["max_gb"], {"clip_txt": fix}
-        )
+    def pool_values(self, table, pool: PoolEmbeddings) -> np.ndarray:
+        """The whole pool at once: the random batches span it."""
         p = self.params
         img, txt = pool.arrays["clip_img"], pool.arrays["clip_txt"]
-        self.values = neg_clip_loss(img, txt, p["temperature"], p["k"], p["batch"], p["seed"])
-        self.pool = pool
-
-    def score(self, batch: Batch) -> np.ndarray:
-        if self.pool is None:
-            raise SelectError("rule 'negclip' reads the run's embeddings first (Rule.attach)")
-        return self.pool.per_row(self.values, batch)
+        return neg_clip_loss(img, txt, p["temperature"], p["k"], p["batch"], p["seed"])
 
 
 def neg_clip_loss(img: np.ndarray, txt: np.ndarray, tau: float, k: int, batch: int, seed: int) -> np.ndarray:

@@ -21,21 +21,19 @@ from typing import Any, ClassVar
 import numpy as np
 
 from hype.config import ConfigError, parse_yaml
-from hype.filters.embeddings import PoolEmbeddings, grid_unit, on_grid
+from hype.filters.embeddings import PoolEmbeddings, PoolRule, grid_unit, on_grid
 from hype.io import NPY_ERRORS, StorageError, read_bytes, read_parquet, storage
 from hype.scoring.embed_format import fixed_list_to_numpy
 from hype.select.errors import SelectError
-from hype.select.rules import RULES, Rule
-from hype.table.reader import Batch
+from hype.select.rules import RULES
 
 BLOCK = 4096  # target rows per block: fixed, so the float64 sums run in one order everywhere
 CHUNK_BYTES = 32 << 20  # one block of similarities (pool rows x BLOCK), float64
 
 
 @RULES.register
-class NormSim(Rule):
+class NormSim(PoolRule):
     name: ClassVar[str] = "normsim"
-    kind: ClassVar[str] = "score"
     summary: ClassVar[str] = "NormSim: p-norm of an image's CLIP similarities to a target set's images"
     PARAMS: ClassVar = {
         "target": (
@@ -55,29 +53,17 @@ class NormSim(Rule):
             raise SelectError(
                 "rule 'normsim' needs a target: normsim:target=FOLDER of .npy/.parquet features"
             )
-        self.pool: PoolEmbeddings | None = None
-        self.values = np.zeros(0)
-        self.found: dict = {}
-
-    def columns(self) -> list[str]:
-        return ["uid"]
 
     def attach(self, table) -> None:
-        target = self.params["target"]
-        for folder in table.folders:
-            refuse_evaluation_images(target, folder.parent)
-        self.pool = PoolEmbeddings(self.name, table, ["clip_img"], self.params["max_gb"], {})
-        x = self.pool.arrays["clip_img"]
-        self.values, rows = norm_sim(x, target_blocks(target, x.shape[1]), self.params["p"])
+        for folder in table.folders:  # before anything is read
+            refuse_evaluation_images(self.params["target"], folder.parent)
+        super().attach(table)
+
+    def pool_values(self, table, pool: PoolEmbeddings) -> np.ndarray:
+        x = pool.arrays["clip_img"]
+        values, rows = norm_sim(x, target_blocks(self.params["target"], x.shape[1]), self.params["p"])
         self.found = {"target_rows": rows}
-
-    def score(self, batch: Batch) -> np.ndarray:
-        if self.pool is None:
-            raise SelectError("rule 'normsim' reads the run's embeddings first (Rule.attach)")
-        return self.pool.per_row(self.values, batch)
-
-    def describe(self) -> dict:
-        return {"rule": self.name, **self.params, **self.found}
+        return values
 
 
 def norm_sim(x: np.ndarray, blocks: Iterator[np.ndarray], p: str) -> tuple[np.ndarray, int]:
