@@ -26,6 +26,14 @@ DEFAULT_BASE_URL = "http://127.0.0.1:8000"  # kept equal to hype.synth.DEFAULT_B
 )
 @click.option("--shard-size", default=256, show_default=True, type=int, help="Samples per tar.")
 @click.option(
+    "--proxy-size",
+    default=0,
+    show_default=True,
+    type=int,
+    help="Images per task of the proxy task set DIR/proxy/ (eval's task families, other images, disjoint "
+    "from eval/) that `hype fit --proxy` chooses weights on; 0: none. Adds it to an existing world.",
+)
+@click.option(
     "--noise",
     default=None,
     metavar="KIND=FRAC,...",
@@ -53,6 +61,7 @@ def synth(
     eval_size: int,
     reference_per_class: int,
     shard_size: int,
+    proxy_size: int,
     noise: str | None,
     base_url: str,
     overwrite: bool,
@@ -71,6 +80,7 @@ def synth(
       pool/images/<uid>.jpg                               raw images, serve DIR/pool over HTTP
       eval/wds_synth-<task>_test/                         7 tasks (CLIP_benchmark webdataset layout)
       eval/reference/                                     labelled ImageNet-like set
+      proxy/wds_synth-<task>_test/                        with --proxy-size: the proxy task set
       truth.parquet, subsets/oracle_clean.npy, world.json
     """
     from hype.cli import lock_output
@@ -95,6 +105,7 @@ def synth(
             overwrite=overwrite,
             progress=progress,
             workers=workers,
+            proxy_size=proxy_size,
         )
     except SynthError as e:
         raise click.UsageError(str(e)) from None
@@ -116,6 +127,9 @@ def format_summary(s: dict) -> str:
         ("reference", f"{c['reference']} images ({a['reference_per_class']}/class)", f"{out}/eval/reference"),
         ("truth", "per pool sample", f"{out}/truth.parquet (summary: {out}/world.json)"),
     ]
+    if "proxy" in s:
+        per_task = s["proxy"]["per_task"]
+        rows.insert(6, ("proxy", f"{len(s['eval_tasks'])} tasks x {per_task} images", f"{out}/proxy"))
     width = max(len(r[1]) for r in rows if r[2])
     if s.get("skipped"):
         lines = [f"synthetic world (seed {s['seed']}) already in {out} with these settings: skipped"]

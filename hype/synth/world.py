@@ -10,6 +10,7 @@ A rerun with the same settings finds that marker and returns at once; other sett
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -25,9 +26,9 @@ import pyarrow as pa
 from hype import __version__
 from hype.data.uids import save_subset
 from hype.executor import PoolExecutor, Progress, Stage
-from hype.io import blake2b128_bytes, check_own_folder, replace_tree, write_text
+from hype.io import blake2b128_bytes, check_own_folder, replace_tree, sha256_bytes, write_text
 from hype.io.runs import fingerprint, is_done, write_marker
-from hype.io.tar import write_tar
+from hype.io.tar import read_samples, write_tar
 from hype.synth.eval_tasks import (
     OBJECT_CLASSES,
     RETRIEVAL_TASK,
@@ -51,6 +52,9 @@ FORMAT_VERSION = 1
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 METADATA_ROWS_PER_FILE = 100_000
 MAX_SHARD_SIZE = 10_000  # keys are {shard:05d}{index:04d}, like img2dataset's
+PROXY_FOLDER = "proxy"  # the proxy task set, beside eval/ (`_make_proxy`)
+PROXY_MARKER = "proxy.json"
+PROXY_KEY = "p"  # the proxy's sample keys start with it; eval's start with "s"
 
 
 class SynthError(ValueError):
@@ -295,15 +299,21 @@ def make_world(
     overwrite: bool = False,
     progress: bool = False,
     workers: int | None = None,
+    proxy_size: int = 0,
 ) -> dict:
     """Generate the synthetic world under `out`; returns a summary (what `world.json` holds, plus the
     output path and the elapsed time). Raises `SynthError` on bad arguments or an unusable `out`.
 
     `workers` processes render shards (default: the CPU count, at most 8); the output does not depend on it.
+    `proxy_size` > 0 also makes the proxy task set `out/proxy/` (`_make_proxy`), beside an unchanged world.
     """
     t0 = time.perf_counter()
     clean_size = size if clean_size is None else clean_size
     _check_args(size, seed, clean_size, eval_size, reference_per_class, shard_size)
+    if proxy_size < 0:
+        raise SynthError(
+            f"--proxy-size must be 0 (no proxy set) or images per task (e.g. 200), got {proxy_size}"
+        )
     try:
         fractions = parse_noise(noise)
     except NoiseSpecError as e:
@@ -324,8 +334,17 @@ def make_world(
     )
     fp = _fingerprint(args)
     if not overwrite and (world := is_done(args.out / "world.json", fp)) is not None:
-        elapsed = round(time.perf_counter() - t0, 3)  # built before with these settings: nothing to do
-        return {**world, "out": str(args.out), "workers": args.workers, "elapsed_s": elapsed, "skipped": True}
+        summary = {**world, "skipped": True}  # built before with these settings: nothing to do
+    else:
+        summary = _make(args, overwrite, progress, fp)
+    if proxy_size:
+        summary["proxy"] = _make_proxy(args, proxy_size, fp, progress)
+    elapsed = round(time.perf_counter() - t0, 3)
+    return {**summary, "out": str(args.out), "workers": args.workers, "elapsed_s": elapsed}
+
+
+def _make(args: _Args, overwrite: bool, progress: bool, fp: str) -> dict:
+    """Build the world in a hidden sibling folder and rename it into place; what world.json holds."""
     _prepare_out(args.out, overwrite)
     plan = _plan(args)
     tmp = args.out.parent / f".{args.out.name}.synth-tmp"
@@ -339,21 +358,96 @@ def make_world(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     replace_tree(tmp, args.out)  # `out` only ever holds a complete world
-    elapsed = round(time.perf_counter() - t0, 3)
-    return {**world, "out": str(args.out), "workers": args.workers, "elapsed_s": elapsed}
+    return world
+
+
+def _make_proxy(a: _Args, size: int, world_fp: str, progress: bool) -> dict:
+    """The proxy task set `out/proxy/`: the eval task families drawn again from other streams
+    (`proxy:<task>`, keys `p...` where eval's are `s...`), to choose selection weights on (`hype fit
+    --proxy`) without looking at eval/. Built in a hidden folder, checked to share no image bytes and no
+    key with eval/, then renamed into place; proxy/proxy.json is its marker. The world's files stay as
+    they are (world.json does not mention it)."""
+    out = a.out / PROXY_FOLDER
+    fp = fingerprint({"world": world_fp, "proxy_size": size})
+    if (done := is_done(out / PROXY_MARKER, fp)) is not None:
+        return {**done, "skipped": True}
+    if os.path.lexists(out) and not (out / PROXY_MARKER).is_file():
+        raise SynthError(
+            f"{out} exists and holds no {PROXY_MARKER}, so hype did not make it; move it away and run again"
+        )
+    items = {
+        name: [dataclasses.replace(it, key=PROXY_KEY + it.key[1:]) for it in task]
+        for name, task in _task_items(a.seed, size, "proxy").items()
+    }
+    tmp = a.out / f".{PROXY_FOLDER}.synth-tmp"
+    check_own_folder(tmp)
+    if tmp.exists():
+        shutil.rmtree(tmp)  # our own leftover from an interrupted run
+    tmp.mkdir()
+    try:
+        _run_jobs(_task_jobs(tmp, items, a.shard_size), a.workers, progress)
+        disjoint = _check_disjoint(a.out / "eval", tmp)
+        record = write_marker(
+            tmp / PROXY_MARKER, fp, seed=a.seed, per_task=size, streams="proxy:<task>",
+            tasks=list(TASK_NAMES), disjoint_from_eval=disjoint,
+        )  # fmt: skip
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    replace_tree(tmp, out)
+    return record
+
+
+class _Unreadable:
+    """`hype.io.tar.Problems` for the world's own tars: any problem is an error."""
+
+    def add(self, reason: str, message: str) -> None:
+        raise SynthError(f"{message}; rebuild the world with --overwrite")
+
+
+def _images_and_keys(root: Path) -> tuple[set[str], set[str]]:
+    """The sha256 of every image and every sample key in the tars under `root`."""
+    images, keys = set(), set()
+    for path in sorted(root.rglob("*.tar")):
+        for key, files in read_samples(path, _Unreadable()):
+            keys.add(key)
+            images |= {sha256_bytes(v) for ext, v in files.items() if ext in (EVAL_IMAGE_EXT, "jpg")}
+    return images, keys
+
+
+def _check_disjoint(eval_dir: Path, proxy: Path) -> dict:
+    """Counts of the eval and proxy images; a `SynthError` when the two share an image or a key."""
+    (eval_images, eval_keys), (images, keys) = _images_and_keys(eval_dir), _images_and_keys(proxy)
+    common_images, common_keys = len(eval_images & images), len(eval_keys & keys)
+    if common_images or common_keys:
+        raise SynthError(
+            f"the proxy set would share {common_images} image(s) and {common_keys} key(s) with {eval_dir}; "
+            "it was not written (its streams must never repeat eval's: please report this)"
+        )
+    return {
+        "eval_images": len(eval_images),
+        "proxy_images": len(images),
+        "common_images": 0,
+        "common_keys": 0,
+    }
 
 
 def _plan(a: _Args) -> _Plan:
     """Plan everything (cheap, sequential, one RNG stream per part); rendering comes after, in parallel."""
     seed = a.seed
-    eval_items = {t.name: plan_classification(t, a.eval_size, stream(seed, f"eval:{t.name}")) for t in TASKS}
-    eval_items[RETRIEVAL_TASK] = plan_retrieval(a.eval_size, stream(seed, f"eval:{RETRIEVAL_TASK}"))
     return _Plan(
         pool=plan_pool(a.size, seed, stream(seed, "pool"), a.fractions),
         clean=plan_clean(a.clean_size, seed, stream(seed, "clean")),
-        eval_items=eval_items,
+        eval_items=_task_items(seed, a.eval_size, "eval"),
         reference=plan_reference(a.reference_per_class, stream(seed, "reference")),
     )
+
+
+def _task_items(seed: int, size: int, part: str) -> dict[str, list[EvalItem]]:
+    """`size` items of every synthetic task, each task drawn from its own stream `<part>:<task>`."""
+    items = {t.name: plan_classification(t, size, stream(seed, f"{part}:{t.name}")) for t in TASKS}
+    items[RETRIEVAL_TASK] = plan_retrieval(size, stream(seed, f"{part}:{RETRIEVAL_TASK}"))
+    return items
 
 
 def _build(tmp: Path, a: _Args, plan: _Plan, progress: bool, fp: str) -> dict:
@@ -379,22 +473,29 @@ def _build(tmp: Path, a: _Args, plan: _Plan, progress: bool, fp: str) -> dict:
     return write_marker(tmp / "world.json", fp, **world)
 
 
-def _eval_jobs(eval_dir: Path, plan: _Plan, shard_size: int) -> list[tuple[Callable, tuple]]:
-    """Lay out the eval tasks (CLIP_benchmark's folders) and the reference set; their render jobs."""
+def _task_jobs(
+    root: Path, items: Mapping[str, list[EvalItem]], shard_size: int
+) -> list[tuple[Callable, tuple]]:
+    """Lay out the synthetic tasks (CLIP_benchmark's folders) under `root`; their render jobs."""
     jobs = []
     for task in TASKS:
-        folder = eval_dir / task.folder
+        folder = root / task.folder
         folder.mkdir(parents=True)
         write_text(folder / "classnames.txt", "".join(f"{c}\n" for c in task.classnames))
         write_text(
             folder / "zeroshot_classification_templates.txt", "".join(f"{t}\n" for t in task.templates)
         )
-        jobs += _wds_jobs(folder / "test", plan.eval_items[task.name], shard_size, EVAL_IMAGE_EXT)
-    retrieval = eval_dir / task_folder(RETRIEVAL_TASK)
+        jobs += _wds_jobs(folder / "test", items[task.name], shard_size, EVAL_IMAGE_EXT)
+    retrieval = root / task_folder(RETRIEVAL_TASK)
     retrieval.mkdir(parents=True)
     # CLIP_benchmark treats a webdataset folder without this file as classification.
     write_text(retrieval / "dataset_type.txt", "retrieval\n")
-    jobs += _wds_jobs(retrieval / "test", plan.eval_items[RETRIEVAL_TASK], shard_size, EVAL_IMAGE_EXT)
+    return jobs + _wds_jobs(retrieval / "test", items[RETRIEVAL_TASK], shard_size, EVAL_IMAGE_EXT)
+
+
+def _eval_jobs(eval_dir: Path, plan: _Plan, shard_size: int) -> list[tuple[Callable, tuple]]:
+    """Lay out the eval tasks and the reference set; their render jobs."""
+    jobs = _task_jobs(eval_dir, plan.eval_items, shard_size)
     ref = eval_dir / "reference"
     ref.mkdir()
     write_text(ref / "classnames.txt", "".join(f"{c}\n" for c in OBJECT_CLASSES))
