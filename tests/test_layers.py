@@ -6,8 +6,8 @@
     stages    hype.synth, hype.download, hype.train, hype.scoring, hype.select, hype.reshard, hype.eval,
               hype.report, hype.submit, hype.convert
     plug-ins  hype.filters (selection rules, the folder filters/), hype.pipelines (executors, pipelines/)
-    top       hype.cli, hype.demo and hype.workflow (they compose the stages; the demo runs them as child
-              `hype` processes), and every `__main__` module (a program, not library code)
+    top       hype.cli, hype.demo, hype.workflow and hype.fit_proxy (they compose the stages; the demo runs
+              them as child `hype` processes), and every `__main__` module (a program, not library code)
 
 The rule, for every import statement (module level or inside a function; `importlib.import_module` of a
 literal name too):
@@ -89,6 +89,7 @@ LAYERS: dict[str, int] = {
     "hype.cli": TOP,
     "hype.demo": TOP,
     "hype.workflow": TOP,
+    "hype.fit_proxy": TOP,
 }
 
 # (importing stage, imported module of another stage) -> why the edge is there.
