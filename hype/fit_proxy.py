@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from hype.checkpoint import load_model_file, model_file_digest
-from hype.config import ConfigError, read_yaml
+from hype.config import ConfigError, parse_yaml
 from hype.data.pipeline import DataError
 from hype.data.shards import ShardError
 from hype.data.subset_index import SubsetError
@@ -43,7 +43,7 @@ from hype.eval.compare import task_average
 from hype.eval.results import ResultsFileError
 from hype.eval.runner import EvalError, RunOptions, run_eval
 from hype.eval.tasks import TaskConfigError, select_tasks
-from hype.io import sha256_file
+from hype.io import StorageError, read_bytes, sha256_file
 from hype.select.errors import SelectError
 from hype.select.fit import FORMAT
 from hype.select.request import SelectRequest
@@ -115,13 +115,14 @@ def evaluation_folders(search: ProxySearch, table: ScoresTable) -> list[Path]:
     the training data or the scores."""
     found = [Path(d) for d in search.eval_dirs]
     for folder in table.folders:
-        config = Path(str(folder)).parent / "config.yaml"
+        config = folder.parent / "config.yaml"  # what `hype score` recorded, local or in a bucket
         try:
-            eval_dir = (read_yaml(config).get("decontam") or {}).get("eval_dir") if config.is_file() else None
-        except (ConfigError, AttributeError):
-            eval_dir = None
-        if eval_dir:
-            found.append(Path(eval_dir))
+            recorded = parse_yaml(read_bytes(config), str(config))
+        except (OSError, StorageError, ConfigError):
+            recorded = None  # not a `hype score` run (a folder of Parquet files): nothing recorded
+        decontam = recorded.get("decontam") if isinstance(recorded, dict) else None
+        if isinstance(decontam, dict) and decontam.get("eval_dir"):
+            found.append(Path(str(decontam["eval_dir"])))
     for start in (search.proxy, search.data, *map(str, table.folders)):
         path = Path(os.path.abspath(start))
         found += [p / "eval" for p in (path, *path.parents) if (p / "world.json").is_file()]
@@ -167,7 +168,6 @@ def run_search(search: ProxySearch, echo: Callable[[str], None] = lambda _: None
     columns = list(search.columns or table.present_metrics())
     if not columns:
         raise ProxyFitError(f"{table.source}: no metric columns to weight; pass --columns")
-    table.require(columns, "hype fit --proxy")
     try:
         tasks = select_tasks(search.tasks)
     except TaskConfigError as e:
