@@ -5,15 +5,22 @@ the target's image embeddings,
     normsim_p(i) = || (x_i·t)_{t∈T} ||_p   (p = 2: (Σ_t (x_i·t)²)^½;  p = inf: max_t |x_i·t|)
 
 x_i: the pool's unit CLIP image embeddings (`RUN_DIR/embed/` clip_img); T: `target=`, a folder (or file) of
-precomputed unit features of the run's CLIP, `.npy` (rows x d float) or `.parquet` (a `clip_img` column, e.g.
-another run's embed/ tables), streamed a block at a time. Never the evaluation images: a target inside the
+precomputed features of the run's CLIP, `.npy` (rows x d float) or `.parquet` (a `clip_img` column, e.g.
+another run's embed/ tables), and/or of images: image files (jpg, jpeg, png, webp) and webdataset `.tar`
+shards, embedded with the CLIP the run recorded (its config.yaml, checked against its card) by `hype
+score`'s own evaluation-image embed stage (the class-image stage, `.cls` optional: same decoding,
+preprocessing and precision settings), one tar (or `IMAGES_PER_TAR` loose images, packed into a temporary
+tar) at a time. Everything is streamed a block at a time. Never the evaluation images: a target inside the
 run's `decontam.eval_dir` (or holding it) is refused. Exact as `hype.filters.embeddings` says; blocks have a
-fixed size, so the sum's order is the same on any machine.
+fixed size (per file), so the sum's order is the same on any machine.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
+import tarfile
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -21,14 +28,18 @@ from typing import Any, ClassVar
 import numpy as np
 
 from hype.config import ConfigError, parse_yaml
+from hype.data.samples import IMAGE_EXTS
 from hype.filters.embeddings import PoolEmbeddings, PoolRule, grid_unit, on_grid
-from hype.io import NPY_ERRORS, StorageError, read_bytes, read_parquet, storage
-from hype.scoring.embed_format import fixed_list_to_numpy
+from hype.io import NPY_ERRORS, StorageError, read_bytes, read_json, read_parquet, storage
+from hype.scoring.embed_format import fixed_list_to_numpy, read_embeddings
 from hype.select.errors import SelectError
 from hype.select.rules import RULES
 
 BLOCK = 4096  # target rows per block: fixed, so the float64 sums run in one order everywhere
 CHUNK_BYTES = 32 << 20  # one block of similarities (pool rows x BLOCK), float64
+IMAGES_PER_TAR = 1024  # loose target images embedded at a time: bounds the temporary tar and its features
+FEATURES = (".npy", ".parquet")
+IMAGES = tuple(f".{e}" for e in IMAGE_EXTS)
 
 
 @RULES.register
@@ -39,7 +50,8 @@ class NormSim(PoolRule):
         "target": (
             str,
             "",
-            "folder or file of target CLIP image features (.npy rows x d, or .parquet clip_img)",
+            "folder or file of target images (jpg/png/webp, webdataset .tar) or of their CLIP image features "
+            "(.npy rows x d, .parquet clip_img)",
         ),
         "p": (str, "inf", "2 | inf: the norm over the target set"),
         "max_gb": (float, 16.0, "refuse a pool whose image embeddings (as read and on the grid) exceed this"),
@@ -51,7 +63,8 @@ class NormSim(PoolRule):
             raise SelectError(f"rule 'normsim': p={self.params['p']!r}; use p=2 or p=inf")
         if not self.params["target"]:
             raise SelectError(
-                "rule 'normsim' needs a target: normsim:target=FOLDER of .npy/.parquet features"
+                "rule 'normsim' needs a target: normsim:target=FOLDER of images, .tar shards or "
+                ".npy/.parquet features"
             )
 
     def attach(self, table) -> None:
@@ -61,8 +74,10 @@ class NormSim(PoolRule):
 
     def pool_values(self, table, pool: PoolEmbeddings) -> np.ndarray:
         x = pool.arrays["clip_img"]
-        values, rows = norm_sim(x, target_blocks(self.params["target"], x.shape[1]), self.params["p"])
-        self.found = {"target_rows": rows}
+        skipped: dict = {}  # images the embed stage could not use, when the target has images
+        blocks = target_blocks(self.params["target"], x.shape[1], [f.parent for f in table.folders], skipped)
+        values, rows = norm_sim(x, blocks, self.params["p"])
+        self.found = {"target_rows": rows, **skipped}
         return values
 
 
@@ -85,28 +100,119 @@ def norm_sim(x: np.ndarray, blocks: Iterator[np.ndarray], p: str) -> tuple[np.nd
     return (np.sqrt(acc) if p == "2" else acc), rows
 
 
-def target_blocks(target: str, dim: int) -> Iterator[np.ndarray]:
-    """The target's unit feature rows, BLOCK at a time, files in name order (a local .npy memory-mapped:
-    one block in memory); each file checked, every problem one line."""
-    files = (
-        [target]
-        if storage.is_file(target)
-        else sorted(f for f in storage.glob(f"{target.rstrip('/')}/*") if f.endswith((".npy", ".parquet")))
-    )
-    if not files:
-        raise SelectError(f"rule 'normsim': no .npy or .parquet features in {target}; pass their folder")
-    for f in files:
-        feats = _read_features(f)
-        if feats.ndim != 2 or feats.shape[1] != dim or feats.dtype.kind != "f":
-            raise SelectError(
-                f"rule 'normsim': {f} holds {feats.dtype} features of shape {feats.shape}, not rows of the "
-                f"run's CLIP width {dim}; embed the target with the CLIP that scored the run"
-            )
-        for s in range(0, len(feats), BLOCK):
-            block = np.asarray(feats[s : s + BLOCK], np.float64)
-            if not np.isfinite(block).all():
-                raise SelectError(f"rule 'normsim': {f} has NaN or inf in rows {s}..{s + len(block) - 1}")
-            yield block / np.maximum(np.linalg.norm(block, axis=1, keepdims=True), 1e-12)  # unit, as the pool
+def target_blocks(target: str, dim: int, runs: list, skipped: dict) -> Iterator[np.ndarray]:
+    """The target's unit feature rows, BLOCK at a time: feature files in name order (a local .npy
+    memory-mapped: one block in memory), then its images embedded with the CLIP of `runs` (one tar's
+    features in memory; `skipped` gets the count of images that could not be embedded); each file checked,
+    every problem one line."""
+    files = [target] if storage.is_file(target) else sorted(storage.glob(f"{target.rstrip('/')}/*"))
+    feats = [f for f in files if f.endswith(FEATURES)]
+    tars = [f for f in files if f.endswith(".tar")]
+    images = [f for f in files if f.lower().endswith(IMAGES)]
+    if not (feats or tars or images):
+        raise SelectError(
+            f"rule 'normsim': no images (jpg, png, webp), .tar shards or .npy/.parquet features in {target}; "
+            "pass their folder"
+        )
+    for f in feats:
+        yield from _unit_blocks(_read_features(f), f, dim)
+    if tars or images:
+        yield from _image_blocks(tars, images, dim, runs, skipped)
+
+
+def _unit_blocks(feats: np.ndarray, where: str, dim: int) -> Iterator[np.ndarray]:
+    """Rows of `feats` (from `where`) in float64 blocks of BLOCK, checked and made unit length."""
+    if feats.ndim != 2 or feats.shape[1] != dim or feats.dtype.kind != "f":
+        raise SelectError(
+            f"rule 'normsim': {where} holds {feats.dtype} features of shape {feats.shape}, not rows of the "
+            f"run's CLIP width {dim}; embed the target with the CLIP that scored the run"
+        )
+    for s in range(0, len(feats), BLOCK):
+        block = np.asarray(feats[s : s + BLOCK], np.float64)
+        if not np.isfinite(block).all():
+            raise SelectError(f"rule 'normsim': {where} has NaN or inf in rows {s}..{s + len(block) - 1}")
+        yield block / np.maximum(np.linalg.norm(block, axis=1, keepdims=True), 1e-12)  # unit, as the pool
+
+
+def _image_blocks(tars: list, images: list, dim: int, runs: list, skipped: dict) -> Iterator[np.ndarray]:
+    """Blocks of the CLIP image features of the target's tars, then of its loose images (packed
+    IMAGES_PER_TAR at a time into a temporary tar), one embed output at a time."""
+    from hype.scoring.rundir import RunDir, make_tasks
+    from hype.scoring.stage_decontam import EvalEmbedStage
+
+    with tempfile.TemporaryDirectory(prefix="hype-normsim-") as tmp:
+        run = RunDir(f"{tmp}/run", stages=(EvalEmbedStage.name,))
+        run.create()
+        stage = _target_stage(runs, run)
+        skipped["target_images_skipped"] = 0
+        try:
+            _embedding(stage.setup)
+            for path in itertools.chain(tars, _packed(images, tmp)):  # one temporary tar at a time
+                (task,) = make_tasks([path])
+                stats = _embedding(lambda task=task: stage.run(task))
+                skipped["target_images_skipped"] += int(stats["counts"]["skipped"])
+                out = run.shard_output(stage.name, task)
+                feats = read_embeddings(out, "clip_img")
+                out.unlink()
+                yield from _unit_blocks(feats, path, dim)
+        finally:
+            stage.teardown()
+
+
+def _embedding(step):
+    """`step()` of the target's embed stage; an unreadable tar or model is one line."""
+    try:
+        return step()
+    except (OSError, ValueError) as e:  # ShardReadError, ModelError, a checkpoint's errors
+        raise SelectError(f"rule 'normsim': cannot embed the target's images ({e})") from None
+
+
+def _packed(images: list, tmp: str) -> Iterator[str]:
+    """Temporary tars of IMAGES_PER_TAR loose images each, one on disk at a time; members are numbered
+    (`<n>.<ext>`), so images that share a stem stay separate samples."""
+    for s in range(0, len(images), IMAGES_PER_TAR):
+        path = f"{tmp}/images-{s // IMAGES_PER_TAR:06d}.tar"
+        with tarfile.open(path, "w") as tar:
+            for i, f in enumerate(images[s : s + IMAGES_PER_TAR], start=s):
+                data = _embedding(lambda f=f: read_bytes(f))
+                info = tarfile.TarInfo(f"{i:09d}.{f.rsplit('.', 1)[-1].lower()}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        yield path
+        Path(path).unlink()
+
+
+def _target_stage(runs: list, run):
+    """The evaluation-image embed stage of `hype score` (the class-image stage, `.cls` optional) with the
+    CLIP and embed settings the scored runs recorded; a model that is not the one their card records, or
+    runs scored with different CLIPs, are refused."""
+    from hype.scoring.config import ScoreConfig
+    from hype.scoring.embed import model_ref
+    from hype.scoring.errors import ScoreError
+    from hype.scoring.stage_decontam import EvalEmbedStage
+    from hype.scoring.stage_embed import EmbedSettings
+
+    configs = [(r, _run_config(r)) for r in runs]
+    clips = {(c or {}).get("clip") for _, c in configs}
+    if len(clips) != 1 or None in clips:
+        raise SelectError(
+            f"rule 'normsim': a target of images is embedded with the CLIP the run recorded, but the runs' "
+            f"config.yaml files name {sorted(map(str, clips))}; pass the target's features (.npy) instead"
+        )
+    run_dir, config = configs[0]
+    try:
+        cfg = ScoreConfig.from_dict(config, f"{run_dir}/config.yaml")
+        clip = model_ref(cfg.clip, "clip")
+    except (ScoreError, ConfigError) as e:
+        raise SelectError(f"rule 'normsim': the run's CLIP cannot embed the target ({e})") from None
+    card = (read_json(f"{run_dir}/card.json") or {}).get("models") or {}
+    if card.get("clip") not in (None, clip.digest):
+        raise SelectError(
+            f"rule 'normsim': {cfg.clip} is no longer the CLIP that scored {run_dir} (its card.json records "
+            f"digest {card['clip']}); restore that model, or pass the target's features (.npy) made with it"
+        )
+    kw = EmbedSettings.of(cfg).kwargs()
+    return EvalEmbedStage(run, clip=clip, **kw, device=cfg.device, threads=cfg.threads)
 
 
 def _read_features(path: str) -> np.ndarray:
@@ -126,14 +232,20 @@ def _read_features(path: str) -> np.ndarray:
         ) from None
 
 
+def _run_config(run_dir) -> dict | None:
+    """The config a run recorded (config.yaml), or None when it has none that reads."""
+    try:
+        config = parse_yaml(read_bytes(f"{run_dir}/config.yaml"), f"{run_dir}/config.yaml")
+    except (OSError, StorageError, ConfigError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
 def refuse_evaluation_images(target: str, run_dir: Path) -> None:
     """A target that is, holds or lies inside the run's evaluation images (decontam.eval_dir) is refused:
     selecting toward the evaluation set would leak it into training."""
-    try:
-        config = parse_yaml(read_bytes(f"{run_dir}/config.yaml"), f"{run_dir}/config.yaml") or {}
-    except (OSError, StorageError, ConfigError):
-        return  # no recorded config: nothing to compare with
-    eval_dir = ((config.get("decontam") or {}).get("eval_dir")) if isinstance(config, dict) else None
+    config = _run_config(run_dir) or {}  # no recorded config: nothing to compare with
+    eval_dir = (config.get("decontam") or {}).get("eval_dir")
     if not eval_dir:
         return
     t, e = Path(str(target)).resolve(), Path(str(eval_dir)).resolve()
