@@ -9,8 +9,12 @@ all and its excess going to the others in proportion: that is exactly the global
 -(r + 1)/P(c) for the row ranked r (from 0) inside its cluster by the `inner` rule, so `hype select`'s own
 cut (any --frac/--top-k) applies the quotas. Ties inside a cluster go to the lower uid.
 
-The k-means is `hype.scoring.clusters.kmeans_centroids` (torch, seeded) and `nearest_centroid`, exact on any
-machine; the distances are float64 on the exact grid of `hype.filters.embeddings`.
+The k-means (`kmeans=own`) is `hype.scoring.clusters.kmeans_centroids` (torch, seeded) and
+`nearest_centroid`, exact on any machine. `kmeans=cin` takes each row's cluster from the run's c_IN k-means
+instead (`clusters/<shard id>.parquet`, row-aligned with the shard's embed output), `kmeans=neardup` from the
+near-duplicate stage's (`neardup_split/<shard id>.parquet`, by uid: c_IN's clusters or its own k-means);
+`clusters` and `seed` then do not apply. The distances are float64 on the exact grid of
+`hype.filters.embeddings`.
 """
 
 from __future__ import annotations
@@ -18,11 +22,22 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import numpy as np
+import pyarrow as pa
 
+from hype.data.uids import UidError, arrow_to_pairs
 from hype.filters.embeddings import PoolEmbeddings, PoolRule, grid_unit, on_grid
+from hype.io import read_json, read_parquet, storage
 from hype.scoring.clusters import kmeans_centroids, nearest_centroid
+from hype.scoring.rundir import RunDir, plan_tasks
 from hype.select.errors import SelectError
 from hype.select.rules import RULES, make_rule
+
+# kmeans= of a run's k-means: (the per-shard stage holding each row's cluster, the file that says the run
+# has it, the setting that turns it on)
+RUN_KMEANS = {
+    "cin": ("clusters", "clusters/centroids.npy", "c_IN on (hype score --class-images or --class-features)"),
+    "neardup": ("neardup_split", "neardup/groups.json", "neardup.enabled=true"),
+}
 
 
 @RULES.register
@@ -37,10 +52,15 @@ class DensityPruning(PoolRule):
             "hype",
             "ranking rule inside each cluster (a spec: hype, clip_score, negclip:k=5, ...)",
         ),
-        "clusters": (int, 100, "k-means clusters of the pool's CLIP image embeddings"),
+        "kmeans": (
+            str,
+            "own",
+            "own | cin | neardup: k-means trained here, or the run's c_IN or near-dup one",
+        ),
+        "clusters": (int, 100, "k-means clusters of the pool's CLIP image embeddings (kmeans=own)"),
         "tau": (float, 0.1, "softmax temperature over the clusters' d_intra x d_inter"),
         "neighbors": (int, 20, "nearest other centroids averaged for d_inter"),
-        "seed": (int, 0, "seed of the k-means"),
+        "seed": (int, 0, "seed of the k-means (kmeans=own)"),
         "max_gb": (float, 16.0, "refuse a pool whose image embeddings (as read and on the grid) exceed this"),
     }
 
@@ -49,15 +69,21 @@ class DensityPruning(PoolRule):
         p = self.params
         if p["clusters"] < 1 or p["neighbors"] < 1 or not p["tau"] > 0:
             raise SelectError("rule 'dbp': clusters >= 1, neighbors >= 1 and tau > 0, e.g. dbp:clusters=100")
+        if p["kmeans"] not in ("own", *RUN_KMEANS):
+            raise SelectError(f"rule 'dbp': kmeans={p['kmeans']!r}; use own, cin or neardup")
         if p["inner"].split(":")[0] == self.name:
             raise SelectError("rule 'dbp': inner=dbp would nest without end; name another rule")
         self.inner = make_rule(p["inner"], "score")
 
     def pool_values(self, table, pool: PoolEmbeddings) -> np.ndarray:
         x = pool.arrays["clip_img"]
-        k = min(self.params["clusters"], len(x))
-        centroids = kmeans_centroids(x, k, seed=self.params["seed"], backend="torch")
-        label = nearest_centroid(x, centroids, backend="torch")
+        if self.params["kmeans"] == "own":
+            k = min(self.params["clusters"], len(x))
+            centroids = kmeans_centroids(x, k, seed=self.params["seed"], backend="torch")
+            label = nearest_centroid(x, centroids, backend="torch")
+        else:
+            label = run_clusters(self.params["kmeans"], table, pool)
+            k = int(label.max()) + 1  # clusters no row is in get share 0 whatever k is
         share = cluster_shares(x, label, k, self.params["tau"], self.params["neighbors"])
         inner = self._inner_scores(table, pool)
         order = np.lexsort((np.arange(len(x)), -inner, label))  # per cluster: inner score desc, then uid
@@ -88,6 +114,47 @@ class DensityPruning(PoolRule):
 
     def describe(self) -> dict:
         return {"rule": self.name, **self.params, "inner_rule": self.inner.describe(), **self.found}
+
+
+def run_clusters(source: str, table, pool: PoolEmbeddings) -> np.ndarray:
+    """The cluster of each of `pool`'s uids (uid order) from the run's k-means `source` (`RUN_KMEANS`), read
+    one shard at a time; a repeated uid's first row (in shard order) counts, as in the pool."""
+    stage, needs, turn_on = RUN_KMEANS[source]
+    if len(table.folders) != 1:
+        raise SelectError(
+            f"rule 'dbp': kmeans={source} reads one run's clusters, and --scores names {len(table.folders)} "
+            "runs (each with its own k-means); use kmeans=own"
+        )
+    run = table.folders[0].parent
+    if not storage.exists(run / needs):
+        raise SelectError(
+            f"rule 'dbp': kmeans={source}: {run} has no {needs}; rescore it with {turn_on}, or use kmeans=own"
+        )
+    label = np.full(len(pool.uids), -1, np.int64)
+    layout = RunDir(run)
+    for task in plan_tasks(read_json(run / "plan.json") or {}):
+        path = layout.shard_output(stage, task)
+        try:
+            if source == "cin":  # row-aligned with the shard's embed output, which holds the uids
+                uids = read_parquet(layout.shard_output("embed", task), columns=["uid"]).column("uid")
+                cluster = read_parquet(path, columns=["cluster"]).column("cluster")
+            else:
+                t = read_parquet(path, columns=["uid", "cluster"])
+                uids, cluster = t.column("uid"), t.column("cluster")
+            at = pool.uids.find(*arrow_to_pairs(uids, f"{path}: column 'uid'"))
+        except (OSError, KeyError, pa.ArrowInvalid, UidError) as e:
+            raise SelectError(f"rule 'dbp': cannot read {path} ({e}); rerun hype score on the run") from None
+        if len(cluster) != len(at):
+            raise SelectError(f"rule 'dbp': {path} is not row-aligned with its embed output; rescore the run")
+        found, first = np.unique(at, return_index=True)  # each uid's first row in the shard
+        new = (found >= 0) & (label[found] < 0)
+        label[found[new]] = cluster.to_numpy(zero_copy_only=False).astype(np.int64)[first[new]]
+    if (label < 0).any():
+        raise SelectError(
+            f"rule 'dbp': {int((label < 0).sum())} rows have no cluster in {run / stage}; rerun hype score "
+            "on the run (with the same settings) to complete it, or use kmeans=own"
+        )
+    return label
 
 
 def cluster_shares(x: np.ndarray, label: np.ndarray, k: int, tau: float, neighbors: int) -> np.ndarray:
