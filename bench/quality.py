@@ -68,6 +68,20 @@ ARMS: dict[str, list[str] | None] = {
     "hype-dedup": ["--preset", "hype", "--filter", f"dedup:keeper=hype,threshold={DEDUP_T}"],
     "hype-dedup-semdedup": ["--preset", "hype", "--filter", f"dedup:keeper=semdedup,threshold={DEDUP_T}"],
     "hype-dedup-random": ["--preset", "hype", "--filter", f"dedup:keeper=random,threshold={DEDUP_T}"],
+    # #37: the signals the best filters combine beyond Eq. 1, each a `hype select` rule. Placeholders are
+    # filled before the arm runs (`_fill`): {score} the scored run, {tau} the CLIP scorer's temperature,
+    # {out} this benchmark's folder. The rules' parameters are their defaults unless the paper ties them to
+    # the model (negCLIPLoss's τ is the scoring CLIP's own).
+    "negclip": ["--rank", "negclip:temperature={tau}"],
+    # NormSim's target: the CLIP features of the world's class reference images (its ImageNet-1k train, what
+    # c_IN already embeds into RUN/classes/), disjoint from the evaluation tasks' images.
+    "normsim": ["--rank", "normsim:target={score}/classes"],
+    "dbp": ["--rank", "dbp:inner=hype"],
+    # Weights fitted by `hype fit` to 300 curator labels (the truth table of 300 pool samples drawn by
+    # seed 0, never an evaluation result) over the HYPE terms.
+    "fitted": ["--rank", "combine", "--weights", "{out}/fit/weights.json"],
+    # The leaderboard's HYPE ∪ DFN shape: HYPE's top 15% ∪ the CLIP score's top 15%.
+    "hype-or-clip": ["--preset", "hype", "--frac", "0.15", "--union", "{out}/subsets/clip-score-top15.npy"],
     "pool": None,
 }
 DEFAULT_ARMS = [a for a in ARMS if a != "pool"]
@@ -179,7 +193,9 @@ def _scores(
         # 0.999 removes ~30% of the pool (bench/neardup.py's removed column, not its truth columns). The
         # README's dedup verdict was measured on these cosine-only groups (the copy check, #37 item 5, not
         # yet in a downstream verdict); bench/neardup.py turns the check back on.
-        "neardup.enabled=true", "neardup.threshold=0.999", "neardup.copy_check=false", *extra,
+        "neardup.enabled=true", "neardup.threshold=0.999", "neardup.copy_check=false",
+        "embed.clip_txt=true",  # the negclip arm's text embeddings (every other output unchanged)
+        *extra,
     )  # fmt: skip
     return score
 
@@ -194,6 +210,7 @@ def _train_arm(run, args, out: Path, world: Path, score: Path, arm: str, seeds: 
     composition = {k: v / samples for k, v in info["noise_counts"].items()}
     rule = ARMS[arm.partition("@")[0]]
     if rule is not None:
+        rule = _fill(run, args, out, world, score, rule)
         subset = out / "subsets" / f"{arm}.npy"
         if not subset.is_file():
             subset.parent.mkdir(parents=True, exist_ok=True)
@@ -214,6 +231,31 @@ def _train_arm(run, args, out: Path, world: Path, score: Path, arm: str, seeds: 
             run.hype(f"eval-{arm}-{seed}", *eval_args(model, world, results), "--no-progress")
         per_seed.append(read_eval(results))
     return {"samples": samples, "composition": composition, "per_seed": per_seed}
+
+
+def _fill(run, args, out: Path, world: Path, score: Path, rule: Sequence[str]) -> list[str]:
+    """The arm's `hype select` arguments with their placeholders filled, making what they name first."""
+    subs = {"{score}": str(score), "{out}": str(out)}
+    if any("{tau}" in a for a in rule):  # the scoring CLIP's τ = 1 / logit_scale, as negCLIPLoss uses it
+        from safetensors.numpy import load_file
+
+        scale = load_file(str(out / "scorers" / "clip" / "model.safetensors"))["log_logit_scale"]
+        subs["{tau}"] = f"{float(np.exp(-scale.astype(np.float64))):.6g}"
+    fit = out / "fit" / "weights.json"
+    if any("{out}/fit/" in a for a in rule) and not fit.is_file():
+        from hype.synth.labels import curator_labels
+
+        labels = curator_labels(world, out / "fit" / "labels.parquet", rows=300, seed=0)
+        run.hype("fit", "fit", "--scores", str(score), "--labels", str(labels), "--out", str(fit))
+    top = out / "subsets" / "clip-score-top15.npy"
+    if any("clip-score-top15" in a for a in rule) and not top.is_file():
+        run.hype("select-clip-score-top15", *select_args(score, 0.15, top, ARMS["clip-score"]))
+    filled = []
+    for a in rule:
+        for k, v in subs.items():
+            a = a.replace(k, v)
+        filled.append(a)
+    return filled
 
 
 # The `hype` command lines of the benchmark's steps.
