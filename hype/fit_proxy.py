@@ -266,6 +266,7 @@ def _train(search: ProxySearch, subset: Path, out: Path, seed: int) -> tuple[Pat
         *search.train_overrides,
         *([f"samples_seen={search.samples_seen}"] if search.samples_seen is not None else []),
         f"seed={seed}",
+        *([f"device={search.device}"] if search.device else []),
         *(
             f"{k}={json.dumps(str(v))}"
             for k, v in (("data.train", search.data), ("data.subset", subset), ("out", out))
