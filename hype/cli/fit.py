@@ -57,7 +57,9 @@ import click
 @click.option(
     "--train-set", "train_set", multiple=True, metavar="KEY=VALUE", help="--proxy: a training override."
 )
-@click.option("--device", default=None, help="--proxy: train and evaluate on cpu or cuda [default: cuda if available].")
+@click.option(
+    "--device", default=None, help="--proxy: train and evaluate on cpu or cuda [default: cuda if available]."
+)
 @click.option("--label-column", default="keep", show_default=True, help="The labels' keep/drop column.")
 @click.option(
     "--columns",
