@@ -16,7 +16,7 @@ from test_select_helpers import truth_scores, write_scores
 
 from hype.cli import main
 from hype.eval.runner import resolve_data_dir
-from hype.synth import make_world
+from hype.synth import SynthError, make_world
 from hype.synth.eval_tasks import TASK_NAMES, task_folder
 
 WORLD = dict(size=96, seed=0, clean_size=8, eval_size=8, reference_per_class=1, shard_size=64, workers=1)
@@ -83,6 +83,18 @@ def test_proxy_set_is_disjoint_from_eval_and_leaves_the_world_as_it_was(world, t
     # Added to a world made without one, by the same command: the world is reused as it is.
     again = make_world(plain, **WORLD, proxy_size=8)
     assert again["skipped"] and _files(plain / "proxy") == _files(proxy)
+
+
+def test_a_proxy_folder_hype_did_not_make_is_left_alone(tmp_path):
+    world = tmp_path / "w"
+    make_world(world, **WORLD)
+    (world / "proxy").mkdir()
+    (world / "proxy" / "mine.txt").write_text("a user's file")
+    with pytest.raises(SynthError, match=r"proxy exists and holds no proxy.json, so hype did not make it"):
+        make_world(world, **WORLD, proxy_size=8)
+    assert [p.name for p in (world / "proxy").iterdir()] == ["mine.txt"]
+    res = CliRunner().invoke(main, ["synth", "--out", str(world), "--size", "96", "--proxy-size", "-1"])
+    assert res.exit_code == 2 and "--proxy-size must be 0 (no proxy set) or images per task" in res.output
 
 
 @pytest.fixture(scope="module")
