@@ -37,7 +37,7 @@ def baseline(a: np.ndarray, b: np.ndarray, pairs: np.ndarray, check: CopyCheck) 
         order = np.argsort(col, kind="stable")
         for group in np.split(order, np.flatnonzero(np.diff(col[order])) + 1):
             at = np.searchsorted(used, pairs[group, 1 - side])
-            found = _match((rows[0][at], rows[1][at]), thumbnails(images[col[group[0]]], check))
+            found = _match((rows[0][at], rows[1][at]), thumbnails(images[col[group[0]]], check), check)
             out[group] = np.maximum(out[group], found)
     return out
 

@@ -371,7 +371,9 @@ def test_default_settings_group_the_copies_and_nothing_else(tmp_path_factory, tm
     """With its defaults the stage joins only pairs the pixel copy check confirms. The test world's tiny CLIP
     puts unrelated scenes near each other (the old default, cosine >= 0.95 alone, grouped most of the pool);
     the copies are still found, except those the CLIP ranks far apart or puts in other clusters (measured
-    on larger worlds by bench/neardup.py)."""
+    on larger worlds by bench/neardup.py). 23 of the 29 before the check compared each colour channel's
+    contrast, 21 since: one of the 15 true pairs falls below 0.9 (on bench/neardup.py's 4,000-sample world
+    0 none did, and other samples grouped fell from 75 to 58)."""
     w = world(tmp_path_factory)
     meru, clip = models(tmp_path_factory)
     run = tmp_path / "run"
@@ -385,7 +387,7 @@ def test_default_settings_group_the_copies_and_nothing_else(tmp_path_factory, tm
     kin = groups.uid.map(family)
     found = {u for _, m in groups.groupby("group") for u in m.uid if (kin[m.index] == family[u]).sum() > 1}
     assert len(set(groups.uid) - found) <= 0.01 * len(scored)  # other samples grouped
-    assert len(found) >= 0.75 * len(copies) and len(copies) >= 20
+    assert len(found) >= 0.7 * len(copies) and len(copies) >= 20
     info = json.loads((run / "summary.json").read_text())["neardup"]
     assert info["copy_check"]["candidates"] == 10 and info["threshold"] == 0.9
 

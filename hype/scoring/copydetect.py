@@ -9,10 +9,17 @@ thumbnails, each with its mean removed and unit L2 norm:
     colour  RGB intensities at `colour_size` px: which colours are where;
     edges   the horizontal and vertical differences of the luminance at `edge_size` px: where the edges
             are (a smooth background, a gradient or a flat colour, has none: it no longer dominates).
-Two thumbnails' normalised cross-correlation (NCC) is their dot product. The copy similarity of two
-images is, over the windows of either image matched against the other's whole image (so a pool image that
-is a crop of an evaluation image and one that contains it are both found), the best window's lower NCC
-of the two parts: a copy must agree in colour layout and in edges at once.
+Two thumbnails' normalised cross-correlation (NCC) is their dot product. A third term compares each
+colour channel's contrast: the NCC is blind to it (the colour thumbnail is normalised over its three
+channels together, so an orange and a yellow object on white, whose blue contrast dominates, correlate at
+0.96): per channel, the dot product of the two images' parts over the larger part's energy (the channel's
+NCC times the ratio of its two contrasts), each with `contrast_slack` of the whole energy added above and
+below (JPEG's chroma quantisation moves a faint channel's contrast by 20-50%: the slack keeps it from
+deciding), the lowest of the three channels. The copy
+similarity of two images is, over the windows of either image matched against the other's whole image
+(so a pool image that is a crop of an evaluation image and one that contains it are both found), the best
+window's lowest of the three: a copy must agree in colour layout, in each channel's contrast and in edges
+at once.
 
 Exact on any machine: every sum that BLAS computes here is a sum of integers below 2^53 in float64, so its
 value does not depend on the order BLAS adds in (the kernel the CPU gets, the blocking, the batch's shape).
@@ -65,6 +72,7 @@ class CopyCheck:
     scales: tuple[float, ...] = (0.95, 0.9, 0.85)  # window side / image side, besides the whole image
     steps: int = 7  # window offsets per axis per scale
     threshold: float = 0.9  # copy similarity at or above which a candidate is a copy
+    contrast_slack: float = 0.3  # share of the colour energy added to each channel's contrast ratio
 
     def __post_init__(self) -> None:
         for name in ("colour_size", "edge_size"):
@@ -72,6 +80,8 @@ class CopyCheck:
                 raise ValueError(
                     f"copy check {name} {getattr(self, name)}: thumbnail size 4 to {WORK_SIDE // 2} pixels"
                 )
+        if not 0.0 <= self.contrast_slack <= 1.0:
+            raise ValueError(f"copy check contrast_slack {self.contrast_slack}: a share in [0, 1]")
         if not all(0.5 <= s < 1.0 for s in self.scales) or self.steps < 1:
             raise ValueError(
                 f"copy check windows {self.scales} x {self.steps}: scales in [0.5, 1), steps >= 1"
@@ -80,7 +90,7 @@ class CopyCheck:
     def settings(self) -> dict:
         return asdict(self) | {
             "work_side": WORK_SIDE,
-            "descriptor": "RGB + luminance-gradient NCC, min",
+            "descriptor": "RGB NCC + per-channel contrast + luminance-gradient NCC, min",
             "sums": "exact",
         }
 
@@ -211,19 +221,26 @@ def thumbnails(work: np.ndarray, check: CopyCheck, whole_only: bool = False) -> 
     return _unit_rows(colour), _unit_rows(np.concatenate([dx, dy], axis=1))
 
 
-def _match(wholes: Descriptor, windows_: Descriptor) -> np.ndarray:
-    """(m,) best window agreement of m whole-image descriptors with one image's windows: float64 products
-    of integers, exact whatever m and the BLAS kernel, then scaled to the NCC."""
-    colour, edges = (
-        w.astype(np.float64) @ v.astype(np.float64).T for w, v in zip(wholes, windows_, strict=True)
-    )
-    return (np.minimum(colour, edges).max(axis=1) / float(UNIT_ONE) ** 2).astype(np.float32)
+def _match(wholes: Descriptor, windows_: Descriptor, check: CopyCheck) -> np.ndarray:
+    """(m,) best window agreement of m whole-image descriptors with one image's windows (module
+    docstring): float64 products and sums of integers, exact whatever m and the BLAS kernel, then scaled."""
+    (wc, we), (vc, ve) = ([x.astype(np.float64) for x in d] for d in (wholes, windows_))
+    one = float(UNIT_ONE) ** 2
+    side = wc.shape[1] // 3
+    parts = [(wc[:, c * side : (c + 1) * side], vc[:, c * side : (c + 1) * side]) for c in range(3)]
+    dots = [w @ v.T for w, v in parts]  # per channel: the colour NCC is their sum
+    colour = (dots[0] + dots[1] + dots[2]) / one
+    slack = check.contrast_slack * one
+    for dot, (w, v) in zip(dots, parts, strict=True):
+        ew, ev = np.square(w).sum(axis=1)[:, None], np.square(v).sum(axis=1)[None, :]
+        colour = np.minimum(colour, (dot + slack) / np.maximum(np.maximum(ew, ev) + slack, 1.0))
+    return np.minimum(colour, (we @ ve.T) / one).max(axis=1).astype(np.float32)
 
 
-def copy_similarity(a: Descriptor, b: Descriptor) -> float:
+def copy_similarity(a: Descriptor, b: Descriptor, check: CopyCheck) -> float:
     """Copy similarity of two images' `thumbnails` (either one may be the crop of the other)."""
     whole = lambda d: (d[0][:1], d[1][:1])  # noqa: E731
-    return float(max(_match(whole(a), b)[0], _match(whole(b), a)[0]))
+    return float(max(_match(whole(a), b, check)[0], _match(whole(b), a, check)[0]))
 
 
 def pair_similarities(
@@ -267,4 +284,4 @@ def _wholes(pool: ThreadPoolExecutor, images: np.ndarray, used: np.ndarray, chec
 def _best_window(job: tuple, check: CopyCheck) -> np.ndarray:
     """One image's windows against the whole-image rows `at` of the other side's images."""
     rows, at, image = job
-    return _match((rows[0][at], rows[1][at]), thumbnails(image, check))
+    return _match((rows[0][at], rows[1][at]), thumbnails(image, check), check)
