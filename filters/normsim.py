@@ -30,7 +30,7 @@ import numpy as np
 from hype.config import ConfigError, parse_yaml
 from hype.data.samples import IMAGE_EXTS
 from hype.filters.embeddings import PoolEmbeddings, PoolRule, grid_unit, on_grid
-from hype.io import NPY_ERRORS, StorageError, read_bytes, read_json, read_parquet, storage
+from hype.io import NPY_ERRORS, StorageError, overlap, read_bytes, read_json, read_parquet, storage
 from hype.scoring.embed_format import fixed_list_to_numpy, read_embeddings
 from hype.select.errors import SelectError
 from hype.select.rules import RULES
@@ -248,8 +248,7 @@ def refuse_evaluation_images(target: str, run_dir: Path) -> None:
     eval_dir = (config.get("decontam") or {}).get("eval_dir")
     if not eval_dir:
         return
-    t, e = Path(str(target)).resolve(), Path(str(eval_dir)).resolve()
-    if t == e or e in t.parents or t in e.parents:
+    if overlap(str(target), str(eval_dir)):
         raise SelectError(
             f"rule 'normsim': target {target} overlaps the run's evaluation images ({eval_dir}); "
             "use a target set disjoint from the evaluation tasks (e.g. ImageNet-1k train features)"

@@ -43,7 +43,7 @@ from hype.eval.compare import task_average
 from hype.eval.results import ResultsFileError
 from hype.eval.runner import EvalError, RunOptions, run_eval
 from hype.eval.tasks import TaskConfigError, select_tasks
-from hype.io import StorageError, read_bytes, sha256_file
+from hype.io import StorageError, overlap, read_bytes, sha256_file
 from hype.select.errors import SelectError
 from hype.select.fit import FORMAT
 from hype.select.request import SelectRequest
@@ -138,15 +138,7 @@ def check_proxy(proxy: str, eval_folders: Sequence[Path]) -> Path:
             "--proxy-size 200` and pass WORLD/proxy"
         )
     for e in eval_folders:
-        how = (
-            "is"
-            if path == e
-            else "lies in"
-            if path.is_relative_to(e)
-            else "holds"
-            if e.is_relative_to(path)
-            else None
-        )
+        how = overlap(path, e)
         if how:
             raise ProxyFitError(
                 f"--proxy {proxy} {how} the evaluation tasks' folder {e}; weights are never chosen on the "

@@ -128,6 +128,13 @@ def create_own_file(path: str | PathLike, *, reuse: bool = False, mode: int = 0o
     raise _unsafe(path, "a hard link to another file" if st is not None and st.st_nlink > 1 else _kind(path))
 
 
+def overlap(path: str | PathLike, folder: str | PathLike) -> str | None:
+    """How `path` relates to `folder`, both as real local paths: "is", "lies in", "holds", or None when they
+    are disjoint (what keeps a selection target or a proxy task set apart from the evaluation images)."""
+    p, f = Path(os.path.realpath(path)), Path(os.path.realpath(folder))
+    return "is" if p == f else "lies in" if p.is_relative_to(f) else "holds" if f.is_relative_to(p) else None
+
+
 def check_own_folder(path: str | PathLike) -> None:
     """Refuse a name where hype keeps a folder of its own (a temporary tree, the previous tree it replaces)
     that holds something else: a symbolic link, whose target would be filled or deleted, or a file."""
