@@ -1,0 +1,157 @@
+"""Cost of the selection rules beyond Eq. 1 (#37): wall time and peak memory of `hype select --frac 0.2` with
+each rule, as a ratio against HYPE's own rule (Eq. 1, the default) on the same table in the same process.
+
+Builds a run of `--rows` rows in `--files` parts: a scores table (`hype.table.schema`, random terms, as
+`bench/select_reducer.py` writes it) and, for the rules that read embeddings (`normsim`, `dbp`, `negclip`),
+`embed/<id>.parquet` with unit `clip_img` (and `clip_txt` for negclip) of `--dim` dimensions drawn around
+1,000 centres (clustered like real CLIP features), plus plan.json naming the parts. normsim's target is
+`--target-rows` unit vectors (.npy). Each rule runs in its own child process (`hype select`, peak RSS is the
+child's own); every rule's subset is checked to hold the expected row count.
+
+    python bench/rule_costs.py [--rows 1000000] [--dim 768] [--files 100] [--target-rows 10000]
+        [--rules hype,zscore,combine,normsim,dbp] [--out DIR] [--keep]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]  # bench/ is not a package
+sys.path.insert(0, os.path.dirname(_HERE))
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+RULES = {
+    "hype": ["--preset", "hype"],
+    "zscore": ["--preset", "hype", "--normalize", "zscore"],
+    "combine": ["--rank", "combine", "--weights", "neg_d_l=1,cos_theta=0.5,eps_t=0.25"],
+    "normsim": ["--rank", "normsim:target={target},p=2"],
+    "normsim-inf": ["--rank", "normsim:target={target}"],
+    "dbp": ["--rank", "dbp:inner=hype"],
+    "negclip": ["--rank", "negclip"],
+}
+
+# Run as a child: `hype select`, then this process's own peak RSS on stderr's last line.
+CHILD = """
+import json, resource, runpy, sys
+sys.argv = ["hype"] + sys.argv[1:]
+try:
+    runpy.run_module("hype.cli", run_name="__main__")
+finally:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"rss_mb": rss}), file=sys.stderr)
+"""
+
+
+def generate(root: Path, rows: int, files: int, dim: int, text: bool, seed: int = 0) -> None:
+    import pyarrow as pa
+
+    from hype.data.uids import pairs_to_arrow
+    from hype.scoring.rundir import parquet_bytes
+    from hype.table.schema import SCHEMA
+
+    for sub in ("scores", "embed"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    centres = np.random.default_rng([seed, 1 << 20]).standard_normal((1000, dim)).astype(np.float32)
+    shards = []
+    sizes = [rows // files + (1 if i < rows % files else 0) for i in range(files)]
+    for i, n in enumerate(sizes):
+        rng = np.random.default_rng([seed, i])
+        hi = rng.integers(0, 2**64, n, dtype=np.uint64, endpoint=False)
+        lo = rng.integers(0, 2**64, n, dtype=np.uint64, endpoint=False)
+        uid = pairs_to_arrow(hi, lo).cast(pa.string())
+        shard = f"pool/{i:08d}.tar"
+        cols = {
+            "uid": uid,
+            "eps_i": pa.array(rng.normal(0.2, 0.1, n).astype(np.float32)),
+            "eps_t": pa.array(rng.normal(0.05, 0.1, n).astype(np.float32)),
+            "neg_d_l": pa.array(rng.normal(-1.0, 0.2, n).astype(np.float32)),
+            "cos_theta": pa.array(rng.normal(0.3, 0.05, n).astype(np.float32)),
+            "c_in": pa.array(np.where(rng.random(n) < 0.25, 10.0, 0.0).astype(np.float32)),
+            "shard": pa.array(np.full(n, shard, dtype=object), pa.string()),
+            "key": pa.nulls(n, pa.string()),
+            "text": pa.nulls(n, pa.string()),
+            "width": pa.array(np.full(n, 256, np.int32)),
+            "height": pa.array(np.full(n, 256, np.int32)),
+        }
+        table = pa.Table.from_arrays([cols[f.name] for f in SCHEMA], schema=SCHEMA)
+        (root / "scores" / f"part-{i:08d}.parquet").write_bytes(parquet_bytes(table))
+        emb = {"uid": uid, "clip_img": _features(rng, centres, n)}
+        if text:
+            emb["clip_txt"] = _features(rng, centres, n)
+        sid = f"{i:08d}-00000000"
+        (root / "embed" / f"{sid}.parquet").write_bytes(parquet_bytes(pa.table(emb)))
+        shards.append({"id": sid, "index": i, "path": shard, "source": shard})
+    (root / "plan.json").write_text(json.dumps({"shards": shards, "pool": "pool", "pools": ["pool"]}))
+    (root / "summary.json").write_text(json.dumps({"status": "complete", "rows": rows}))
+
+
+def _features(rng: np.random.Generator, centres: np.ndarray, n: int):
+    import pyarrow as pa
+
+    x = centres[rng.integers(0, len(centres), n)] + 0.5 * rng.standard_normal((n, centres.shape[1]))
+    x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+    return pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), centres.shape[1])
+
+
+def run_rule(root: Path, rule: list[str], out: Path) -> dict:
+    cmd = [sys.executable, "-c", CHILD, "select", "--scores", str(root / "scores"), "--frac", "0.2",
+           "--out", str(out), "--no-progress", *rule]  # fmt: skip
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    tail = proc.stderr.strip().splitlines()
+    if proc.returncode or not out.is_file():
+        raise SystemExit(f"{' '.join(rule)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    rows = json.loads(Path(f"{out.with_suffix('')}.json").read_text())["selected_rows"]
+    return {"wall_s": round(wall, 2), "rss_mb": round(json.loads(tail[-1])["rss_mb"]), "rows": rows}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--dim", type=int, default=768)
+    p.add_argument("--files", type=int, default=100)
+    p.add_argument("--target-rows", type=int, default=10_000)
+    p.add_argument("--rules", default="hype,zscore,combine,normsim,dbp")
+    p.add_argument("--out", type=Path, default=None, help="build the run here (default: a temporary folder)")
+    p.add_argument("--keep", action="store_true", help="keep the generated run")
+    args = p.parse_args()
+    rules = [r.strip() for r in args.rules.split(",") if r.strip()]
+    if rules[0] != "hype":
+        rules.insert(0, "hype")  # the baseline every ratio is against
+    root = (args.out or Path(tempfile.mkdtemp(prefix="hype-rule-costs-"))).resolve()
+    try:
+        t0 = time.perf_counter()
+        if not (root / "plan.json").is_file():
+            generate(root, args.rows, args.files, args.dim, text="negclip" in rules)
+            target = np.random.default_rng(7).standard_normal((args.target_rows, args.dim)).astype(np.float32)
+            np.save(root / "target.npy", target / np.linalg.norm(target, axis=1, keepdims=True))
+        print(f"run of {args.rows:,} rows x {args.dim} dims in {time.perf_counter() - t0:.0f} s: {root}")
+        results = {}
+        for name in rules:
+            rule = [a.replace("{target}", str(root / "target.npy")) for a in RULES[name]]
+            results[name] = run_rule(root, rule, root / "subsets" / f"{name}.npy")
+            r = results[name]
+            base = results["hype"]
+            print(f"{name:12s} {r['wall_s']:9.1f} s  {r['wall_s'] / base['wall_s']:7.1f}x  "
+                  f"peak RSS {r['rss_mb']:7,} MB  ({r['rows']:,} rows kept)", flush=True)  # fmt: skip
+        print(json.dumps({"rows": args.rows, "dim": args.dim, "target_rows": args.target_rows,
+                          "results": results}))  # fmt: skip
+    finally:
+        if not args.keep and args.out is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
