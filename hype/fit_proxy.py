@@ -23,7 +23,6 @@ its digest, every candidate with its proxy scores, the budget and the seeds.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -43,7 +42,7 @@ from hype.eval.compare import task_average
 from hype.eval.results import ResultsFileError
 from hype.eval.runner import EvalError, RunOptions, run_eval
 from hype.eval.tasks import TaskConfigError, select_tasks
-from hype.io import StorageError, overlap, read_bytes, sha256_file
+from hype.io import StorageError, overlap, read_bytes, sha256_chunks, sha256_file
 from hype.select.errors import SelectError
 from hype.select.fit import FORMAT
 from hype.select.request import SelectRequest
@@ -103,10 +102,8 @@ def weights_spec(weights: dict[str, float]) -> str:
 def folder_digest(folder: str | os.PathLike) -> str:
     """sha256 over every file's relative path and sha256, in path order: the proxy set the search saw."""
     root = Path(folder)
-    h = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        h.update(f"{path.relative_to(root).as_posix()}\0{sha256_file(path)}\n".encode())
-    return h.hexdigest()
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    return sha256_chunks(f"{f.relative_to(root).as_posix()}\0{sha256_file(f)}\n".encode() for f in files)
 
 
 def evaluation_folders(search: ProxySearch, table: ScoresTable) -> list[Path]:
