@@ -1,10 +1,10 @@
 """Cost of the selection rules beyond Eq. 1 (#37): wall time and peak memory of `hype select --frac 0.2` with
 each rule, as a ratio against HYPE's own rule (Eq. 1, the default) on the same table in the same process.
 
-Builds a run of `--rows` rows in `--files` parts: a scores table (`hype.table.schema`, random terms, as
-`bench/select_reducer.py` writes it) and, for the rules that read embeddings (`normsim`, `dbp`, `negclip`),
-`embed/<id>.parquet` with unit `clip_img` (and `clip_txt` for negclip) of `--dim` dimensions drawn around
-1,000 centres (clustered like real CLIP features), plus plan.json naming the parts. normsim's target is
+Builds a run of `--rows` rows in `--files` parts: a scores table (`bench/select_reducer.py`'s `generate`)
+and, for the rules that read embeddings (`normsim`, `dbp`, `negclip`), `embed/<id>.parquet` with unit
+`clip_img` (and `clip_txt` for negclip) of `--dim` dimensions drawn around 1,000 centres (clustered like
+real CLIP features), plus plan.json naming the parts. normsim's target is
 `--target-rows` unit vectors (.npy). Each rule runs in its own child process (`hype select`, peak RSS is the
 child's own); every rule's subset is checked to hold the expected row count.
 
@@ -54,44 +54,30 @@ finally:
 
 
 def generate(root: Path, rows: int, files: int, dim: int, text: bool, seed: int = 0) -> None:
+    """The scores table of bench/select_reducer.py, then embed/ and plan.json for the same rows."""
+    import importlib.util
+
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
-    from hype.data.uids import pairs_to_arrow
     from hype.scoring.rundir import parquet_bytes
-    from hype.table.schema import SCHEMA
 
-    for sub in ("scores", "embed"):
-        (root / sub).mkdir(parents=True, exist_ok=True)
+    spec = importlib.util.spec_from_file_location("select_reducer", Path(_HERE) / "select_reducer.py")
+    reducer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reducer)
+    reducer.generate(root, rows, files, seed)
+    (root / "embed").mkdir(parents=True, exist_ok=True)
     centres = np.random.default_rng([seed, 1 << 20]).standard_normal((1000, dim)).astype(np.float32)
     shards = []
-    sizes = [rows // files + (1 if i < rows % files else 0) for i in range(files)]
-    for i, n in enumerate(sizes):
-        rng = np.random.default_rng([seed, i])
-        hi = rng.integers(0, 2**64, n, dtype=np.uint64, endpoint=False)
-        lo = rng.integers(0, 2**64, n, dtype=np.uint64, endpoint=False)
-        uid = pairs_to_arrow(hi, lo).cast(pa.string())
-        shard = f"pool/{i:08d}.tar"
-        cols = {
-            "uid": uid,
-            "eps_i": pa.array(rng.normal(0.2, 0.1, n).astype(np.float32)),
-            "eps_t": pa.array(rng.normal(0.05, 0.1, n).astype(np.float32)),
-            "neg_d_l": pa.array(rng.normal(-1.0, 0.2, n).astype(np.float32)),
-            "cos_theta": pa.array(rng.normal(0.3, 0.05, n).astype(np.float32)),
-            "c_in": pa.array(np.where(rng.random(n) < 0.25, 10.0, 0.0).astype(np.float32)),
-            "shard": pa.array(np.full(n, shard, dtype=object), pa.string()),
-            "key": pa.nulls(n, pa.string()),
-            "text": pa.nulls(n, pa.string()),
-            "width": pa.array(np.full(n, 256, np.int32)),
-            "height": pa.array(np.full(n, 256, np.int32)),
-        }
-        table = pa.Table.from_arrays([cols[f.name] for f in SCHEMA], schema=SCHEMA)
-        (root / "scores" / f"part-{i:08d}.parquet").write_bytes(parquet_bytes(table))
-        emb = {"uid": uid, "clip_img": _features(rng, centres, n)}
+    for i, part in enumerate(sorted((root / "scores").glob("part-*.parquet"))):
+        uid = pq.read_table(part, columns=["uid"]).column("uid").combine_chunks()
+        rng = np.random.default_rng([seed, i, 1])
+        emb = {"uid": uid, "clip_img": _features(rng, centres, len(uid))}
         if text:
-            emb["clip_txt"] = _features(rng, centres, n)
+            emb["clip_txt"] = _features(rng, centres, len(uid))
         sid = f"{i:08d}-00000000"
         (root / "embed" / f"{sid}.parquet").write_bytes(parquet_bytes(pa.table(emb)))
-        shards.append({"id": sid, "index": i, "path": shard, "source": shard})
+        shards.append({"id": sid, "index": i, "path": f"pool/{i:08d}.tar", "source": f"pool/{i:08d}.tar"})
     (root / "plan.json").write_text(json.dumps({"shards": shards, "pool": "pool", "pools": ["pool"]}))
     (root / "summary.json").write_text(json.dumps({"status": "complete", "rows": rows}))
 
