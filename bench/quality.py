@@ -68,6 +68,9 @@ ARMS: dict[str, list[str] | None] = {
     "hype-dedup": ["--preset", "hype", "--filter", f"dedup:keeper=hype,threshold={DEDUP_T}"],
     "hype-dedup-semdedup": ["--preset", "hype", "--filter", f"dedup:keeper=semdedup,threshold={DEDUP_T}"],
     "hype-dedup-random": ["--preset", "hype", "--filter", f"dedup:keeper=random,threshold={DEDUP_T}"],
+    # The same HYPE ∩ dedup with the near-duplicate stage's defaults (its own scored run, NEARDUP_DEFAULT):
+    # pairs the copy check confirms, at the stage's threshold and keeper (#37 item 5).
+    "hype-dedup-default": ["--preset", "hype", "--filter", "dedup"],
     # #37: the signals the best filters combine beyond Eq. 1, each a `hype select` rule. Placeholders are
     # filled before the arm runs (`_fill`): {score} the scored run, {tau} the CLIP scorer's temperature,
     # {out} this benchmark's folder. The rules' parameters are their defaults unless the paper ties them to
@@ -85,6 +88,10 @@ ARMS: dict[str, list[str] | None] = {
     "pool": None,
 }
 DEFAULT_ARMS = [a for a in ARMS if a != "pool"]
+# Arms scored by a run whose near-duplicate stage keeps its defaults (folder score-neardup-default); every
+# other arm's run has the cosine-only groups at 0.999 that the README's earlier dedup verdict was measured on.
+NEARDUP_DEFAULT = {"hype-dedup-default"}
+COSINE_NEARDUP = ("neardup.threshold=0.999", "neardup.copy_check=false")
 BASELINES = ("clip-score", "random")  # HYPE - baseline: the benchmark's two questions
 MERU_PRESET = "tiny-hyperbolic-scorer"  # the hyperbolic scorer's train preset; ARM@PRESET swaps it
 
@@ -139,7 +146,14 @@ def main() -> None:
         if args.report_only and not _finished(out, arm, seeds):
             print(f"= {arm}: not every seed is finished, left out of this report", flush=True)
             continue
-        per_arm[arm] = _train_arm(run, args, out, world, scores[_scorer(arm)], arm, seeds)
+        score = scores[_scorer(arm)]
+        if arm.partition("@")[0] in NEARDUP_DEFAULT:
+            score = (
+                _score_dir(out, _scorer(arm), "neardup-default")
+                if args.report_only
+                else _scores(run, args, out, world, meru_preset=_scorer(arm), neardup_default=True)
+            )
+        per_arm[arm] = _train_arm(run, args, out, world, score, arm, seeds)
     result = _compare(per_arm, seeds, _chance_levels(world))
     result["arms_not_run"] = [a for a in arms if a not in per_arm]
     result.update(
@@ -162,16 +176,25 @@ def _scorer(arm: str) -> str:
     return arm.partition("@")[2] or MERU_PRESET
 
 
-def _score_dir(out: Path, preset: str) -> Path:
-    return out / ("score" if preset == MERU_PRESET else f"score@{preset}")
+def _score_dir(out: Path, preset: str, variant: str = "") -> Path:
+    name = "score" if preset == MERU_PRESET else f"score@{preset}"
+    return out / (f"{name}-{variant}" if variant else name)
 
 
 def _scores(
-    run, args, out: Path, world: Path, extra: tuple[str, ...] = (), *, meru_preset: str = MERU_PRESET
+    run,
+    args,
+    out: Path,
+    world: Path,
+    extra: tuple[str, ...] = (),
+    *,
+    meru_preset: str = MERU_PRESET,
+    neardup_default: bool = False,
 ) -> Path:
     """The world, its two scorers and the scored pool (each step skipped when its output exists), with the
     near-duplicate stage (the dedup arms); the hyperbolic scorer trained from `meru_preset` (another preset
-    gets its own scorer and score folders); `extra`: more `hype score` settings."""
+    gets its own scorer and score folders); `extra`: more `hype score` settings; `neardup_default`: the
+    near-duplicate stage at its defaults, in a folder of its own."""
     if not (world / "world.json").is_file():
         run.hype("synth", "synth", "--out", str(world), "--size", str(args.size),
                  "--clean-size", str(args.clean_size), "--seed", str(args.world_seed),
@@ -181,9 +204,9 @@ def _scores(
     for name, preset in ((meru, meru_preset), ("clip", "tiny-clip")):
         if not (models / name / "model.safetensors").is_file():
             run.hype(f"train-{name}", *train_args(preset, world / "clean" / "shards", models / name))
-    score = _score_dir(out, meru_preset)
+    score = _score_dir(out, meru_preset, "neardup-default" if neardup_default else "")
     run.hype(
-        f"score-{meru}",
+        f"score-{meru}" + ("-neardup-default" if neardup_default else ""),
         "score", "--pool", str(world / "pool" / "shards"),
         "--meru", str(models / meru / "model.safetensors"),
         "--clip", str(models / "clip" / "model.safetensors"),
@@ -192,8 +215,9 @@ def _scores(
         # The tiny CLIP's image features crowd near cosine 1 (within a cluster most pairs are > 0.98):
         # 0.999 removes ~30% of the pool (bench/neardup.py's removed column, not its truth columns). The
         # README's dedup verdict was measured on these cosine-only groups (the copy check, #37 item 5, not
-        # yet in a downstream verdict); bench/neardup.py turns the check back on.
-        "neardup.enabled=true", "neardup.threshold=0.999", "neardup.copy_check=false",
+        # yet in a downstream verdict); bench/neardup.py turns the check back on. NEARDUP_DEFAULT arms use the
+        # stage's defaults.
+        "neardup.enabled=true", *(() if neardup_default else COSINE_NEARDUP),
         "embed.clip_txt=true",  # the negclip arm's text embeddings (every other output unchanged)
         *extra,
     )  # fmt: skip
