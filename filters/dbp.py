@@ -2,12 +2,15 @@
 complexity of concept clusters", arXiv 2401.04578): k-means clusters of the pool's CLIP image embeddings,
 a share of the kept rows per cluster from its complexity, then another rule's score inside each cluster.
 
-For cluster c with unit centroid μ_c: d_intra(c) = mean over its members of 1 - x·μ_c, d_inter(c) = mean
-over its `neighbors` nearest other centroids of 1 - μ_c·μ_c', d(c) = d_intra·d_inter, and its share
-P(c) = softmax(d / τ). The paper keeps N·P(c) rows of cluster c, a cluster smaller than its quota keeping
-all and its excess going to the others in proportion: that is exactly the global top-N of the score
--(r + 1)/P(c) for the row ranked r (from 0) inside its cluster by the `inner` rule, so `hype select`'s own
-cut (any --frac/--top-k) applies the quotas. Ties inside a cluster go to the lower uid.
+For cluster c with unit centroid μ_c: d_intra(c) = mean over its members of 1 - x·μ_c, d_inter(c) = mean over
+its `neighbors` nearest other centroids of 1 - μ_c·μ_c', d(c) = d_intra·d_inter, and its share P(c) =
+softmax(d / τ) (defaults τ = 0.5, 20 neighbours, 100 clusters: the authors' code and their DataComp-Medium k).
+Cluster c keeps N·P(c) rows, a cluster smaller than its quota keeping all and its excess going to the others
+in proportion: that is exactly the global top-N of the score -(r + 1)/P(c) for the row ranked r (from 0)
+inside its cluster by the `inner` rule, so `hype select`'s own cut (any --frac/--top-k) applies the quotas.
+Ties inside a cluster go to the lower uid. (The authors' prune.py instead solves a quadratic program for N:
+quotas nearest N·P(c) under the size caps, the excess spread evenly, and a floor of half the uniform share
+N/(2k); its quotas are not one score's top-N for every N, so a cut could not apply them.)
 
 The k-means (`kmeans=own`) is `hype.scoring.clusters.kmeans_centroids` (torch, seeded) and
 `nearest_centroid`, exact on any machine. `kmeans=cin` takes each row's cluster from the run's c_IN k-means
@@ -58,7 +61,11 @@ class DensityPruning(PoolRule):
             "own | cin | neardup: k-means trained here, or the run's c_IN or near-dup one",
         ),
         "clusters": (int, 100, "k-means clusters of the pool's CLIP image embeddings (kmeans=own)"),
-        "tau": (float, 0.1, "softmax temperature over the clusters' d_intra x d_inter"),
+        "tau": (
+            float,
+            0.5,
+            "softmax temperature over the clusters' d_intra x d_inter (the authors' prune.py default)",
+        ),
         "neighbors": (int, 20, "nearest other centroids averaged for d_inter"),
         "seed": (int, 0, "seed of the k-means (kmeans=own)"),
         "max_gb": (float, 16.0, "refuse a pool whose image embeddings (as read and on the grid) exceed this"),

@@ -19,6 +19,9 @@ from hype.select.rules import make_rule
 from hype.table.reader import ScoresTable
 
 TAU, NEIGHBORS = 0.05, 3
+# The authors' code (github.com/amro-kamal/effective_pruning): prune.py's softmax temperature, the number of
+# nearest centroids compute_centroid_distances.py averages for d_inter.
+PAPER_TAU, PAPER_NEIGHBORS = 0.5, 20
 
 
 def _assignments(run, stage: str) -> pd.DataFrame:
@@ -36,17 +39,18 @@ def _assignments(run, stage: str) -> pd.DataFrame:
     return pd.concat(parts).drop_duplicates("uid").set_index("uid").sort_index()
 
 
-def _paper_quotas(x: np.ndarray, label: np.ndarray, n: int) -> np.ndarray:
+def _paper_quotas(x: np.ndarray, label: np.ndarray, n: int, tau: float, neighbors: int) -> np.ndarray:
     """DBP's quotas (Abbas et al. 2024) in float64: shares softmax(d_intra·d_inter/τ) over the clusters that
-    have rows, N·P(c) capped at a cluster's size with the excess handed on in proportion."""
+    have rows, N·P(c) capped at a cluster's size with the excess handed on in proportion (hype's rule; the
+    authors' QP spreads it evenly, filters/dbp.py says why)."""
     live = np.unique(label)
     mu = np.stack([x[label == c].sum(0) for c in live])
     mu /= np.linalg.norm(mu, axis=1, keepdims=True)
     d_intra = np.array([(1 - x[label == c] @ mu[i]).mean() for i, c in enumerate(live)])
     cd = 1 - mu @ mu.T
-    m = min(NEIGHBORS, len(live) - 1)
+    m = min(neighbors, len(live) - 1)
     d_inter = np.array([np.sort(np.delete(cd[i], i))[:m].mean() for i in range(len(live))])
-    share = np.exp(d_intra * d_inter / TAU)
+    share = np.exp(d_intra * d_inter / tau)
     share /= share.sum()
     size = np.array([(label == c).sum() for c in live])
     quota, left, rest = np.zeros(len(live)), np.ones(len(live), bool), float(n)
@@ -61,8 +65,11 @@ def _paper_quotas(x: np.ndarray, label: np.ndarray, n: int) -> np.ndarray:
         rest = n - quota[~left].sum()
 
 
-def _check(run, kmeans: str, stage: str) -> None:
-    got = _scores(ScoresTable(run), "dbp", inner="clip_score", kmeans=kmeans, tau=TAU, neighbors=NEIGHBORS)
+def _check(run, kmeans: str, stage: str, tau: float | None = TAU, neighbors: int | None = NEIGHBORS) -> None:
+    """dbp's kept rows on `run` against the paper's quotas at `tau` and `neighbors` (None: not passed to the
+    rule, the reference takes the authors' values)."""
+    params = {k: v for k, v in {"tau": tau, "neighbors": neighbors}.items() if v is not None}
+    got = _scores(ScoresTable(run), "dbp", inner="clip_score", kmeans=kmeans, **params)
     a = _assignments(run, stage)
     x = np.stack(a["clip_img"].to_numpy()).astype(np.float64)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
@@ -72,7 +79,9 @@ def _check(run, kmeans: str, stage: str) -> None:
     keep = set(sorted(uids, key=lambda u: -got[u])[:n])
     live = np.unique(label)
     counts = np.array([sum(u in keep for u in uids[label == c]) for c in live])
-    assert np.abs(counts - _paper_quotas(x, label, n)).max() <= 1
+    tau, neighbors = tau or PAPER_TAU, neighbors or PAPER_NEIGHBORS
+    quotas = _paper_quotas(x, label, n, tau, neighbors)
+    assert np.abs(counts - quotas).max() <= 1
     cos = pd.read_parquet(run / "scores", columns=["uid", "cos_theta"]).set_index("uid")["cos_theta"]
     for c, k in zip(live, counts, strict=True):  # inside each cluster: its best rows by cos θ
         members = uids[label == c]
@@ -91,6 +100,12 @@ def test_dbp_on_the_runs_cin_and_neardup_kmeans_keeps_the_papers_quotas(tmp_path
     assert result.exit_code == 0, result.output
     assert not _assignments(own, "neardup_split")["cluster"].equals(_assignments(run, "clusters")["cluster"])
     _check(own, "neardup", "neardup_split")
+
+
+def test_dbp_defaults_are_the_authors(tmp_path_factory):
+    """No tau or neighbors given: the quotas of the authors' code's temperature and 20 nearest centroids
+    (failed before: tau defaulted to 0.1)."""
+    _check(neardup_run(tmp_path_factory), "cin", "clusters", tau=None, neighbors=None)
 
 
 def test_dbp_on_a_kmeans_the_run_lacks_names_the_setting(tmp_path_factory, tmp_path):
