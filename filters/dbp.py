@@ -119,6 +119,9 @@ class DensityPruning(PoolRule):
             out[at[at >= 0]] = np.asarray(inner.score(b), np.float64)[at >= 0]
         return out
 
+    def inputs(self) -> list[dict]:
+        return self.inner.inputs()
+
     def describe(self) -> dict:
         return {"rule": self.name, **self.params, "inner_rule": self.inner.describe(), **self.found}
 

@@ -31,6 +31,7 @@ from hype.config import ConfigError, parse_yaml
 from hype.data.samples import IMAGE_EXTS
 from hype.filters.embeddings import PoolEmbeddings, PoolRule, grid_unit, on_grid
 from hype.io import NPY_ERRORS, StorageError, overlap, read_bytes, read_json, read_parquet, storage
+from hype.io.runs import fingerprint, input_identity
 from hype.scoring.embed_format import fixed_list_to_numpy, read_embeddings
 from hype.select.errors import SelectError
 from hype.select.rules import RULES
@@ -66,6 +67,14 @@ class NormSim(PoolRule):
                 "rule 'normsim' needs a target: normsim:target=FOLDER of images, .tar shards or "
                 ".npy/.parquet features"
             )
+
+    def inputs(self) -> list[dict]:
+        """The target's files (path, size, mtime or ETag), as one fingerprint: other images or features
+        under the same path are another selection."""
+        files = sorted(f for group in target_files(self.params["target"]) for f in group)
+        return [
+            {"normsim_target": self.params["target"], "files": fingerprint(list(map(input_identity, files)))}
+        ]
 
     def attach(self, table) -> None:
         for folder in table.folders:  # before anything is read
@@ -105,6 +114,15 @@ def target_blocks(target: str, dim: int, runs: list, skipped: dict) -> Iterator[
     memory-mapped: one block in memory), then its images embedded with the CLIP of `runs` (one tar's
     features in memory; `skipped` gets the count of images that could not be embedded); each file checked,
     every problem one line."""
+    feats, tars, images = target_files(target)
+    for f in feats:
+        yield from _unit_blocks(_read_features(f), f, dim)
+    if tars or images:
+        yield from _image_blocks(tars, images, dim, runs, skipped)
+
+
+def target_files(target: str) -> tuple[list, list, list]:
+    """(feature files, tars, images) of `target` (a file or a folder's files), each in name order."""
     files = [target] if storage.is_file(target) else sorted(storage.glob(f"{target.rstrip('/')}/*"))
     feats = [f for f in files if f.endswith(FEATURES)]
     tars = [f for f in files if f.endswith(".tar")]
@@ -114,10 +132,7 @@ def target_blocks(target: str, dim: int, runs: list, skipped: dict) -> Iterator[
             f"rule 'normsim': no images (jpg, png, webp), .tar shards or .npy/.parquet features in {target}; "
             "pass their folder"
         )
-    for f in feats:
-        yield from _unit_blocks(_read_features(f), f, dim)
-    if tars or images:
-        yield from _image_blocks(tars, images, dim, runs, skipped)
+    return feats, tars, images
 
 
 def _unit_blocks(feats: np.ndarray, where: str, dim: int) -> Iterator[np.ndarray]:

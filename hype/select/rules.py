@@ -69,6 +69,11 @@ class Rule:
         """Called once with the `ScoresTable` before any batch: rules that read a run's other outputs
         find them here (the run directory of each scores folder: `folder.parent` of `table.folders`)."""
 
+    def inputs(self) -> list[dict]:
+        """Identities (`hype.io.runs.input_identity`) of the files the rule reads besides the scores table
+        and its run's outputs, e.g. a target folder: a selection is redone when one changes."""
+        return []
+
     def after_selection(self, table: Any, ranker: Rule, masks: list[Rule], cut: float | None) -> dict:
         """Extra fields of this filter's record in subset.json, given the kept rows' lowest score `cut`
         (None: nothing kept); {}: none."""

@@ -38,7 +38,7 @@ def select_subset(req: SelectRequest) -> dict:
     preset_name, ranker, masks = build_rules(req)
     table = ScoresTable(req.scores)
     table.require_finished()
-    fp = fingerprint(_inputs(req, table, npy))
+    fp = fingerprint(_inputs(req, table, npy, [ranker, *masks]))
     done = Marker(summary_path).done(fp)
     if done is not None and storage.exists(npy) and storage.exists(parquet):
         return {**done, "summary": str(summary_path), "skipped": True}
@@ -142,17 +142,20 @@ def select_subset(req: SelectRequest) -> dict:
     return summary
 
 
-def _inputs(req: SelectRequest, table: ScoresTable, npy: AnyPath) -> dict:
+def _inputs(req: SelectRequest, table: ScoresTable, npy: AnyPath, rules: list) -> dict:
     """What a selection's outputs depend on (its run-contract fingerprint): the scores table's identity,
-    the uid and metadata files it reads, and every option that changes its outputs (not --workers or
+    the uid and metadata files it reads, the files its rules read (a normsim target: same path, other
+    content is another selection), and every option that changes its outputs (not --workers or
     progress)."""
     files = [*req.intersect, *req.union, *([req.metadata] if req.metadata else [])]
     options = {k: v for k, v in vars(req).items() if k not in ("scores", "out", "workers", "progress")}
+    read = [i for r in rules for i in r.inputs()]
     return {
         "table": table.identity(),
         "files": [input_identity(f) for f in files],
         "options": options,
         "out": absolute(npy),
+        **({"rule_inputs": read} if read else {}),  # absent when none: other selections keep their marks
     }
 
 

@@ -1,0 +1,35 @@
+"""A selection with `normsim` is redone when its target's content changes under the same path (its files'
+identities are part of the selection's fingerprint), and one with `dbp`/`negclip` when a parameter does."""
+
+from __future__ import annotations
+
+import numpy as np
+from test_negclip import D, N, _run, _unit
+
+import hype.filters  # noqa: F401
+from hype.select.run import SelectRequest, select_subset
+
+
+def _select(tmp_path, rank: str) -> dict:
+    req = SelectRequest(scores=tmp_path / "r", out=tmp_path / "sub.npy", frac=0.3, rank=rank, progress=False)
+    return select_subset(req)
+
+
+def test_a_changed_target_or_parameter_is_selected_again(tmp_path):
+    rng = np.random.default_rng(5)
+    img = _unit(rng, N, D)
+    _run(tmp_path / "r", img, img, [f"{i * 17 + 3:032x}" for i in range(N)], clip_txt=False)
+    (tmp_path / "t").mkdir()
+    np.save(tmp_path / "t" / "a.npy", _unit(rng, 40, D))
+    rank = f"normsim:target={tmp_path / 't'}"
+    assert not _select(tmp_path, rank).get("skipped")
+    assert _select(tmp_path, rank)["skipped"]  # same target: done
+    first = (tmp_path / "sub.npy").read_bytes()
+    np.save(tmp_path / "t" / "a.npy", _unit(rng, 40, D))  # same path and size, other features
+    assert not _select(tmp_path, rank).get("skipped")  # failed before: the old subset was kept as done
+    assert (tmp_path / "sub.npy").read_bytes() != first
+    np.save(tmp_path / "t" / "b.npy", _unit(rng, 40, D))  # a file added
+    assert not _select(tmp_path, rank).get("skipped")
+    assert not _select(tmp_path, "dbp:inner=clip_score,clusters=4").get("skipped")
+    assert _select(tmp_path, "dbp:inner=clip_score,clusters=4")["skipped"]
+    assert not _select(tmp_path, "dbp:inner=clip_score,clusters=4,tau=0.2").get("skipped")
