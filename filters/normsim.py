@@ -10,7 +10,9 @@ another run's embed/ tables), and/or of images: image files (jpg, jpeg, png, web
 shards, embedded with the CLIP the run recorded (its config.yaml, checked against its card) by `hype
 score`'s own evaluation-image embed stage (the class-image stage, `.cls` optional: same decoding,
 preprocessing and precision settings), one tar (or `IMAGES_PER_TAR` loose images, packed into a temporary
-tar) at a time. Everything is streamed a block at a time. Never the evaluation images: a target inside the
+tar) at a time, and kept in the run's `select_cache/` keyed by the images' bytes, the CLIP and its
+settings, so the next selection with the same images does not embed them again. Everything is streamed a
+block at a time. Never the evaluation images: a target inside the
 run's `decontam.eval_dir` (or holding it) is refused. Exact as `hype.filters.embeddings` says; blocks have a
 fixed size (per file), so the sum's order is the same on any machine.
 """
@@ -30,7 +32,18 @@ import numpy as np
 from hype.config import ConfigError, parse_yaml
 from hype.data.samples import IMAGE_EXTS
 from hype.filters.embeddings import PoolEmbeddings, PoolRule, grid_unit, on_grid
-from hype.io import NPY_ERRORS, StorageError, overlap, read_bytes, read_json, read_parquet, storage
+from hype.io import (
+    NPY_ERRORS,
+    StorageError,
+    blake2b128_file,
+    overlap,
+    read_bytes,
+    read_json,
+    read_parquet,
+    storage,
+    write_bytes,
+    write_json,
+)
 from hype.io.runs import fingerprint, input_identity
 from hype.scoring.embed_format import fixed_list_to_numpy, read_embeddings
 from hype.select.errors import SelectError
@@ -83,10 +96,10 @@ class NormSim(PoolRule):
 
     def pool_values(self, table, pool: PoolEmbeddings) -> np.ndarray:
         x = pool.arrays["clip_img"]
-        skipped: dict = {}  # images the embed stage could not use, when the target has images
-        blocks = target_blocks(self.params["target"], x.shape[1], [f.parent for f in table.folders], skipped)
+        found: dict = {}  # images embedded now and those the embed stage could not use, for an image target
+        blocks = target_blocks(self.params["target"], x.shape[1], [f.parent for f in table.folders], found)
         values, rows = norm_sim(x, blocks, self.params["p"])
-        self.found = {"target_rows": rows, **skipped}
+        self.found = {"target_rows": rows, **found}
         return values
 
 
@@ -109,16 +122,16 @@ def norm_sim(x: np.ndarray, blocks: Iterator[np.ndarray], p: str) -> tuple[np.nd
     return (np.sqrt(acc) if p == "2" else acc), rows
 
 
-def target_blocks(target: str, dim: int, runs: list, skipped: dict) -> Iterator[np.ndarray]:
+def target_blocks(target: str, dim: int, runs: list, found: dict) -> Iterator[np.ndarray]:
     """The target's unit feature rows, BLOCK at a time: feature files in name order (a local .npy
     memory-mapped: one block in memory), then its images embedded with the CLIP of `runs` (one tar's
-    features in memory; `skipped` gets the count of images that could not be embedded); each file checked,
-    every problem one line."""
+    features in memory; `found` gets the counts of images embedded now and of those that could not be);
+    each file checked, every problem one line."""
     feats, tars, images = target_files(target)
     for f in feats:
         yield from _unit_blocks(_read_features(f), f, dim)
     if tars or images:
-        yield from _image_blocks(tars, images, dim, runs, skipped)
+        yield from _image_blocks(tars, images, dim, runs, found)
 
 
 def target_files(target: str) -> tuple[list, list, list]:
@@ -149,29 +162,67 @@ def _unit_blocks(feats: np.ndarray, where: str, dim: int) -> Iterator[np.ndarray
         yield block / np.maximum(np.linalg.norm(block, axis=1, keepdims=True), 1e-12)  # unit, as the pool
 
 
-def _image_blocks(tars: list, images: list, dim: int, runs: list, skipped: dict) -> Iterator[np.ndarray]:
+def _image_blocks(tars: list, images: list, dim: int, runs: list, found: dict) -> Iterator[np.ndarray]:
     """Blocks of the CLIP image features of the target's tars, then of its loose images (packed
-    IMAGES_PER_TAR at a time into a temporary tar), one embed output at a time."""
+    IMAGES_PER_TAR at a time into a temporary tar), one embed output at a time; read back from the run's
+    cache (`_cache_folder`) when the same files were embedded with the same CLIP and settings before, else
+    written there as they are made."""
     from hype.scoring.rundir import RunDir, make_tasks
     from hype.scoring.stage_decontam import EvalEmbedStage
 
     with tempfile.TemporaryDirectory(prefix="hype-normsim-") as tmp:
         run = RunDir(f"{tmp}/run", stages=(EvalEmbedStage.name,))
         run.create()
-        stage = _target_stage(runs, run)
-        skipped["target_images_skipped"] = 0
+        stage, embedder = _target_stage(runs, run)
+        cache = _cache_folder(runs, tars, images, embedder)
+        done = None if cache is None else read_json(cache / "done.json")
+        done = done if done is not None and {"parts", "target_images_skipped"} <= set(done) else None
+        found["target_images_embedded"] = 0
+        if done is not None:  # the same images, CLIP and settings: their features as they were written
+            found["target_images_skipped"] = int(done["target_images_skipped"])
+            for i in range(int(done["parts"])):
+                yield from _unit_blocks(_read_features(str(cache / f"{i:06d}.npy")), str(cache), dim)
+            return
+        found["target_images_skipped"] = 0
         try:
             _embedding(stage.setup)
-            for path in itertools.chain(tars, _packed(images, tmp)):  # one temporary tar at a time
+            for i, path in enumerate(itertools.chain(tars, _packed(images, tmp))):  # one tar at a time
                 (task,) = make_tasks([path])
                 stats = _embedding(lambda task=task: stage.run(task))
-                skipped["target_images_skipped"] += int(stats["counts"]["skipped"])
+                found["target_images_skipped"] += int(stats["counts"]["skipped"])
                 out = run.shard_output(stage.name, task)
                 feats = read_embeddings(out, "clip_img")
+                found["target_images_embedded"] += len(feats)
                 out.unlink()
+                if cache is not None:
+                    write_bytes(cache / f"{i:06d}.npy", _npy_bytes(feats))
                 yield from _unit_blocks(feats, path, dim)
         finally:
             stage.teardown()
+        if cache is not None:  # last: the folder's completion marker
+            write_json(
+                cache / "done.json", {"parts": i + 1, "target_images_skipped": found["target_images_skipped"]}
+            )
+
+
+def _cache_folder(runs: list, tars: list, images: list, embedder: dict):
+    """RUN_DIR/select_cache/normsim-<key>/ (beside the select cache of the scores): the target's features,
+    one .npy per embedded tar, and done.json; the key digests every target file's bytes (blake2b-128),
+    in order, with the CLIP's digest and the embed settings. None (no cache) for several runs, whose
+    selection no one folder owns."""
+    if len(runs) != 1:
+        return None
+    files = [
+        [f.rsplit(".", 1)[-1].lower(), _embedding(lambda f=f: blake2b128_file(f))] for f in tars + images
+    ]
+    key = fingerprint({"embedder": embedder, "tars": len(tars), "files": files})
+    return runs[0] / "select_cache" / f"normsim-{key[:20]}"
+
+
+def _npy_bytes(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, a, allow_pickle=False)
+    return buf.getvalue()
 
 
 def _embedding(step):
@@ -198,9 +249,10 @@ def _packed(images: list, tmp: str) -> Iterator[str]:
 
 
 def _target_stage(runs: list, run):
-    """The evaluation-image embed stage of `hype score` (the class-image stage, `.cls` optional) with the
-    CLIP and embed settings the scored runs recorded; a model that is not the one their card records, or
-    runs scored with different CLIPs, are refused."""
+    """(The evaluation-image embed stage of `hype score` (the class-image stage, `.cls` optional) with the
+    CLIP and embed settings the scored runs recorded, what identifies its features: the CLIP's digest and
+    those settings); a model that is not the one their card records, or runs scored with different CLIPs,
+    are refused."""
     from hype.scoring.config import ScoreConfig
     from hype.scoring.embed import model_ref
     from hype.scoring.errors import ScoreError
@@ -227,7 +279,8 @@ def _target_stage(runs: list, run):
             f"digest {card['clip']}); restore that model, or pass the target's features (.npy) made with it"
         )
     kw = EmbedSettings.of(cfg).kwargs()
-    return EvalEmbedStage(run, clip=clip, **kw, device=cfg.device, threads=cfg.threads)
+    stage = EvalEmbedStage(run, clip=clip, **kw, device=cfg.device, threads=cfg.threads)
+    return stage, {"clip": clip.digest, **kw}
 
 
 def _read_features(path: str) -> np.ndarray:

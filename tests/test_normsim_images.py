@@ -76,3 +76,33 @@ def test_normsim_refuses_images_inside_the_evaluation_set(tmp_path_factory, tmp_
     (run / "config.yaml").write_text(yaml.safe_dump(config))
     with pytest.raises(SelectError, match="overlaps the run's evaluation images"):
         make_rule("normsim", target=str(w / "eval" / "reference" / "train")).attach(ScoresTable(run))
+
+
+def test_an_image_target_is_embedded_once_per_content(tmp_path_factory, tmp_path):
+    """The second selection with the same target images reads their features from the run's cache (its
+    summary counts no image embedded) and writes the same subset; a changed image is embedded again."""
+    from hype.select.run import SelectRequest, select_subset
+
+    run = tmp_path / "run"
+    shutil.copytree(baseline(tmp_path_factory), run)
+    target = tmp_path / "images"
+    target.mkdir()
+    shards = world(tmp_path_factory) / "eval" / "reference" / "train"
+    with tarfile.open(sorted(shards.glob("*.tar"))[0]) as t:
+        images = [m for m in t.getmembers() if m.name.endswith((".jpg", ".png", ".webp"))][:12]
+        for m in images:
+            (target / m.name).write_bytes(t.extractfile(m).read())
+
+    def select(name: str) -> dict:
+        out = tmp_path / f"{name}.npy"
+        summary = select_subset(
+            SelectRequest(scores=run, out=out, frac=0.3, rank=f"normsim:target={target}", progress=False)
+        )
+        return {**summary["rank"], "bytes": out.read_bytes()}
+
+    first, second = select("a"), select("b")
+    assert first["target_images_embedded"] == 12 and second["target_images_embedded"] == 0
+    assert second["bytes"] == first["bytes"] and second["target_rows"] == 12
+    a, b = sorted(target.iterdir())[:2]
+    a.write_bytes(b.read_bytes())  # one image changed (its name kept)
+    assert select("c")["target_images_embedded"] == 12
