@@ -35,6 +35,8 @@ from hype.scoring.rundir import RunDir, plan_tasks
 from hype.select.errors import SelectError
 from hype.select.rules import RULES, make_rule
 
+ROWS = 65536  # pool rows summed or put on the grid at a time (float64): bounds memory at any pool size
+
 # kmeans= of a run's k-means: (the per-shard stage holding each row's cluster, the file that says the run
 # has it, the setting that turns it on)
 RUN_KMEANS = {
@@ -170,13 +172,19 @@ def run_clusters(source: str, table, pool: PoolEmbeddings) -> np.ndarray:
 def cluster_shares(x: np.ndarray, label: np.ndarray, k: int, tau: float, neighbors: int) -> np.ndarray:
     """P(c) = softmax(d_intra(c)·d_inter(c) / τ) of each of the k clusters of unit rows `x` (DBP, Abbas et al.
     §3); an empty cluster gets share 0."""
-    sums = np.zeros((k, x.shape[1]))
-    np.add.at(sums, label, x.astype(np.float64))  # row order: the same sums everywhere
+    sums, blocks = np.zeros((k, x.shape[1])), range(0, len(x), ROWS)  # ROWS at a time: no float64 pool
+    for s in blocks:
+        np.add.at(sums, label[s : s + ROWS], x[s : s + ROWS].astype(np.float64))  # row order everywhere
     size = np.bincount(label, minlength=k)
     mu = sums / np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1e-12)
     unit = grid_unit(x.shape[1])
-    qx, qmu = on_grid(x), on_grid(mu)
-    own = np.add.reduce(qx * qmu[label], axis=1) * unit  # x·μ of each row's own cluster, exact
+    qmu = on_grid(mu)
+    own = (
+        np.concatenate(  # x·μ of each row's own cluster, exact
+            [np.add.reduce(on_grid(x[s : s + ROWS]) * qmu[label[s : s + ROWS]], axis=1) for s in blocks]
+        )
+        * unit
+    )
     d_intra = np.bincount(label, weights=1.0 - own, minlength=k) / np.maximum(size, 1)
     live = np.flatnonzero(size > 0)
     dist = 1.0 - (qmu[live] @ qmu[live].T) * unit

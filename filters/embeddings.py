@@ -156,3 +156,32 @@ def on_grid(x: np.ndarray) -> np.ndarray:
 
 def grid_unit(dim: int) -> float:
     return 2.0 ** (-2 * grid_bits(dim))
+
+
+def grid_values32(x: np.ndarray, rows: int = 65536) -> np.ndarray:
+    """The grid values of `on_grid` themselves (k·2^-b, not k), float32, made `rows` rows at a time (no
+    float64 copy of a whole pool): exact, as |k| <= 2^b < 2^24 fits float32's significand. In float64
+    their dot products are the exact grid dot products; in float32, within `float32_dot_error` of them."""
+    out = np.empty(x.shape, np.float32)
+    scale = 2.0 ** -grid_bits(x.shape[1])
+    for s in range(0, len(x), rows):
+        out[s : s + rows] = on_grid(x[s : s + rows]) * scale
+    return out
+
+
+def float32_dot_error(dim: int, norm_a: float, norm_b: float) -> float:
+    """A bound on |float32 dot product - exact| of two `dim`-vectors of float32 values (those of
+    `grid_values32`) of norms at most `norm_a`, `norm_b`, whatever the summation order or FMA:
+    γ_d·‖a‖‖b‖, γ_d = d·u/(1 - d·u), u = 2^-24 (Higham, Accuracy and Stability of Numerical Algorithms,
+    §3.1), widened by 1e-6 for the rounding of the norms themselves."""
+    u = 2.0**-24
+    return float(dim * u / (1 - dim * u) * norm_a * norm_b * (1 + 1e-6))
+
+
+def max_norm(a: np.ndarray, rows: int = 65536) -> float:
+    """The largest row norm of `a`, in float64, `rows` rows at a time."""
+    top = 0.0
+    for s in range(0, len(a), rows):
+        c = np.asarray(a[s : s + rows], np.float64)
+        top = max(top, float(np.sqrt(np.einsum("ij,ij->i", c, c).max(initial=0.0))))
+    return top

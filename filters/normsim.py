@@ -31,7 +31,13 @@ import numpy as np
 
 from hype.config import ConfigError, parse_yaml
 from hype.data.samples import IMAGE_EXTS
-from hype.filters.embeddings import PoolEmbeddings, PoolRule, grid_unit, on_grid
+from hype.filters.embeddings import (
+    PoolEmbeddings,
+    PoolRule,
+    float32_dot_error,
+    grid_values32,
+    max_norm,
+)
 from hype.io import (
     NPY_ERRORS,
     StorageError,
@@ -51,6 +57,7 @@ from hype.select.rules import RULES
 
 BLOCK = 4096  # target rows per block: fixed, so the float64 sums run in one order everywhere
 CHUNK_BYTES = 32 << 20  # one block of similarities (pool rows x BLOCK), float64
+PAIRS = 8192  # (row, target) pairs recomputed exactly at a time by p=inf: bounds memory when many tie
 IMAGES_PER_TAR = 1024  # loose target images embedded at a time: bounds the temporary tar and its features
 FEATURES = (".npy", ".parquet")
 IMAGES = tuple(f".{e}" for e in IMAGE_EXTS)
@@ -104,22 +111,41 @@ class NormSim(PoolRule):
 
 
 def norm_sim(x: np.ndarray, blocks: Iterator[np.ndarray], p: str) -> tuple[np.ndarray, int]:
-    """(NormSim_p of each row of unit `x` against the target rows of `blocks`, the target's row count)."""
-    qx, unit = on_grid(x), grid_unit(x.shape[1])
-    acc, rows = np.zeros(len(x)), 0
+    """(NormSim_p of each row of unit `x` against the target rows of `blocks`, the target's row count).
+    Every similarity is the exact grid dot product (`hype.filters.embeddings`): p=2 sums their squares,
+    each block's products in float64; p=inf, the maximum, screens each block in float32 (half the time of
+    float64, the pool's grid values held in float32) and recomputes exactly only the pairs that could be a
+    row's maximum (`_max_abs`), so its bytes are those of the maximum over all exact products."""
+    xg, acc, rows = grid_values32(x), np.zeros(len(x)), 0
+    x_norm = max_norm(xg)
     step = max(1, CHUNK_BYTES // (8 * BLOCK))  # pool rows per similarity block
     for block in blocks:
-        qb = on_grid(block)
+        tg = grid_values32(block)
+        tg64 = tg.astype(np.float64)
+        err = float32_dot_error(x.shape[1], x_norm, max_norm(tg))
         for s in range(0, len(x), step):
-            sims = (qx[s : s + step] @ qb.T) * unit  # exact dot products, one rounding
-            if p == "2":
+            if p == "2":  # products of values on the 2^-b grid: exact in float64, whatever BLAS does
+                sims = xg[s : s + step].astype(np.float64) @ tg64.T
                 acc[s : s + step] += np.add.reduce(sims * sims, axis=1)
             else:
-                acc[s : s + step] = np.maximum(acc[s : s + step], np.abs(sims).max(axis=1))
+                _max_abs(xg[s : s + step], tg, tg64, acc[s : s + step], err)
         rows += len(block)
     if rows == 0:
         raise SelectError("rule 'normsim': the target has no rows")
     return (np.sqrt(acc) if p == "2" else acc), rows
+
+
+def _max_abs(xg: np.ndarray, tg: np.ndarray, tg64: np.ndarray, acc: np.ndarray, err: float) -> None:
+    """acc = max(acc, max_t |x·t|) in place over the rows of `xg` and targets `tg` (float32 grid values;
+    `tg64` the same in float64), exactly: a float32 product is within `err` of the exact one, so a row's
+    exact maximum is among its targets within 2·err of its float32 maximum, and only those within `err`
+    of `acc` can raise it; those pairs alone are recomputed in float64 (exact), PAIRS at a time."""
+    approx = np.abs(xg @ tg.T)
+    bar = np.maximum(approx.max(axis=1) - 2 * err, acc - err)
+    rows, cols = np.nonzero(approx >= bar[:, None])
+    for s in range(0, len(rows), PAIRS):
+        r, c = rows[s : s + PAIRS], cols[s : s + PAIRS]
+        np.maximum.at(acc, r, np.abs(np.add.reduce(xg[r].astype(np.float64) * tg64[c], axis=1)))
 
 
 def target_blocks(target: str, dim: int, runs: list, found: dict) -> Iterator[np.ndarray]:
