@@ -62,20 +62,22 @@ class PoolEmbeddings:
                 f"rule {rule!r}: {rows} rows x {dim} dims need ~{need:.1f} GB, over max_gb={max_gb:g}; "
                 f"raise it ({rule}:max_gb=...) on a machine with more memory"
             )
-        his, los, parts = [], [], {c: [] for c in columns}
+        his, los, full, at = [], [], {}, 0  # each column read into one array: no list of parts to join
         for f in files:
             t = read_parquet(f, columns=["uid", *columns])
             hi, lo = arrow_to_pairs(t.column("uid"), f"{f}: column 'uid'")
             his.append(hi)
             los.append(lo)
             for c in columns:
-                parts[c].append(fixed_list_to_numpy(t.column(c)))
+                part = fixed_list_to_numpy(t.column(c))
+                full.setdefault(c, np.empty((rows, part.shape[1]), part.dtype))[at : at + len(part)] = part
+            at += len(hi)
         hi, lo = np.concatenate(his), np.concatenate(los)
         order = sort_order(hi, lo)  # stable: a repeated uid's rows in shard order
         repeats = UidMultiset(to_structured(hi[order], lo[order]))
         keep = order[np.r_[0, np.cumsum(repeats.counts)[:-1]]]  # each uid's first row
         self.rule = rule
-        self.arrays = {c: np.concatenate(parts[c])[keep] for c in columns}
+        self.arrays = {c: full.pop(c)[keep] for c in columns}  # one column's copy at a time
         self.uids = UidMultiset.from_unique(repeats.hi, repeats.lo, np.ones(len(keep), np.int64))
 
     def per_row(self, values: np.ndarray, batch: Batch) -> np.ndarray:
