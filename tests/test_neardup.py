@@ -27,11 +27,14 @@ from hype.select import SelectError
 THRESHOLD = float(NEARDUP_OVERRIDES[1].split("=")[1])
 
 
-def reference_groups(x: np.ndarray, cluster: np.ndarray, threshold: float) -> set[frozenset[int]]:
-    """Groups (size >= 2) of rows joined by pairs with float64 cosine >= threshold in the same cluster:
-    every pair computed, union-find written out here, nothing shared with the code under test."""
+def reference_groups(x: np.ndarray, cluster: np.ndarray, threshold: float, copy=None) -> set[frozenset[int]]:
+    """Groups (size >= 2) of rows joined by pairs with float64 cosine >= threshold in the same cluster
+    (`cluster`: one per row, or each row's clusters, one per column: a pair joins when the rows share
+    one) and, with `copy` (i, j -> bool), that the copy check confirms: every pair computed, union-find
+    written out here, nothing shared with the code under test."""
     x = np.asarray(x, np.float64)
     x = x / np.linalg.norm(x, axis=1, keepdims=True)
+    cluster = np.asarray(cluster).reshape(len(x), -1)
     parent = list(range(len(x)))
 
     def find(i):
@@ -39,10 +42,12 @@ def reference_groups(x: np.ndarray, cluster: np.ndarray, threshold: float) -> se
             i = parent[i]
         return i
 
-    for c in np.unique(cluster):
-        rows = np.flatnonzero(cluster == c)
+    for c in np.unique(cluster[cluster >= 0]):
+        rows = np.flatnonzero((cluster == c).any(axis=1))
         sims = x[rows] @ x[rows].T
         for i, j in zip(*np.nonzero(np.triu(sims >= threshold, 1)), strict=True):
+            if copy is not None and not copy(rows[i], rows[j]):
+                continue
             ri, rj = find(rows[i]), find(rows[j])
             if ri != rj:
                 parent[max(ri, rj)] = min(ri, rj)
@@ -204,38 +209,43 @@ def test_keeper_rules():
 
 
 def _pool_features(run, clusters_from: str = "clusters"):
-    """uid, feature and cluster of every scored row, read from the run's embed and clusters outputs."""
-    from hype.scoring.clusters import nearest_centroid
-
+    """uid, feature and the 2 nearest clusters (columns: its own, the second) of every scored row: its
+    own from the run's clusters outputs (c_IN's) or, as the second, by float64 products with every
+    centroid (unit rows, as the stage's), written out here."""
     uids, feats, cluster = [], [], []
     plan = json.loads((run / "plan.json").read_text())
     for shard in plan["shards"]:
         t = pq.read_table(run / "embed" / f"{shard['id']}.parquet", columns=["uid", "clip_img"])
         uids += t.column("uid").to_pylist()
-        f = embed_format.fixed_list_to_numpy(t.column("clip_img"))
-        feats.append(f)
+        feats.append(embed_format.fixed_list_to_numpy(t.column("clip_img")))
         if clusters_from == "clusters":
             cluster.append(
                 pq.read_table(run / "clusters" / f"{shard['id']}.parquet").column("cluster").to_numpy()
             )
-        else:
-            cluster.append(nearest_centroid(f, np.load(run / "neardup" / "centroids.npy")))
-    return uids, np.concatenate(feats), np.concatenate(cluster)
+    x = np.concatenate(feats)
+    c = np.load(run / ("clusters" if clusters_from == "clusters" else "neardup") / "centroids.npy")
+    sims = x.astype(np.float64) @ normalize_rows(c).astype(np.float64).T
+    own = np.concatenate(cluster) if cluster else np.argmax(sims, axis=1)
+    sims[np.arange(len(x)), own] = -np.inf
+    return uids, x, np.stack([own, np.argmax(sims, axis=1)], axis=1)
 
 
-def _check_run(run, threshold: float, clusters_from: str = "clusters") -> dict:
+def _check_run(run, threshold: float, clusters_from: str = "clusters", copy=None) -> dict:
+    """The run's groups against `reference_groups` in each row's 2 nearest clusters, keepers and sims."""
     uids, x, cluster = _pool_features(run, clusters_from)
     groups = pq.read_table(run / "neardup" / "groups.parquet").to_pandas()
-    want = {frozenset(uids[i] for i in g) for g in reference_groups(x, cluster, threshold)}
+    want = {frozenset(uids[i] for i in g) for g in reference_groups(x, cluster, threshold, copy)}
     got = {frozenset(m.uid) for _, m in groups.groupby("group")}
     assert got == want and len(want) >= 2
     scores = pq.read_table(run / "scores").to_pandas().set_index("uid")
     hype = scores.loc[groups.uid, ["eps_i", "eps_t", "neg_d_l", "cos_theta", "c_in"]].sum(axis=1)
     assert np.allclose(groups.hype, hype.to_numpy(), atol=1e-5)
+    unit = x.astype(np.float64) / np.linalg.norm(x.astype(np.float64), axis=1, keepdims=True)
+    row = {u: i for i, u in enumerate(uids)}
     for _, m in groups.groupby("group"):
         assert m.keeper.sum() == 1 and m.hype[m.keeper].item() == m.hype.max()
-        assert np.isclose(m.sim_to_keeper[m.keeper].item(), 1.0, atol=1e-5)
-        assert (m.sim_to_keeper > 0.99).all()
+        cos = unit[[row[u] for u in m.uid]] @ unit[row[m.uid[m.keeper].item()]]
+        assert np.allclose(m.sim_to_keeper, cos, atol=1e-6)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["neardup"]["members"] == len(groups)
     assert summary["neardup"]["removed"] == int((~groups.keeper).sum())
@@ -272,7 +282,8 @@ def test_stage_runs_its_own_kmeans_and_stops_on_a_giant_cluster(tmp_path_factory
     meru, clip = models(tmp_path_factory)
     run = tmp_path / "run"
     shutil.copytree(neardup_run(tmp_path_factory), run)
-    own = ["neardup.reuse_clusters=false", "neardup.num_clusters=3", "neardup.rows_per_group=60"]
+    # groups of clusters: ceil(rows / 100), a row counted in each of its 2 clusters
+    own = ["neardup.reuse_clusters=false", "neardup.num_clusters=3", "neardup.rows_per_group=100"]
     assert run_cli(score_args(w, meru, clip, run, *NEARDUP_OVERRIDES, *own)).exit_code == 0
     summary = _check_run(run, THRESHOLD, clusters_from="neardup")
     assert summary["neardup"]["k"] == 3 and summary["neardup"]["cluster_groups"] == 3
@@ -416,3 +427,70 @@ def test_the_copy_check_refuses_work_images_that_do_not_fit_before_reading_them(
     )
     assert out["error"].startswith("NeardupError") and "lower neardup.rows_per_group" in out["error"]
     assert out["growth_mb"] < 64
+
+
+def _copies(run, uids: list[str], x: np.ndarray, threshold: float):
+    """(i, j) -> whether the copy check confirms rows i and j (work images from the run's split), for the
+    pairs at cosine >= threshold (float64): what `reference_groups` takes as `copy`."""
+    from hype.scoring.copydetect import WORK_SIDE, CopyCheck, pair_similarities
+
+    work = {}
+    for f in sorted((run / "neardup_split").glob("*.parquet")):
+        t = pq.read_table(f, columns=["uid", "work"])
+        work.update(zip(t.column("uid").to_pylist(), t.column("work").to_pylist(), strict=True))
+    images = np.stack([np.frombuffer(work[u], np.uint8).reshape(WORK_SIDE, WORK_SIDE, 3) for u in uids])
+    unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+    pairs = np.argwhere(np.triu(unit.astype(np.float64) @ unit.T.astype(np.float64) >= threshold, 1))
+    ok = pair_similarities(images, images, pairs, CopyCheck()) >= CopyCheck().threshold
+    confirmed = {(int(i), int(j)) for i, j in pairs[ok]}
+    return lambda i, j: (min(i, j), max(i, j)) in confirmed
+
+
+def test_a_pair_split_across_clusters_is_found_in_its_second_nearest_cluster(tmp_path_factory, tmp_path):
+    """#37 item 5: each row is searched in its 2 nearest clusters (SemDeDup's soft assignment), so a copy
+    that k-means put in another cluster is found when one's second cluster is the other's own; the groups
+    (every candidate checked) are a brute-force reference's: the pairs at cosine >= 0.9 sharing one of
+    their 2 nearest clusters that the copy check confirms. `neardup.assign=1` (the search before) finds
+    only those within one cluster. Several groups of clusters (a row's two clusters in different units of
+    work, united by the driver), small query blocks and one faiss thread give the same groups, keepers
+    and similarities to the keeper."""
+    import faiss
+
+    w = world(tmp_path_factory)
+    meru, clip = models(tmp_path_factory)
+    every = ["--neardup", "neardup.candidates=100000"]  # every pair >= the threshold is a candidate
+    runs = {}
+    variants = {"two": [], "one": ["neardup.assign=1"]}
+    variants["split"] = ["neardup.rows_per_group=40", "neardup.pairs_per_block=1000"]
+    for name, extra in variants.items():
+        runs[name] = tmp_path / name
+        shutil.copytree(neardup_run(tmp_path_factory), runs[name])
+        threads = faiss.omp_get_max_threads()
+        faiss.omp_set_num_threads(1 if name == "split" else threads)
+        try:
+            result = run_cli(score_args(w, meru, clip, runs[name], *every, *extra))
+        finally:
+            faiss.omp_set_num_threads(threads)
+        assert result.exit_code == 0, result.output
+    uids, x, cluster = _pool_features(runs["two"])
+    copy = _copies(runs["two"], uids, x, 0.9)
+    _check_run(runs["two"], 0.9, copy=copy)
+    one = {frozenset(uids[i] for i in g) for g in reference_groups(x, cluster[:, 0], 0.9, copy)}
+    groups = pq.read_table(runs["two"] / "neardup" / "groups.parquet").to_pandas()
+    assert {frozenset(m.uid) for _, m in groups.groupby("group")} != one
+    assert any(m.cluster.nunique() > 1 for _, m in groups.groupby("group"))  # joined across clusters
+    before = pq.read_table(runs["one"] / "neardup" / "groups.parquet").to_pandas()
+    assert {frozenset(m.uid) for _, m in before.groupby("group")} == one
+
+    split = pq.read_table(runs["split"] / "neardup" / "groups.parquet").to_pandas()
+    assert json.loads((runs["split"] / "summary.json").read_text())["neardup"]["cluster_groups"] > 1
+    by_uid = ["uid", "keeper", "sim_to_keeper", "hype"]
+    assert (
+        split[by_uid]
+        .sort_values("uid")
+        .reset_index(drop=True)
+        .equals(groups[by_uid].sort_values("uid").reset_index(drop=True))
+    )
+    assert {frozenset(m.uid) for _, m in split.groupby("group")} == {
+        frozenset(m.uid) for _, m in groups.groupby("group")
+    }

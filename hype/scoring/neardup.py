@@ -6,6 +6,11 @@ an edge; duplicate groups are the connected components of that graph. Pairs come
 flat indexes have no range search) over blocks of query rows, so memory is the cluster's features plus
 one block's pairs (`pairs_per_block`), never all pairs of the cluster.
 
+A row may be searched in two clusters (its nearest and second-nearest centroid, `second_nearest`, as
+SemDeDup's soft assignment: a copy and its source often fall on two sides of a k-means boundary); groups
+are then the connected components across clusters: the forests of the clusters are merged by uid
+(`uid_nodes`, `merged_forest`: a pair found in both clusters counts once).
+
 What is kept is the cluster's maximum spanning forest, not every pair: the components of the pairs >= t
 are the components of the forest's edges >= t for every t at or above the threshold (a forest edge left
 out below t cannot join what a stronger path does not), so one stored forest answers any stricter
@@ -123,6 +128,70 @@ def nearest_pairs(
     a, b, s = (np.concatenate(p) for p in zip(*parts, strict=True))
     _, first = np.unique(a * len(x) + b, return_index=True)  # sorted by (a, b), a pair once
     return a[first], b[first], s[first]
+
+
+def second_nearest(x: np.ndarray, c: np.ndarray, first: np.ndarray, top: int = 8) -> np.ndarray:
+    """Each row's nearest centroid (largest inner product with rows `x`) other than its `first`, ties to the
+    lower index, -1 with a single centroid: the same on any BLAS, thread count or batch, as
+    `hype.scoring.clusters.nearest_centroid`. The fp32 search's centroids within its error bound of the
+    best other one are measured again by `pair_dots`; a row whose `top` + 1 candidates all lie inside is
+    measured against every centroid."""
+    import faiss
+
+    out = np.full(len(x), -1, np.int64)
+    k = len(c)
+    if k < 2 or not len(x):
+        return out
+    index = faiss.IndexFlatIP(c.shape[1])
+    index.add(c)
+    scores, ids = index.search(x, min(top + 1, k))
+    other = ids != first[:, None]
+    best = np.where(other, scores, -np.inf).max(axis=1)
+    cmax = float(np.sqrt(np.einsum("ij,ij->i", c, c, dtype=np.float64).max()))
+    margin = (
+        4 * fp32_dot_error(c.shape[1] + 2) * np.sqrt(np.einsum("ij,ij->i", x, x, dtype=np.float64)) * cmax
+    )
+    low = best - margin  # a centroid scoring below it in the search cannot be the best other one
+    full = (scores[:, -1] >= low) & (ids.shape[1] < k)  # one not listed might be
+    rows, cols = np.nonzero(other & (scores >= low[:, None]) & ~full[:, None])
+    cand = ids[rows, cols].astype(np.int64)
+    pick = np.lexsort((cand, -pair_dots(x, c, rows, cand), rows))  # per row: best score, then lower index
+    rows, cand = rows[pick], cand[pick]
+    head = np.r_[True, rows[1:] != rows[:-1]]
+    out[rows[head]] = cand[head]
+    every = np.arange(k)
+    for r in np.flatnonzero(full):  # rare: more than `top` centroids inside the bound
+        s = pair_dots(x, c, np.full(k, r), every)
+        s[first[r]] = -np.inf
+        out[r] = int(np.argmax(s))  # first maximum: the lower index
+    return out
+
+
+def uid_nodes(hi: np.ndarray, lo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(node of each row, first row of each node): rows with one uid (hi, lo) are one node (a row searched
+    in two clusters), nodes numbered in the order of their first rows."""
+    n = len(hi)
+    order = np.lexsort((np.arange(n), lo, hi))
+    new = np.ones(n, dtype=bool)
+    new[1:] = (hi[order][1:] != hi[order][:-1]) | (lo[order][1:] != lo[order][:-1])
+    by_uid = np.empty(n, np.int64)
+    by_uid[order] = np.cumsum(new) - 1
+    first = order[new]  # each uid's smallest row (ties in `order` go to the row index)
+    rank = np.empty(len(first), np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+    return rank[by_uid], np.sort(first)
+
+
+def merged_forest(
+    n: int, a: np.ndarray, b: np.ndarray, sim: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The maximum spanning forest of forests' edges on `n` nodes, a pair found in two clusters counted
+    once (its cosine is the same bytes in both: `pair_cosines`). The forest of forests is the forest of all
+    their pairs, so the groups at every threshold stay exact."""
+    lo, hi = np.minimum(a, b), np.maximum(a, b)
+    _, first = np.unique(lo * n + hi, return_index=True)
+    first = first[lo[first] != hi[first]]
+    return spanning_forest(n, lo[first], hi[first], sim[first])
 
 
 def spanning_forest(

@@ -9,23 +9,31 @@ recomputes it), on rows of the scores table only (repeated uids are already drop
    (`neardup.reuse_clusters`), else the same k-means (`kmeans_centroids` on the same deterministic sample
    of the pool) into `neardup.num_clusters` (default: `default_num_clusters`) -> `neardup/centroids.npy`
    (+ `model.json`).
-2. `SplitStage` (per shard, executor): each row's cluster, group of clusters (`cluster % groups`, with
-   `groups` = ceil(rows / `neardup.rows_per_group`)), HYPE score, cosine to its centroid, uid and feature,
-   sorted by group with one Parquet row group per group -> `neardup_split/<id>.parquet`; the marker lists
-   the groups present. With the copy check (`neardup.copy_check`, the default) each row's 64 x 64 work
-   image (`hype.scoring.copydetect`, 12 KiB) too, read from the shard's tar. Memory: one shard.
+2. `SplitStage` (per shard, executor): each row's cluster, HYPE score, cosine to its centroid, uid and
+   feature, once per cluster it is searched in (`within`: its own and, with `neardup.assign=2`, the
+   default, its second-nearest, `second_nearest`: SemDeDup's soft assignment, since a copy and its source
+   often fall on two sides of a k-means boundary), with that cluster's group of clusters (`within %
+   groups`, `groups` = ceil(rows · assign / `neardup.rows_per_group`)), sorted by group with one Parquet
+   row group per group -> `neardup_split/<id>.parquet`; the marker lists the groups present. With the
+   copy check (`neardup.copy_check`, the default) each row's 64 x 64 work image (`hype.scoring.copydetect`,
+   12 KiB) too, read from the shard's tar. Memory: one shard.
 3. `GroupStage` (per group of clusters, executor): reads its row group from every shard (the shuffle),
    then per cluster the maximum spanning forest of the pairs >= `neardup.threshold` (faiss range search
    in blocks; with the copy check, of each row's `neardup.candidates` nearest rows at cosine >= the
    threshold, the pairs whose copy similarity is >= `neardup.copy_threshold`: a small CLIP puts unrelated
    pictures of one kind at cosine > 0.95, the pixels tell copies apart), the duplicate groups and their
-   keepers -> `neardup/group-<g>.parquet` (members) and
-   `group-<g>.edges.parquet` (the forest). Memory: one group of clusters (~`rows_per_group` features) plus
-   one block of pairs (with the copy check, plus the candidates' work images, checked against the free
-   memory before they are read); a cluster above `neardup.max_cluster` rows is an error naming the fix.
-4. driver: `neardup/groups.parquet` (uid, group, keeper, sim_to_keeper, cluster, hype, centroid_sim: one
-   row per member of a group of >= 2) and `neardup/edges.parquet` (a, b: rows of groups.parquet, sim),
-   marker `neardup/groups.json` last.
+   the forest of its clusters' forests over its rows by uid (a row in two of its clusters is one node, a
+   pair found in both counted once) -> `neardup/group-<g>.parquet` (members: uid, cluster, hype,
+   centroid_sim, unit feature) and `group-<g>.edges.parquet` (the forest). Memory: one group of clusters
+   (~`rows_per_group` rows' features) plus one block of pairs (with the copy check, plus the candidates'
+   work images, a row in two clusters counted twice, checked against the free memory before they are
+   read); a cluster above `neardup.max_cluster` rows is an error naming the fix.
+4. driver: the groups of clusters' members united by uid and their forests merged (the forest of forests
+   is the forest of all their pairs), the groups (connected components), keepers and each member's cosine
+   to its keeper (two passes over the members' features: the keepers' held, checked against the free
+   memory first) -> `neardup/groups.parquet` (uid, group, keeper, sim_to_keeper, cluster, hype,
+   centroid_sim: one row per member of a group of >= 2) and `neardup/edges.parquet` (a, b: rows of
+   groups.parquet, sim), marker `neardup/groups.json` last.
 
 `hype select --filter dedup[:threshold=T,keeper=RULE]` (filters/dedup.py) regroups the members at any
 T >= the stored threshold from the forest (`regroup`) and masks every member but the keeper.
@@ -46,6 +54,7 @@ import pyarrow.parquet as pq
 
 import hype.io as hype_io
 from hype.executor import Resources, available_memory
+from hype.geometry._numerics import pair_dots
 from hype.io import blake2b128_bytes, load_npy, read_json, read_parquet
 from hype.io.storage import AnyPath
 from hype.scoring import embed_format
@@ -60,10 +69,12 @@ from hype.scoring.neardup import (
     cluster_forest,
     components,
     keepers,
+    merged_forest,
     nearest_pairs,
     normalize_rows,
-    pair_cosines,
+    second_nearest,
     spanning_forest,
+    uid_nodes,
 )
 from hype.scoring.pricing import (
     JSON_GET,
@@ -88,7 +99,10 @@ from hype.scoring.rundir import (
 from hype.scoring.stagebase import ShardStage
 from hype.table.schema import METRICS
 
-SPLIT_FORMAT = "neardup-split-1"  # enters the split fingerprint: change it when the split's columns change
+SPLIT_FORMAT = "neardup-split-2"  # enters the split fingerprint: change it when the split's columns change
+# enters the groups' fingerprint: a group of clusters writes its members (each uid once, with its feature)
+# and their forest; the driver unites them (a row searched in two clusters may join groups of both)
+GROUPS_FORMAT = "neardup-groups-2"
 GROUP_COLUMNS = ("uid", "group", "keeper", "sim_to_keeper", "cluster", "hype", "centroid_sim")
 
 
@@ -128,10 +142,12 @@ class SplitStage(ShardStage):
         reuse_clusters: bool,
         drops: dict | None = None,
         work_images: bool = False,
+        assign: int = 1,
         **kw,
     ):
         super().__init__(run, **kw)
         self.groups = groups
+        self.assign = assign  # 2: each row also in its second-nearest cluster (`within`), as SemDeDup
         self.work_images = work_images  # the copy check's: each row's work image in a `work` column
         self.model_digest = model_digest
         self.reuse_clusters = reuse_clusters  # the clusters stage's `cluster` column, else neardup's model
@@ -147,6 +163,7 @@ class SplitStage(ShardStage):
                 "model": self.model_digest,
                 "groups": self.groups,
                 "format": SPLIT_FORMAT,
+                "assign": self.assign,
                 **ASSIGN,  # the rows' clusters
                 **({"work_images": WORK_SIDE} if self.work_images else {}),  # without: as before the check
             }
@@ -186,29 +203,36 @@ class SplitStage(ShardStage):
         unit = normalize_rows(feats)
         centroid_sim = np.einsum("ij,ij->i", unit, self._centroids[cluster]) if len(unit) else unit[:, 0]
         hype = hype_score({m: scores.column(m).to_numpy() for m in METRICS})
-        group = cluster % self.groups
-        order = np.lexsort((cluster, group))  # by group, then cluster; rows in shard order within
+        src, within = np.arange(len(feats)), cluster  # each row in its own cluster ...
+        if self.assign == 2:  # ... and a copy of it in its second-nearest one
+            second = second_nearest(feats, self._centroids, cluster)
+            also = np.flatnonzero(second >= 0)
+            src, within = np.concatenate([src, also]), np.concatenate([cluster, second[also]])
+        group = within % self.groups
+        order = np.lexsort((within, group))  # by group, then cluster searched; stable within
+        src = src[order]
         table = pa.table(
             {
                 "group": pa.array(group[order], pa.int32()),
-                "cluster": pa.array(cluster[order], pa.int32()),
-                "uid": uids.take(pa.array(order)),
-                "hype": pa.array(hype[order], pa.float64()),
-                "centroid_sim": pa.array(centroid_sim[order], pa.float32()),
-                "clip_img": embed_format.fixed_list(feats[order]),
+                "cluster": pa.array(cluster[src], pa.int32()),  # its own (dbp's kmeans=neardup reads it)
+                "within": pa.array(within[order], pa.int32()),  # the cluster it is searched in
+                "uid": uids.take(pa.array(src)),
+                "hype": pa.array(hype[src], pa.float64()),
+                "centroid_sim": pa.array(centroid_sim[src], pa.float32()),
+                "clip_img": embed_format.fixed_list(feats[src]),
             }
         )
         if self.work_images:
             names = occurrences(emb.column("key").to_pylist())
-            table = table.append_column("work", _work_column(task.source, [names[i] for i in rows[order]]))
+            table = table.append_column("work", _work_column(task.source, [names[i] for i in rows[src]]))
         present, counts = np.unique(group, return_counts=True)
         return self._finish(
             task,
             fp,
             table,
             started,
-            rate=table.num_rows,
-            counts={"samples": table.num_rows},
+            rate=len(feats),
+            counts={"samples": len(feats), "rows": table.num_rows},  # rows: with the second clusters'
             groups=[[int(g), int(n)] for g, n in zip(present, counts, strict=True)],
         )
 
@@ -245,14 +269,19 @@ def _work_column(tar: str, names: list[tuple[str, int]]) -> pa.Array:
 
 def _check_memory(images: int) -> None:
     """Refuse, before allocating, a group whose candidates' work images do not fit (twice: the copy check's
-    thumbnails of them are about as large)."""
-    need = 2 * images * WORK_BYTES
+    thumbnails of them are about as large). A row searched in two clusters counts in each."""
+    _refuse_above_free(
+        2 * images * WORK_BYTES,
+        f"the copy check of a group of clusters holds {images:,} work images",
+        "lower neardup.rows_per_group or neardup.candidates",
+    )
+
+
+def _refuse_above_free(need: int, what: str, fix: str) -> None:
+    """NeardupError naming `what` and the `fix` when `need` bytes are more than the free memory."""
     free = available_memory()
     if free is not None and need > free:
-        raise NeardupError(
-            f"the copy check of a group of clusters holds {images:,} work images (~{need / 2**30:.1f} GiB), "
-            f"{free / 2**30:.1f} GiB free: lower neardup.rows_per_group or neardup.candidates"
-        )
+        raise NeardupError(f"{what} (~{need / 2**30:.1f} GiB), {free / 2**30:.1f} GiB free: {fix}")
 
 
 def read_split_group(
@@ -309,6 +338,7 @@ class GroupStage(ShardStage):
                 "seed": self.seed,
                 "max_cluster": self.max_cluster,
                 "cosines": "pair_cosines",  # fixed-order float64 (earlier runs: the search's own, redone)
+                "format": GROUPS_FORMAT,
                 **(
                     {"copy_check": self.check.settings(), "candidates": self.candidates} if self.check else {}
                 ),
@@ -324,7 +354,7 @@ class GroupStage(ShardStage):
         started = time.perf_counter()
         fp = self.fingerprint(task)
         self._debug_hook(task)
-        columns = ["group", "cluster", "uid", "hype", "centroid_sim", "clip_img"]  # the work images: later
+        columns = ["group", "cluster", "within", "uid", "hype", "centroid_sim", "clip_img"]  # work: later
         parts = [(s, read_split_group(self.run_dir, s, task.index, columns)) for s in self.shards]
         parts = [(s, p) for s, p in parts if p is not None and p.num_rows]
         shards, parts = [s for s, _ in parts], [p for _, p in parts]
@@ -333,9 +363,9 @@ class GroupStage(ShardStage):
         clusters = 0
         if rows:
             t = pa.concat_tables(parts).combine_chunks()
-            order = np.argsort(t.column("cluster").to_numpy(), kind="stable")
+            order = np.argsort(t.column("within").to_numpy(), kind="stable")
             t = t.take(pa.array(order))
-            cluster = t.column("cluster").to_numpy()
+            cluster = t.column("within").to_numpy()
             feats = normalize_rows(embed_format.fixed_list_to_numpy(t.column("clip_img")))
             hi, lo = arrow_to_pairs(t.column("uid"), f"{task.shard_id}: uid")
             bounds = np.flatnonzero(np.diff(cluster)) + 1
@@ -355,10 +385,7 @@ class GroupStage(ShardStage):
             forests = [self._edges(feats[a:b]) for a, b in spans]
             if self.check is not None:
                 forests = self._confirm(spans, forests, shards, task.index, order)
-            found = [
-                self._cluster(a, feats[a:b], f, t, hi, lo) for (a, b), f in zip(spans, forests, strict=True)
-            ]
-            members, edges = _concat(found)
+            members, edges = _members(t, feats, hi, lo, spans, forests)
         # edges first, then members, then the marker (`_finish`): the marker means both are there
         edge_out = write_parquet(
             self.edges_output(task),
@@ -408,72 +435,36 @@ class GroupStage(ShardStage):
             out.append(spanning_forest(stop - first, a[ok], b[ok], sim[ok]))
         return out
 
-    def _cluster(self, offset: int, x: np.ndarray, forest: tuple, t: pa.Table, hi, lo) -> tuple[dict, tuple]:
-        """One cluster's members (rows of `t` from `offset`) and forest edges (member indices)."""
-        a, b, sim = forest
-        if not len(a):
-            return _empty_members(), (a, b, sim)
-        nodes = np.unique(np.concatenate([a, b]))  # members: every node a forest edge touches
-        local = np.searchsorted(nodes, np.arange(len(x)))  # index among nodes (valid where a member)
-        group = components(len(nodes), local[a], local[b])
-        rows = offset + nodes
-        hype = t.column("hype").to_numpy()[rows]
-        csim = t.column("centroid_sim").to_numpy()[rows]
-        keep = keepers(
-            group, self.keeper, hi=hi[rows], lo=lo[rows], hype=hype, centroid_sim=csim, seed=self.seed
-        )
-        keeper_of = np.zeros(group.max() + 1, np.int64)
-        keeper_of[group[keep]] = np.flatnonzero(keep)
-        sim_to_keeper = pair_cosines(x, nodes, nodes[keeper_of[group]])
-        members = {
-            "uid": t.column("uid").take(pa.array(rows)).combine_chunks(),
-            "group": group,
-            "keeper": keep,
-            "sim_to_keeper": sim_to_keeper,
-            "cluster": t.column("cluster").to_numpy()[rows],
-            "hype": hype,
-            "centroid_sim": csim,
-        }
-        return members, (local[a], local[b], sim)
+
+def _members(t: pa.Table, feats: np.ndarray, hi, lo, spans: list, forests: list) -> tuple[dict, tuple]:
+    """The group of clusters' members (each uid once: a row searched in two of its clusters is one node)
+    and the maximum spanning forest of its clusters' forests (member indices): what the driver unites
+    across groups of clusters. The members' unit features go along for their cosine to the keeper."""
+    starts = [start for start, _ in spans]
+    a = np.concatenate([np.zeros(0, np.int64), *[f[0] + at for at, f in zip(starts, forests, strict=True)]])
+    b = np.concatenate([np.zeros(0, np.int64), *[f[1] + at for at, f in zip(starts, forests, strict=True)]])
+    sim = np.concatenate([np.zeros(0, np.float32), *[f[2] for f in forests]])
+    node, first = uid_nodes(hi, lo)
+    a, b, sim = merged_forest(len(first), node[a], node[b], sim)
+    nodes = np.unique(np.concatenate([a, b]))  # members: every node a forest edge touches
+    rows = first[nodes]
+    members = {
+        "uid": t.column("uid").take(pa.array(rows)).combine_chunks(),
+        "cluster": t.column("cluster").to_numpy()[rows],
+        "hype": t.column("hype").to_numpy()[rows],
+        "centroid_sim": t.column("centroid_sim").to_numpy()[rows],
+        "clip_img": embed_format.fixed_list(feats[rows]),
+    }
+    return members, (np.searchsorted(nodes, a), np.searchsorted(nodes, b), sim)
 
 
 def _empty_members() -> dict:
     return {
         "uid": pa.array([], pa.string()),
-        "group": np.zeros(0, np.int64),
-        "keeper": np.zeros(0, bool),
-        "sim_to_keeper": np.zeros(0, np.float32),
         "cluster": np.zeros(0, np.int32),
         "hype": np.zeros(0, np.float64),
         "centroid_sim": np.zeros(0, np.float32),
     }
-
-
-def _concat(found: list[tuple[dict, tuple]]) -> tuple[dict, tuple]:
-    """Clusters' members and edges as one table: group ids and edge ends offset to stay distinct."""
-    members, ea, eb, es = _empty_members(), [], [], []
-    groups = rows = 0
-    cols: dict[str, list] = {k: [v] for k, v in members.items()}
-    for m, (a, b, s) in found:
-        n = len(m["group"])
-        if not n:
-            continue
-        for k, v in m.items():
-            cols[k].append(v + groups if k == "group" else v)
-        ea.append(a + rows)
-        eb.append(b + rows)
-        es.append(s)
-        groups += int(m["group"].max()) + 1
-        rows += n
-    out = {
-        k: (pa.concat_arrays(v) if k == "uid" else np.concatenate(v).astype(members[k].dtype))
-        for k, v in cols.items()
-    }
-    out["group"] = out["group"].astype(np.int64)
-    out["cluster"] = out["cluster"].astype(np.int32)
-    empty = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
-    edges = (np.concatenate(ea), np.concatenate(eb), np.concatenate(es)) if ea else empty
-    return out, edges
 
 
 def centroids_path(run: RunDir) -> AnyPath:
@@ -530,12 +521,18 @@ def _model(state: Any, pool: Any, clusters_info: dict | None) -> Model:
     return Model(done["digest"], False, int(done["k"]))
 
 
+def cluster_groups(rows: int, nc: Any) -> int:
+    """Groups of clusters (units of work) of ~`rows_per_group` rows each, a row counted in each cluster it
+    is searched in (`assign`)."""
+    return max(1, math.ceil(rows * nc.assign / nc.rows_per_group))
+
+
 def find_near_duplicates(state: Any, pool: Any, clusters_info: dict | None) -> dict:
     """Run steps 1-4 for a `hype score` run (`state`: its `RunContext`, `pool`: the deduplicated pool)."""
     nc, run = state.cfg.neardup, state.run
     started = time.perf_counter()
     model = state.timed("neardup", lambda: _model(state, pool, clusters_info))
-    groups = max(1, math.ceil(pool.unique / nc.rows_per_group))
+    groups = cluster_groups(pool.unique, nc)
     check = CopyCheck(threshold=nc.copy_threshold) if nc.copy_check else None
     split = SplitStage(
         run,
@@ -544,6 +541,7 @@ def find_near_duplicates(state: Any, pool: Any, clusters_info: dict | None) -> d
         reuse_clusters=model.reuse,
         drops=pool.drops,
         work_images=check is not None,
+        assign=nc.assign,
         **pool.kw,
     )
     split_stats = state.map(split, pool.tasks)
@@ -571,39 +569,48 @@ def find_near_duplicates(state: Any, pool: Any, clusters_info: dict | None) -> d
 
 
 def _gather(run: RunDir, stage: GroupStage, tasks: list[ShardTask], stats: list[dict]) -> dict:
-    """groups.parquet and edges.parquet from the groups of clusters, marker last."""
+    """groups.parquet and edges.parquet from the groups of clusters, marker last: their members united by
+    uid (a row searched in two clusters may be in two groups of clusters) and their forests merged, then
+    the groups, keepers and each member's cosine to its keeper."""
+    from hype.data.uids import arrow_to_pairs
+
     fp = fingerprint(
         {"groups": [s["output"]["digest"] for s in stats], "edges": [s["edges"]["digest"] for s in stats]}
     )
     done = completed(groups_marker(run), fp, groups_path(run))
     if done is not None:
         return done
-    members, ea, eb, es = [], [], [], []
-    groups = rows = 0
+    parts, ea, eb, es, sizes = [], [], [], [], []
+    rows = 0
     for task in tasks:
-        m = read_parquet(run.shard_output(stage.name, task))
+        m = read_parquet(run.shard_output(stage.name, task), columns=list(_empty_members()))
         e = read_parquet(stage.edges_output(task))
+        sizes.append(m.num_rows)
         if not m.num_rows:
             continue
-        g = m.column("group").to_numpy()
-        m = m.set_column(m.schema.get_field_index("group"), "group", pa.array(g + groups, pa.int64()))
-        members.append(m)
+        parts.append(m)
         ea.append(e.column("a").to_numpy() + rows)
         eb.append(e.column("b").to_numpy() + rows)
         es.append(e.column("sim").to_numpy())
-        groups += int(g.max()) + 1
         rows += m.num_rows
-    table = pa.concat_tables(members) if members else pa.table(_empty_members())
-    edges = pa.table(
-        {
-            "a": pa.array(np.concatenate(ea) if ea else np.zeros(0, np.int64), pa.int64()),
-            "b": pa.array(np.concatenate(eb) if eb else np.zeros(0, np.int64), pa.int64()),
-            "sim": pa.array(np.concatenate(es) if es else np.zeros(0, np.float32), pa.float32()),
-        }
-    )
+    table = pa.concat_tables(parts).combine_chunks() if parts else pa.table(_empty_members())
+    hi, lo = arrow_to_pairs(table.column("uid"), f"{folder(run)}: uid")
+    node, first = uid_nodes(hi, lo)
+    a, b = (node[np.concatenate([np.zeros(0, np.int64), *e])] for e in (ea, eb))
+    a, b, sim = merged_forest(len(first), a, b, np.concatenate([np.zeros(0, np.float32), *es]))
+    table = table.take(pa.array(first))
+    group = components(len(first), a, b) if len(first) else np.zeros(0, np.int64)
+    hype, csim = table.column("hype").to_numpy(), table.column("centroid_sim").to_numpy()
+    keep = keepers(group, stage.keeper, hi=hi[first], lo=lo[first], hype=hype, centroid_sim=csim,
+                   seed=stage.seed)  # fmt: skip
+    keeper_of = np.zeros(int(group.max(initial=-1)) + 1, np.int64)
+    keeper_of[group[keep]] = np.flatnonzero(keep)
+    sims = _keeper_sims(run, stage, tasks, np.cumsum([0, *sizes]), first, keeper_of[group])
+    table = table.append_column("group", pa.array(group, pa.int64()))
+    table = table.append_column("keeper", pa.array(keep)).append_column("sim_to_keeper", pa.array(sims))
+    edges = pa.table({"a": pa.array(a, pa.int64()), "b": pa.array(b, pa.int64()), "sim": pa.array(sim)})
     edge_out = write_parquet(edges_path(run), edges)
     output = write_parquet(groups_path(run), table.select(list(GROUP_COLUMNS)))
-    keep = table.column("keeper").to_numpy(zero_copy_only=False)
     info = {
         "fingerprint": fp,
         "output": output,
@@ -614,12 +621,45 @@ def _gather(run: RunDir, stage: GroupStage, tasks: list[ShardTask], stats: list[
         "copy_check": {"candidates": stage.candidates, **stage.check.settings()} if stage.check else None,
         "keeper": stage.keeper,
         "seed": stage.seed,
-        "groups": groups,
+        "groups": int(group.max(initial=-1)) + 1,
         "members": int(table.num_rows),
         "removed": int((~keep).sum()),
     }
     atomic_write_json(groups_marker(run), info)
     return info
+
+
+def _keeper_sims(
+    run: RunDir, stage: GroupStage, tasks: list, bounds: np.ndarray, rows: np.ndarray, keeper: np.ndarray
+) -> np.ndarray:
+    """Each member's cosine to its keeper (`pair_dots` of the unit features, as a cluster's forest): member
+    i is row `rows[i]` of the groups of clusters' members files concatenated (`bounds`: where each begins),
+    its keeper member `keeper[i]`. Two passes over the files: the keepers' features, then each member's
+    against its keeper's; memory: the keepers' features (checked before they are allocated) and one file's."""
+    heads = np.unique(keeper)
+    task_of = np.searchsorted(bounds, rows, side="right") - 1
+
+    def files(wanted: np.ndarray):  # (members among `wanted` in each file, their features)
+        for t, task in enumerate(tasks):
+            mine = wanted[task_of[wanted] == t]
+            if len(mine):
+                col = read_parquet(run.shard_output(stage.name, task), columns=["clip_img"]).column(0)
+                yield mine, embed_format.fixed_list_to_numpy(col)[rows[mine] - bounds[t]]
+
+    head_feats = np.zeros((0, 0), np.float32)
+    for mine, f in files(heads):
+        if not head_feats.size:
+            _refuse_above_free(
+                len(heads) * f.shape[1] * 4,
+                f"the keepers' features of {len(heads):,} near-duplicate groups",
+                "raise neardup.threshold or keep neardup.copy_check on (fewer, truer groups)",
+            )
+            head_feats = np.zeros((len(heads), f.shape[1]), np.float32)
+        head_feats[np.searchsorted(heads, mine)] = f
+    out = np.zeros(len(rows), np.float32)
+    for mine, f in files(np.arange(len(rows))):
+        out[mine] = pair_dots(f, head_feats, np.arange(len(mine)), np.searchsorted(heads, keeper[mine]))
+    return out
 
 
 @dataclass(frozen=True)
@@ -720,7 +760,8 @@ def neardup_requests(
     """Bucket requests of the stage, per part: `SplitStage` per shard (`split_bytes` each), `GroupStage`
     per group of clusters (each reads its row group of every shard: the shard's marker, then the row group
     when it has one: only `clusters` groups hold rows; `member_bytes` written per group), and the driver
-    (its own k-means unless it `reuse`s c_IN's; groups.parquet and edges.parquet gathered)."""
+    (its own k-means unless it `reuse`s c_IN's; groups.parquet and edges.parquet gathered, with the cosines
+    to the keepers)."""
     s, g = shards, groups
     split = stage_requests(SPLIT_READS, s, split_bytes, embed_bytes, workers)
     if not reuse:  # no cluster column to read: the stage's own centroids assign each row instead
@@ -733,7 +774,8 @@ def neardup_requests(
     }
     driver = add(
         MISSING,
-        {"get": 2 * g * parquet_get(member_bytes), "put": 3},  # both files of each group; groups.json
+        # both files of each group, its members' features twice (keepers', then each member's); groups.json
+        {"get": 4 * g * parquet_get(member_bytes), "put": 3},
     )
     if not reuse:  # the k-means model: its marker looked for, the features sampled, centroids + marker
         driver = add(driver, MISSING, {"get": s * parquet_get(embed_bytes), "put": 2})
@@ -744,7 +786,7 @@ def plan(est: Any) -> None:
     """The split and the groups of clusters, linear in samples: groups hold `rows_per_group` rows each, so
     their number grows with the pool; the driver's steps (k-means, gathering) are in the groups' time."""
     nc = est.cfg.neardup
-    groups = max(1, math.ceil(est.N / nc.rows_per_group))
+    groups = cluster_groups(est.N, nc)
     est.markers_of["neardup"] = groups
     reuse = bool(est.cl) and nc.reuse_clusters
     k = est.k_r if reuse else nc.num_clusters or default_num_clusters(est.N)
