@@ -464,7 +464,8 @@ def test_a_pair_split_across_clusters_is_found_in_its_second_nearest_cluster(tmp
     variants["split"] = ["neardup.rows_per_group=40", "neardup.pairs_per_block=1000"]
     for name, extra in variants.items():
         runs[name] = tmp_path / name
-        shutil.copytree(neardup_run(tmp_path_factory), runs[name])
+        # assign=1 on a copy of the assign=2 run: the split is redone (the rows' clusters changed)
+        shutil.copytree(runs["two"] if name == "one" else neardup_run(tmp_path_factory), runs[name])
         threads = faiss.omp_get_max_threads()
         faiss.omp_set_num_threads(1 if name == "split" else threads)
         try:
@@ -479,6 +480,7 @@ def test_a_pair_split_across_clusters_is_found_in_its_second_nearest_cluster(tmp
     groups = pq.read_table(runs["two"] / "neardup" / "groups.parquet").to_pandas()
     assert {frozenset(m.uid) for _, m in groups.groupby("group")} != one
     assert any(m.cluster.nunique() > 1 for _, m in groups.groupby("group"))  # joined across clusters
+    assert json.loads((runs["one"] / "summary.json").read_text())["stages"]["neardup_split"]["shards_run"] > 0
     before = pq.read_table(runs["one"] / "neardup" / "groups.parquet").to_pandas()
     assert {frozenset(m.uid) for _, m in before.groupby("group")} == one
 
@@ -494,3 +496,15 @@ def test_a_pair_split_across_clusters_is_found_in_its_second_nearest_cluster(tmp
     assert {frozenset(m.uid) for _, m in split.groupby("group")} == {
         frozenset(m.uid) for _, m in groups.groupby("group")
     }
+
+
+def test_the_keepers_features_that_do_not_fit_are_refused_before_they_are_allocated():
+    from memory_support import run_bounded
+
+    out = run_bounded(
+        "from hype.scoring.stage_neardup import _refuse_above_free",
+        "_refuse_above_free(1 << 40, \"the keepers' features of 10 groups\", 'raise neardup.threshold')",
+        headroom_mb=256,
+    )
+    assert out["error"].startswith("NeardupError") and "keepers' features" in out["error"]
+    assert "raise neardup.threshold" in out["error"] and out["growth_mb"] < 64

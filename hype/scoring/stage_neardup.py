@@ -163,7 +163,7 @@ class SplitStage(ShardStage):
                 "model": self.model_digest,
                 "groups": self.groups,
                 "format": SPLIT_FORMAT,
-                "assign": self.assign,
+                "clusters_per_row": self.assign,  # not "assign": ASSIGN's key (the assignment rule)
                 **ASSIGN,  # the rows' clusters
                 **({"work_images": WORK_SIDE} if self.work_images else {}),  # without: as before the check
             }
