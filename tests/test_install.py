@@ -64,9 +64,28 @@ def test_the_wheel_holds_every_module_and_preset_under_hype_only(dists):
     assert tops == {"hype"}, f"top-level names {sorted(tops)}"
 
 
-def _installed(dist: Path, tmp_path: Path):
-    """`hype ARGS` (-> its stdout) as installed from `dist` into a fresh environment, run in an empty folder
-    outside the checkout without HYPE_CONFIG_DIR; that folder."""
+@pytest.fixture(scope="module")
+def installed(dists, tmp_path_factory):
+    """`installed(kind, tmp_path)`: `hype ARGS` (-> its stdout) as installed from `dists[kind]` into a fresh
+    environment, run in an empty folder under `tmp_path` outside the checkout without HYPE_CONFIG_DIR; that
+    folder. Each kind is installed once per module: the tests only run it, each in its own folder."""
+    envs: dict[str, tuple[str, dict]] = {}
+
+    def run_in(kind: str, tmp_path: Path):
+        if kind not in envs:
+            envs[kind] = _install(dists[kind], tmp_path_factory.mktemp(f"venv-{kind}"))
+        python, env = envs[kind]
+        cwd = tmp_path / "elsewhere"
+        cwd.mkdir()
+        where = _run([python, "-c", "import hype.filters; print(hype.filters.__file__)"], cwd, env)
+        assert where.startswith(str(Path(python).parents[1])), where  # the installed copy, not the checkout
+        return (lambda *args: _run(["hype", *args], cwd, env)), cwd
+
+    return run_in
+
+
+def _install(dist: Path, tmp_path: Path) -> tuple[str, dict]:
+    """A fresh environment under `tmp_path` with `dist` installed: its python and the variables to run it."""
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=tmp_path)
     python = str(venv / "bin" / "python")
@@ -77,27 +96,23 @@ def _installed(dist: Path, tmp_path: Path):
     (Path(site.strip()) / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     env = {k: v for k, v in os.environ.items() if k not in ("HYPE_CONFIG_DIR", "PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    cwd = tmp_path / "elsewhere"
-    cwd.mkdir()
-    where = _run([python, "-c", "import hype.filters; print(hype.filters.__file__)"], cwd, env)
-    assert where.startswith(str(venv)), where  # the installed copy, not the checkout
-    return (lambda *args: _run(["hype", *args], cwd, env)), cwd
+    return python, env
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["wheel", "sdist"])
-def test_an_installed_hype_finds_its_presets_from_any_folder(dists, kind, tmp_path):
-    hype, _ = _installed(dists[kind], tmp_path)
+def test_an_installed_hype_finds_its_presets_from_any_folder(installed, kind, tmp_path):
+    hype, _ = installed(kind, tmp_path)
     listed = hype("train", "--list")
     assert "tiny-clip" in listed and "datacomp-small" in listed
     assert "pending, runs" in hype("run", "demo", "--dry-run", "out=d1")
 
 
 @pytest.mark.slow
-def test_an_installed_wheel_runs_synth_train_score_select(dists, tmp_path):
+def test_an_installed_wheel_runs_synth_train_score_select(installed, tmp_path):
     """The smallest end-to-end chain, as a user who installed the wheel runs it (the sdist's wheel holds the
     same files: test_the_wheel_holds_every_module_and_preset_under_hype_only)."""
-    hype, cwd = _installed(dists["wheel"], tmp_path)
+    hype, cwd = installed("wheel", tmp_path)
     hype("synth", "--out", "w", "--size", "150", "--shard-size", "50", "--clean-size", "50",
          "--eval-size", "10", "--reference-per-class", "1", "--workers", "1", "--no-progress")  # fmt: skip
     for model in ("tiny-hyperbolic", "tiny-clip"):
