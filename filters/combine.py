@@ -95,6 +95,10 @@ class Combine(HypeScore):
                 out[m] = batch.numeric(m) if numeric else batch.raw(m)
         return out
 
+    def inputs(self) -> list[dict]:
+        """A weights file by its content: other weights under the same path are another selection."""
+        return [{"weights_file": self.source}] if self.source else []
+
     def describe(self) -> dict:
         return {**super().describe(), **({"weights_file": self.source} if self.source else {})}
 
