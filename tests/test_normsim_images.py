@@ -46,7 +46,8 @@ def _pool(run) -> tuple[list[str], np.ndarray]:
 
 @pytest.mark.parametrize("p", ["2", "inf"])
 def test_normsim_over_images_is_normsim_over_their_float64_features(tmp_path_factory, tmp_path, p):
-    base = baseline(tmp_path_factory)
+    base = tmp_path / "run"  # a copy: the selection caches the target's features in its run folder, and
+    shutil.copytree(baseline(tmp_path_factory), base)  # the shared baseline must stay as the run wrote it
     shards = world(tmp_path_factory) / "eval" / "reference" / "train"  # the ImageNet-train analogue
     loose = tmp_path / "images"
     loose.mkdir()
