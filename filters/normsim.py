@@ -201,7 +201,7 @@ def _image_blocks(tars: list, images: list, dim: int, runs: list, found: dict) -
         run.create()
         stage, embedder = _target_stage(runs, run)
         cache = _cache_folder(runs, tars, images, embedder)
-        done = None if cache is None else read_json(cache / "done.json")
+        done = None if cache is None else _cache_step(read_json, cache / "done.json")[1]
         done = done if done is not None and {"parts", "target_images_skipped"} <= set(done) else None
         found["target_images_embedded"] = 0
         if done is not None:  # the same images, CLIP and settings: their features as they were written
@@ -220,15 +220,27 @@ def _image_blocks(tars: list, images: list, dim: int, runs: list, found: dict) -
                 feats = read_embeddings(out, "clip_img")
                 found["target_images_embedded"] += len(feats)
                 out.unlink()
-                if cache is not None:
-                    write_bytes(cache / f"{i:06d}.npy", _npy_bytes(feats))
+                if (
+                    cache is not None
+                    and not _cache_step(write_bytes, cache / f"{i:06d}.npy", _npy_bytes(feats))[0]
+                ):
+                    cache = None  # the run folder cannot hold it: embedded again next time
                 yield from _unit_blocks(feats, path, dim)
         finally:
             stage.teardown()
         if cache is not None:  # last: the folder's completion marker
-            write_json(
-                cache / "done.json", {"parts": i + 1, "target_images_skipped": found["target_images_skipped"]}
-            )
+            marker = {"parts": i + 1, "target_images_skipped": found["target_images_skipped"]}
+            _cache_step(write_json, cache / "done.json", marker)
+
+
+def _cache_step(step, *args) -> tuple[bool, object]:
+    """`step(*args)`, a read or write of the target's cache: (True, its value), or (False, None) when the
+    run folder cannot hold the cache (read-only, or `select_cache` not a folder): a cache only saves work,
+    so the selection goes on."""
+    try:
+        return True, step(*args)
+    except (OSError, StorageError):
+        return False, None
 
 
 def _cache_folder(runs: list, tars: list, images: list, embedder: dict):
