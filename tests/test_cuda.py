@@ -134,6 +134,28 @@ def _scores(run) -> dict[str, np.ndarray]:
     }
 
 
+def test_neardup_search_on_the_device_gives_the_cpu_bytes(cuda_device):
+    """The near-duplicate stage's searches on the device (torch block products, since faiss' GPU indexes
+    have no range search) find the pairs, copy-check candidates and cosines of faiss on the CPU, byte for
+    byte, in any query block: every pair found is measured again by `pair_cosines` (#37's 2-cluster search
+    runs them once per cluster a row lies in)."""
+    from test_neardup import pool_with_copies
+
+    from hype.scoring.neardup import nearest_pairs, normalize_rows, similar_pairs
+
+    x, cluster = pool_with_copies(seed=2)
+    xc = normalize_rows(x[cluster == 0])
+    dev = str(cuda_device) if cuda_device.type == "cuda" else "cpu:0"  # the CPU smoke: torch on the CPU
+    for rows in (1, 7, len(xc)):
+        block = {"pairs_per_block": rows * len(xc)}
+        got = {}
+        for device in ("cpu", dev):
+            pairs = list(similar_pairs(xc, 0.9, **block, device=device))
+            got[device] = [np.concatenate(c).tobytes() for c in zip(*pairs, strict=True)]
+            got[device] += [c.tobytes() for c in nearest_pairs(xc, 0.5, 3, **block, device=device)]
+        assert got[dev] == got["cpu"] and len(got["cpu"][0]) >= 8 * 20, rows
+
+
 @pytest.mark.parametrize("precision,tol", [("fp32", 2e-3), ("bf16", 0.05)])
 def test_hype_score_on_the_device_matches_the_cpu_run(cuda_device, tmp_path_factory, precision, tol):
     """`hype score --device cuda` on the small world against the CPU baseline run of the score tests:
