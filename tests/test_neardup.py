@@ -505,3 +505,23 @@ def test_the_keepers_features_that_do_not_fit_are_refused_before_they_are_alloca
 
     with pytest.raises(ValueError, match=r"keepers' features of 10 groups \(~1048576.0 GiB\).*raise neardup"):
         _refuse_above_free(1 << 50, "the keepers' features of 10 groups", "raise neardup.threshold")
+
+
+def test_second_nearest_is_the_exact_best_other_centroid_even_when_all_tie():
+    """`second_nearest` against a float64 brute force, with tied and near-identical centroids: every row's
+    candidates inside the fp32 margin (it raised IndexError before it reused `exact_best`)."""
+    from hype.geometry._numerics import pair_dots
+    from hype.scoring.clusters import nearest_centroid
+    from hype.scoring.neardup import second_nearest
+
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(200, 24)).astype(np.float32)
+    for c in (
+        rng.normal(size=(12, 24)),
+        np.repeat(rng.normal(size=(1, 24)), 12, axis=0) * (1 + 1e-7 * np.arange(12))[:, None],
+    ):
+        c = c.astype(np.float32)
+        first = nearest_centroid(x, c)
+        s = np.stack([pair_dots(x, c, np.arange(len(x)), np.full(len(x), j)) for j in range(len(c))], 1)
+        s[np.arange(len(x)), first] = -np.inf
+        assert (second_nearest(x, c, first) == s.argmax(1)).all()

@@ -98,10 +98,17 @@ def nearest_centroid(
 
 
 def exact_best(
-    x: np.ndarray, c: np.ndarray, top: np.ndarray, ids: np.ndarray, *, l2: bool = False
+    x: np.ndarray,
+    c: np.ndarray,
+    top: np.ndarray,
+    ids: np.ndarray,
+    *,
+    l2: bool = False,
+    exclude: np.ndarray | None = None,
 ) -> np.ndarray:
     """Each row's best centroid by `pair_dots` (x·c, or with `l2` x·c - |c|²/2), ties to the lower index,
-    from the fp32 search's `top` scores (descending) of centroids `ids`.
+    from the fp32 search's `top` scores (descending) of centroids `ids`; with `exclude`, the best other than
+    the row's `exclude` centroid (the search then lists one more: its column drops out).
 
     A float32 dot product of d terms, summed in any order or blocking (BLAS, faiss, a GPU, TF32 off), is
     within γ·Σ|x_i c_i| <= γ|x||c| of the true one (γ = d·2^-24/(1 - d·2^-24)); with `l2` the fp32 -|c|²/2
@@ -110,14 +117,17 @@ def exact_best(
     could be the best (or tie with it) by `pair_dots` scores within `margin` = (d + 2)·2^-22·(|x|·max|c| +
     max|c|²/2) of the search's best. One candidate inside: it is the best; several: they are measured
     again; the last of the `top` still inside: the row is measured against all K."""
-    d = x.shape[1]
+    d, others = x.shape[1], len(c)
+    if exclude is not None:  # each row's list without its excluded centroid (or its last, if not listed)
+        keep = np.argsort(ids == exclude[:, None], axis=1, kind="stable")[:, :-1]
+        top, ids, others = np.take_along_axis(top, keep, 1), np.take_along_axis(ids, keep, 1), len(c) - 1
     half = pair_dots(c, c, *[np.arange(len(c))] * 2) / 2 if l2 else np.zeros(len(c))
     cmax = float(np.sqrt(half.max() * 2)) if l2 else float(np.sqrt(np.einsum("ij,ij->i", c, c).max()))
     xnorm = np.sqrt(np.einsum("ij,ij->i", x, x, dtype=np.float64))
     margin = 4 * fp32_dot_error(d + 2) * (xnorm * cmax + (cmax * cmax / 2 if l2 else 0.0))  # (d+2)·2^-22
     inside = top >= top[:, :1] - margin[:, None]
     best = ids[:, 0].astype(np.int64)
-    full = inside[:, -1] & (ids.shape[1] < len(c))
+    full = inside[:, -1] & (ids.shape[1] < others)
     rows, cols = np.nonzero(inside & (inside.sum(1, keepdims=True) > 1) & ~full[:, None])
     if len(rows):
         cand = ids[rows, cols].astype(np.int64)
@@ -128,7 +138,10 @@ def exact_best(
         best[rows[head]] = cand[head]
     every = np.arange(len(c))
     for r in np.flatnonzero(full):  # rare: more than TOP centroids inside the margin
-        best[r] = int(np.argmax(pair_dots(x, c, np.full(len(c), r), every) - half))  # first: lower index
+        score = pair_dots(x, c, np.full(len(c), r), every) - half
+        if exclude is not None:
+            score[exclude[r]] = -np.inf
+        best[r] = int(np.argmax(score))  # first: lower index
     return best
 
 

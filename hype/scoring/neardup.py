@@ -133,38 +133,17 @@ def nearest_pairs(
 def second_nearest(x: np.ndarray, c: np.ndarray, first: np.ndarray, top: int = 8) -> np.ndarray:
     """Each row's nearest centroid (largest inner product with rows `x`) other than its `first`, ties to the
     lower index, -1 with a single centroid: the same on any BLAS, thread count or batch, as
-    `hype.scoring.clusters.nearest_centroid`. The fp32 search's centroids within its error bound of the
-    best other one are measured again by `pair_dots`; a row whose `top` + 1 candidates all lie inside is
-    measured against every centroid."""
+    `hype.scoring.clusters.nearest_centroid` (`exact_best`, the row's `first` excluded)."""
     import faiss
 
-    out = np.full(len(x), -1, np.int64)
-    k = len(c)
-    if k < 2 or not len(x):
-        return out
+    from hype.scoring.clusters import exact_best
+
+    if len(c) < 2 or not len(x):
+        return np.full(len(x), -1, np.int64)
     index = faiss.IndexFlatIP(c.shape[1])
     index.add(c)
-    scores, ids = index.search(x, min(top + 1, k))
-    other = ids != first[:, None]
-    best = np.where(other, scores, -np.inf).max(axis=1)
-    cmax = float(np.sqrt(np.einsum("ij,ij->i", c, c, dtype=np.float64).max()))
-    margin = (
-        4 * fp32_dot_error(c.shape[1] + 2) * np.sqrt(np.einsum("ij,ij->i", x, x, dtype=np.float64)) * cmax
-    )
-    low = best - margin  # a centroid scoring below it in the search cannot be the best other one
-    full = (scores[:, -1] >= low) & (ids.shape[1] < k)  # one not listed might be
-    rows, cols = np.nonzero(other & (scores >= low[:, None]) & ~full[:, None])
-    cand = ids[rows, cols].astype(np.int64)
-    pick = np.lexsort((cand, -pair_dots(x, c, rows, cand), rows))  # per row: best score, then lower index
-    rows, cand = rows[pick], cand[pick]
-    head = np.r_[True, rows[1:] != rows[:-1]]
-    out[rows[head]] = cand[head]
-    every = np.arange(k)
-    for r in np.flatnonzero(full):  # rare: more than `top` centroids inside the bound
-        s = pair_dots(x, c, np.full(k, r), every)
-        s[first[r]] = -np.inf
-        out[r] = int(np.argmax(s))  # first maximum: the lower index
-    return out
+    scores, ids = index.search(x, min(top + 1, len(c)))
+    return exact_best(x, c, scores, ids, exclude=np.asarray(first, np.int64))
 
 
 def uid_nodes(hi: np.ndarray, lo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
