@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from hype.data.uids import UidMultiset, arrow_to_pairs, sort_order, to_structured
+from hype.geometry._numerics import fp32_dot_error
 from hype.io import StorageError, open_input, read_json, read_parquet, read_parquet_schema, storage
 from hype.scoring.embed_format import fixed_list_to_numpy
 from hype.scoring.rundir import RunDir, plan_tasks
@@ -176,8 +177,8 @@ def float32_dot_error(dim: int, norm_a: float, norm_b: float) -> float:
     `grid_values32`) of norms at most `norm_a`, `norm_b`, whatever the summation order or FMA:
     γ_d·‖a‖‖b‖, γ_d = d·u/(1 - d·u), u = 2^-24 (Higham, Accuracy and Stability of Numerical Algorithms,
     §3.1), widened by 1e-6 for the rounding of the norms themselves."""
-    u = 2.0**-24
-    return float(dim * u / (1 - dim * u) * norm_a * norm_b * (1 + 1e-6))
+    du = fp32_dot_error(dim)  # d·u, u = 2^-24: hype's one first-order bound, made rigorous here (γ_d)
+    return float(du / (1 - du) * norm_a * norm_b * (1 + 1e-6))
 
 
 def max_norm(a: np.ndarray, rows: int = 65536) -> float:
