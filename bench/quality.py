@@ -116,6 +116,11 @@ def main() -> None:
     p.add_argument("--progress", action="store_true", help="show the commands' progress bars")
     p.add_argument("--name", default="quality", help="report file names: OUT/NAME.md and OUT/NAME.json")
     p.add_argument(
+        "--average-tasks",
+        help="comma-separated tasks the average is over [default: those above chance for some arm of this "
+        "report]; fixed, adding arms or seeds cannot change which tasks count (compare reports with it)",
+    )
+    p.add_argument(
         "--report-only",
         action="store_true",
         help="run nothing: write the tables from the arms whose every seed is finished (a partial run)",
@@ -154,7 +159,8 @@ def main() -> None:
                 else _scores(run, args, out, world, meru_preset=_scorer(arm), neardup_default=True)
             )
         per_arm[arm] = _train_arm(run, args, out, world, score, arm, seeds)
-    result = _compare(per_arm, seeds, _chance_levels(world))
+    fixed = [t.strip() for t in args.average_tasks.split(",")] if args.average_tasks else None
+    result = _compare(per_arm, seeds, _chance_levels(world), fixed)
     result["arms_not_run"] = [a for a in arms if a not in per_arm]
     result.update(
         args={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
@@ -317,15 +323,27 @@ def _chance_levels(world: Path) -> dict[str, float]:
     return chance
 
 
-def _compare(per_arm: dict[str, dict], seeds: list[int], chance: dict[str, float]) -> dict:
-    """Per-arm mean ± std over seeds (average over the informative tasks, and per task), and the paired
-    differences HYPE - arm for every other arm."""
+def _compare(
+    per_arm: dict[str, dict], seeds: list[int], chance: dict[str, float], fixed: list[str] | None = None
+) -> dict:
+    """Per-arm mean ± std over seeds (average over the informative tasks, or the `fixed` ones, and per
+    task), and the paired differences HYPE - arm for every other arm."""
     from hype.eval.compare import informative_tasks, paired_difference, task_average
 
     by_task = {
         arm: {t: [m[t] for m in d["per_seed"]] for t in d["per_seed"][0]} for arm, d in per_arm.items()
     }
-    kept, left_out = informative_tasks(by_task, chance)
+    if fixed is None:
+        kept, left_out = informative_tasks(by_task, chance)
+    else:
+        known = sorted({t for d in by_task.values() for t in d})
+        named = {t: t for t in known} | {t.split("/")[-1]: t for t in known}  # synth/color or color
+        if unknown := sorted(set(fixed) - set(named)):
+            raise SystemExit(
+                f"--average-tasks: unknown tasks {unknown}; this world's tasks: {', '.join(known)}"
+            )
+        kept = sorted({named[t] for t in fixed})
+        left_out = [t for t in known if t not in kept]
     rows = []
     averages = {}
     for arm, d in per_arm.items():
@@ -412,7 +430,12 @@ def _markdown(result: dict, args) -> str:
     lines = [
         f"Tiny CLIP, {args.samples_seen:,} samples seen per run, seeds {seeds} (paired), "
         f"{args.frac:.0%} subsets; mean ± std over seeds. Average over {len(tasks)} tasks; "
-        f"left out as at chance for every arm: {left}. Arms not run (yet): {not_run}.",
+        + (
+            f"fixed by --average-tasks, left out: {left}"
+            if args.average_tasks
+            else f"left out as at chance for every arm: {left}"
+        )
+        + f". Arms not run (yet): {not_run}.",
         "",
         "| arm | samples | clean share | average | " + " | ".join(short(t) for t in tasks) + " |",
         "|" + "---|" * (4 + len(tasks)),
