@@ -83,6 +83,9 @@ ARMS: dict[str, list[str] | None] = {
     # Weights fitted by `hype fit` to 300 curator labels (the truth table of 300 pool samples drawn by
     # seed 0, never an evaluation result) over the HYPE terms.
     "fitted": ["--rank", "combine", "--weights", "{out}/fit/weights.json"],
+    # Weights chosen by `hype fit --proxy` (bench/fit_proxy.py: the world's proxy task set, disjoint from its
+    # eval/ tasks, never an evaluation result), copied to {out}/fit/proxy-weights.json.
+    "proxy-fitted": ["--rank", "combine", "--weights", "{out}/fit/proxy-weights.json"],
     # The leaderboard's HYPE ∪ DFN shape: HYPE's top 15% ∪ the CLIP score's top 15%.
     "hype-or-clip": ["--preset", "hype", "--frac", "0.15", "--union", "{out}/subsets/clip-score-top15.npy"],
     "pool": None,
@@ -272,7 +275,13 @@ def _fill(run, args, out: Path, world: Path, score: Path, rule: Sequence[str]) -
         scale = load_file(str(out / "scorers" / "clip" / "model.safetensors"))["log_logit_scale"]
         subs["{tau}"] = f"{float(np.exp(-scale.astype(np.float64))):.6g}"
     fit = out / "fit" / "weights.json"
-    if any("{out}/fit/" in a for a in rule) and not fit.is_file():
+    proxy = out / "fit" / "proxy-weights.json"
+    if any("{out}/fit/proxy-weights.json" in a for a in rule) and not proxy.is_file():
+        raise SystemExit(
+            f"{proxy} is missing: run `python bench/fit_proxy.py --run {out} --out DIR` (the search on the "
+            f"world's proxy tasks) and copy DIR/w<world seed>-weights.json there"
+        )
+    if any("{out}/fit/weights.json" in a for a in rule) and not fit.is_file():
         from hype.synth.labels import curator_labels
 
         labels = curator_labels(world, out / "fit" / "labels.parquet", rows=300, seed=0)
