@@ -19,6 +19,7 @@ from hype.scoring.neardup import (
     keepers,
     nearest_pairs,
     normalize_rows,
+    pixel_descriptors,
     random_keys,
     similar_pairs,
 )
@@ -149,6 +150,63 @@ def test_copy_check_candidates_are_each_rows_nearest_whatever_the_block_or_devic
             a, b, s = nearest_pairs(xc, threshold, k, pairs_per_block=rows * len(xc), device=device)
             assert set(zip(a.tolist(), b.tolist(), strict=True)) == want and len(a) == len(want)
             assert s.tobytes() == sims[a, b].astype(np.float32).tobytes() and (np.diff(a) >= 0).all()
+
+
+def test_pixel_candidates_are_each_rows_nearest_by_descriptor_whatever_the_block_or_device():
+    """#37 item 5: with `pixels`, each row's `pixel_k` nearest rows at cosine >= threshold by the exact
+    integer dot product of their descriptors (ties to the smaller row) join its `k` nearest by cosine; a
+    reference written out here (int64 sums per pair), the same bytes for query blocks of 1, 7 and all rows,
+    on faiss and torch. The descriptors are drawn with few values, so that ties occur."""
+    x, cluster = pool_with_copies(seed=3)
+    xc = normalize_rows(x[cluster == 1])
+    pixels = np.random.default_rng(4).integers(-2, 3, size=(len(xc), 192)).astype(np.int8)
+    threshold, k, pk = 0.5, 2, 3
+    sims = np.array([[np.float32(np.add.reduce(u.astype(np.float64) * v)) for v in xc] for u in xc])
+    dots = np.array([[int(np.sum(u.astype(np.int64) * v)) for v in pixels] for u in pixels])
+    want, ties = set(), 0
+    for i in range(len(xc)):
+        others = [j for j in range(len(xc)) if j != i and sims[i, j] >= threshold]
+        by_pixels = sorted(others, key=lambda j: (-dots[i, j], j))
+        near = sorted(others, key=lambda j: (-sims[i, j], j))[:k] + by_pixels[:pk]
+        want |= {(min(i, j), max(i, j)) for j in near}
+        ties += len(others) > pk and dots[i, by_pixels[pk - 1]] == dots[i, by_pixels[pk]]  # cut in a tie
+    clip_only = set(zip(*nearest_pairs(xc, threshold, k)[:2], strict=True))
+    assert ties and len(want) > len(clip_only) and clip_only < want
+    for device in ("cpu", "cpu:0"):
+        for rows in (1, 7, len(xc)):
+            a, b, s = nearest_pairs(
+                xc, threshold, k, pixels=pixels, pixel_k=pk, pairs_per_block=rows * len(xc), device=device
+            )
+            assert set(zip(a.tolist(), b.tolist(), strict=True)) == want and len(a) == len(want)
+            assert s.tobytes() == sims[a, b].astype(np.float32).tobytes() and (np.diff(a) >= 0).all()
+
+
+def test_pixel_descriptors_rank_a_jittered_copy_first_and_equal_a_float64_reference():
+    """A copy made as the synthetic world makes its near-duplicates (`hype.synth.render.jitter`: crop,
+    brightness, resize; JPEG) has its source among its nearest descriptors (first for most) of 40 scenes of
+    one shape, colour and background (striped, the copy check's hardest), which a small CLIP mixes up. The
+    descriptors are a float64 reference's (8 x 8 cell means per channel, centred, unit norm x 127,
+    rounded), and their dot products are integers far below 2^24 (exact in any order, float32 too)."""
+    from hype.scoring.copydetect import work_image
+    from hype.synth.render import encode_jpeg, jitter, render
+    from hype.synth.rng import Rng
+    from hype.synth.scenes import sample_scene
+
+    rng = np.random.default_rng(0)
+    scenes = [sample_scene(Rng(rng), shape="circle", color="red", background="striped") for _ in range(40)]
+    images = [render(s, 128, 128) for s in scenes]
+    copies = [jitter(im, rng) for im in images[:10]]
+    work = np.stack([work_image(encode_jpeg(im, 75)) for im in images + copies])
+    d = pixel_descriptors(work)
+    ref = work.astype(np.float64).reshape(len(work), 8, 8, 8, 8, 3).mean(axis=(2, 4))
+    ref = (ref - ref.mean(axis=(1, 2), keepdims=True)).reshape(len(work), -1)
+    assert d.dtype == np.int8 and (d == np.rint(ref / np.linalg.norm(ref, axis=1, keepdims=True) * 127)).all()
+    dots = d.astype(np.int64) @ d.astype(np.int64).T
+    assert np.abs(dots).max() < 2**24 / 64
+    np.fill_diagonal(dots, np.iinfo(np.int64).min)
+    rank = (dots[40:] > dots[40 + np.arange(10), np.arange(10)][:, None]).sum(axis=1)  # of the source
+    assert (rank < 3).all() and (rank == 0).sum() >= 8
+    assert (pixel_descriptors(np.zeros((1, 64, 64, 3), np.uint8)) == 0).all()  # a flat image: no layout
 
 
 def test_the_stored_forest_answers_every_stricter_threshold():
@@ -381,26 +439,39 @@ def _true_families(world_dir) -> dict[str, str]:
 def test_default_settings_group_the_copies_and_nothing_else(tmp_path_factory, tmp_path):
     """With its defaults the stage joins only pairs the pixel copy check confirms. The test world's tiny CLIP
     puts unrelated scenes near each other (the old default, cosine >= 0.95 alone, grouped most of the pool);
-    the copies are still found, except those the CLIP ranks far apart or puts in other clusters (measured
-    on larger worlds by bench/neardup.py). 23 of the 29 before the check compared each colour channel's
-    contrast, 21 since: one of the 15 true pairs falls below 0.9 (on bench/neardup.py's 4,000-sample world
-    0 none did, and other samples grouped fell from 75 to 58)."""
+    the copies are still found, except those the CLIP and the pixel descriptors rank far apart or k-means
+    puts in other clusters (measured on larger worlds by bench/neardup.py). 23 of the 29 before the check
+    compared each colour channel's contrast, 21 since: one of the 15 true pairs falls below 0.9 (on
+    bench/neardup.py's 4,000-sample world 0 none did, and other samples grouped fell from 75 to 58).
+    Without the pixel candidates (`neardup.pixel_candidates=0`, the search before #37 item 5's fourth
+    pass) a strict subset of the copies is found."""
     w = world(tmp_path_factory)
     meru, clip = models(tmp_path_factory)
     run = tmp_path / "run"
     shutil.copytree(neardup_run(tmp_path_factory), run)
-    result = run_cli(score_args(w, meru, clip, run, "--neardup"))
-    assert result.exit_code == 0 and "groups at cosine >= 0.9, copy similarity >= 0.9;" in result.output
     family = _true_families(w)
-    groups = pq.read_table(run / "neardup" / "groups.parquet").to_pandas()
     scored = set(pq.read_table(run / "scores", columns=["uid"]).column("uid").to_pylist())
     copies = {u for u in scored if sum(family[v] == family[u] for v in scored) >= 2}
-    kin = groups.uid.map(family)
-    found = {u for _, m in groups.groupby("group") for u in m.uid if (kin[m.index] == family[u]).sum() > 1}
-    assert len(set(groups.uid) - found) <= 0.01 * len(scored)  # other samples grouped
-    assert len(found) >= 0.7 * len(copies) and len(copies) >= 20
-    info = json.loads((run / "summary.json").read_text())["neardup"]
-    assert info["copy_check"]["candidates"] == 10 and info["threshold"] == 0.9
+    found = {}
+    for name, extra in (("pixels", []), ("clip", ["neardup.pixel_candidates=0"])):
+        result = run_cli(score_args(w, meru, clip, run, "--neardup", *extra))
+        assert result.exit_code == 0 and "groups at cosine >= 0.9, copy similarity >= 0.9;" in result.output
+        groups = pq.read_table(run / "neardup" / "groups.parquet").to_pandas()
+        kin = groups.uid.map(family)
+        found[name] = {
+            u for _, m in groups.groupby("group") for u in m.uid if (kin[m.index] == family[u]).sum() > 1
+        }
+        assert len(set(groups.uid) - found[name]) <= 0.01 * len(scored)  # other samples grouped
+        summary = json.loads((run / "summary.json").read_text())
+        info = summary["neardup"]
+        assert info["copy_check"]["candidates"] == 10 and info["threshold"] == 0.9
+        assert info["copy_check"]["pixel_candidates"] == (0 if extra else 10)
+        if extra:  # the setting is in the fingerprints: the split (its pixel column) and groups recomputed
+            assert summary["stages"]["neardup_split"]["shards_run"] == 3
+            assert summary["stages"]["neardup"]["shards_run"] == 1
+    # #37 item 5: the pixel candidates find copies that the tiny CLIP ranks beyond its 10 nearest
+    assert found["clip"] < found["pixels"] and len(copies) >= 20
+    assert len(found["pixels"]) >= 0.8 * len(copies) and len(found["clip"]) >= 0.7 * len(copies)
 
 
 def test_a_run_scored_before_the_copy_check_still_dedups(tmp_path_factory, tmp_path):

@@ -6,6 +6,10 @@ an edge; duplicate groups are the connected components of that graph. Pairs come
 flat indexes have no range search) over blocks of query rows, so memory is the cluster's features plus
 one block's pairs (`pairs_per_block`), never all pairs of the cluster.
 
+With the copy check the candidates are each row's `k` nearest rows at cosine >= threshold and its `pixel_k`
+nearest of those by pixel descriptor (`pixel_descriptors`: an 8 x 8 RGB thumbnail, centred, int8; a small
+CLIP ranks a copy among other renders of its kind, the thumbnail ranks it first), `nearest_pairs`.
+
 A row may be searched in two clusters (its nearest and second-nearest centroid, `second_nearest`, as
 SemDeDup's soft assignment: a copy and its source often fall on two sides of a k-means boundary); groups
 are then the connected components across clusters: the forests of the clusters are merged by uid
@@ -40,6 +44,8 @@ from hype.geometry._numerics import fp32_dot_error, pair_dots
 
 KEEPERS = ("hype", "semdedup", "random")
 PAIRS_PER_BLOCK = 1 << 24  # range-search results held at once (int64 ids + float32 sims: ~200 MB)
+PIXEL_SIDE = 8  # `pixel_descriptors`' grid: 8 x 8 cells x 3 channels
+PIXEL_BYTES = PIXEL_SIDE * PIXEL_SIDE * 3  # one row's descriptor (int8)
 
 
 class NeardupError(ValueError):
@@ -104,12 +110,45 @@ def similar_pairs(
         yield a[keep][order], b[keep][order], s[keep][order]
 
 
+def pixel_descriptors(work: np.ndarray) -> np.ndarray:
+    """(n, PIXEL_BYTES) int8: each (WORK_SIDE, WORK_SIDE, 3) uint8 work image's RGB block sums on a
+    `PIXEL_SIDE` x `PIXEL_SIDE` grid, each channel's mean removed (a brightness or tint change moves none of
+    them), scaled to norm ~127 and rounded: their dot product ranks a row's copies first where a small CLIP
+    ranks them among other renders of the same kind (`nearest_pairs`). A grid cell is 1/8 of the side, so
+    a crop of a few percent of each side or a resize moves little; a flat image is all zeros (it ranks
+    nobody first). Exact on any machine: integer sums, then one correctly rounded sqrt, division and
+    product per entry; their dot products are integers below 2^24, the same in any order."""
+    n, side = len(work), work.shape[1]
+    cell = side // PIXEL_SIDE
+    sums = work.reshape(n, PIXEL_SIDE, cell, PIXEL_SIDE, cell, 3).sum(axis=(2, 4), dtype=np.int64)
+    v = (PIXEL_SIDE * PIXEL_SIDE * sums - sums.sum(axis=(1, 2), keepdims=True)).reshape(n, -1)
+    norm = np.sqrt(np.einsum("ij,ij->i", v, v).astype(np.float64))[:, None]  # an integer < 2^53: exact
+    return np.rint(v * (127.0 / np.maximum(norm, 1.0))).astype(np.int8)
+
+
+def _nearest(a: np.ndarray, b: np.ndarray, score: np.ndarray, k: int) -> np.ndarray:
+    """bool per pair (a, b): b is among a's `k` best by `score` (ties to the smaller b)."""
+    order = np.lexsort((b, -score, a))
+    near = np.zeros(len(a), dtype=bool)
+    near[order] = np.arange(len(a)) - np.searchsorted(a[order], a[order]) < k  # place among a's pairs
+    return near
+
+
 def nearest_pairs(
-    x: np.ndarray, threshold: float, k: int, *, pairs_per_block: int = PAIRS_PER_BLOCK, device: str = "cpu"
+    x: np.ndarray,
+    threshold: float,
+    k: int,
+    *,
+    pixels: np.ndarray | None = None,
+    pixel_k: int = 0,
+    pairs_per_block: int = PAIRS_PER_BLOCK,
+    device: str = "cpu",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(a, b, sim), a < b, each pair once: every row's `k` nearest other rows of unit `x` at cosine >=
-    threshold (the copy check's candidates). Ranked by `pair_cosines` (ties to the smaller row), so the
-    candidates are the same on any machine; memory is one block of pairs plus k per row."""
+    threshold (the copy check's candidates), with `pixels` (`pixel_descriptors` of the rows) also its
+    `pixel_k` nearest of those rows by pixel descriptor. Ranked by `pair_cosines` and by the descriptors'
+    exact integer dot products (ties to the smaller row), so the candidates are the same on any machine;
+    memory is one block of pairs plus k + pixel_k per row."""
     block = max(1, pairs_per_block // max(1, len(x)))
     wide = threshold - search_margin(x.shape[1])
     found = _faiss_pairs(x, wide, block) if device == "cpu" else _torch_pairs(x, wide, block, device)
@@ -118,10 +157,9 @@ def nearest_pairs(
         a, b = a[a != b], b[a != b]
         s = pair_cosines(x, a, b)
         a, b, s = a[s >= threshold], b[s >= threshold], s[s >= threshold]
-        order = np.lexsort((b, -s.astype(np.float64), a))
-        a, b, s = a[order], b[order], s[order]
-        rank = np.arange(len(a)) - np.searchsorted(a, a)  # place among the query row's neighbours
-        near = rank < k
+        near = _nearest(a, b, s.astype(np.float64), k)
+        if pixels is not None and pixel_k > 0:
+            near |= _nearest(a, b, pair_dots(pixels, pixels, a, b), pixel_k)
         parts.append((np.minimum(a, b)[near], np.maximum(a, b)[near], s[near]))
     if not parts:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)

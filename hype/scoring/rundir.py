@@ -26,7 +26,7 @@
       decontam/matches.parquet (+ matches.json)     pool samples near an evaluation image (decontam.py)
       scores/part-<index:08d>.parquet           THE scores table (hype.table.schema)
       neardup_split/<id>.parquet, <id>_stats.json   --neardup, per shard: cluster, HYPE score, feature,
-                                                  work image (copy check)
+                                                  work image and pixel descriptor (copy check)
       neardup/group-<g>.parquet (+ .edges.parquet, _stats.json)  per group of clusters: members, forest
       neardup/groups.parquet, edges.parquet (+ groups.json)  near-duplicate groups (stage_neardup)
       merge/<id>_stats.json                     completion markers of the score parts

@@ -16,18 +16,21 @@ recomputes it), on rows of the scores table only (repeated uids are already drop
    groups`, `groups` = ceil(rows · assign / `neardup.rows_per_group`)), sorted by group with one Parquet
    row group per group -> `neardup_split/<id>.parquet`; the marker lists the groups present. With the
    copy check (`neardup.copy_check`, the default) each row's 64 x 64 work image (`hype.scoring.copydetect`,
-   12 KiB) too, read from the shard's tar. Memory: one shard.
+   12 KiB) too, read from the shard's tar, and with `neardup.pixel_candidates` (the default) its pixel
+   descriptor (`pixel_descriptors`, 192 bytes). Memory: one shard.
 3. `GroupStage` (per group of clusters, executor): reads its row group from every shard (the shuffle),
    then per cluster the maximum spanning forest of the pairs >= `neardup.threshold` (faiss range search
    in blocks; with the copy check, of each row's `neardup.candidates` nearest rows at cosine >= the
-   threshold, the pairs whose copy similarity is >= `neardup.copy_threshold`: a small CLIP puts unrelated
-   pictures of one kind at cosine > 0.95, the pixels tell copies apart), the duplicate groups and their
-   the forest of its clusters' forests over its rows by uid (a row in two of its clusters is one node, a
-   pair found in both counted once) -> `neardup/group-<g>.parquet` (members: uid, cluster, hype,
-   centroid_sim, unit feature) and `group-<g>.edges.parquet` (the forest). Memory: one group of clusters
-   (~`rows_per_group` rows' features) plus one block of pairs (with the copy check, plus the candidates'
-   work images, a row in two clusters counted twice, checked against the free memory before they are
-   read); a cluster above `neardup.max_cluster` rows is an error naming the fix.
+   threshold and its `neardup.pixel_candidates` nearest of those by pixel descriptor (a small CLIP ranks a
+   copy among other renders of its kind; the descriptor ranks it first), the pairs whose copy similarity
+   is >= `neardup.copy_threshold`: a small CLIP puts unrelated pictures of one kind at cosine > 0.95, the
+   pixels tell copies apart), and the forest of its clusters' forests over its rows by uid (a row in two
+   of its clusters is one node, a pair found in both counted once) -> `neardup/group-<g>.parquet`
+   (members: uid, cluster, hype, centroid_sim, unit feature) and `group-<g>.edges.parquet` (the forest).
+   Memory: one group of clusters (~`rows_per_group` rows' features and pixel descriptors) plus one block
+   of pairs (with the copy check, plus the candidates' work images, a row in two clusters counted twice,
+   checked against the free memory before they are read); a cluster above `neardup.max_cluster` rows is
+   an error naming the fix.
 4. driver: the groups of clusters' members united by uid and their forests merged (the forest of forests
    is the forest of all their pairs), the groups (connected components), keepers and each member's cosine
    to its keeper (two passes over the members' features: the keepers' held, checked against the free
@@ -65,6 +68,8 @@ from hype.scoring.dedup import keep_mask
 from hype.scoring.errors import ScoreError
 from hype.scoring.neardup import (
     PAIRS_PER_BLOCK,
+    PIXEL_BYTES,
+    PIXEL_SIDE,
     NeardupError,
     cluster_forest,
     components,
@@ -72,6 +77,7 @@ from hype.scoring.neardup import (
     merged_forest,
     nearest_pairs,
     normalize_rows,
+    pixel_descriptors,
     second_nearest,
     spanning_forest,
     uid_nodes,
@@ -142,11 +148,13 @@ class SplitStage(ShardStage):
         reuse_clusters: bool,
         drops: dict | None = None,
         work_images: bool = False,
+        pixels: bool = False,
         assign: int = 1,
         **kw,
     ):
         super().__init__(run, **kw)
         self.groups = groups
+        self.pixels = work_images and pixels  # each row's `pixel_descriptors` in a `pixel` column
         self.assign = assign  # 2: each row also in its second-nearest cluster (`within`), as SemDeDup
         self.work_images = work_images  # the copy check's: each row's work image in a `work` column
         self.model_digest = model_digest
@@ -166,6 +174,7 @@ class SplitStage(ShardStage):
                 "clusters_per_row": self.assign,  # not "assign": ASSIGN's key (the assignment rule)
                 **ASSIGN,  # the rows' clusters
                 **({"work_images": WORK_SIDE} if self.work_images else {}),  # without: as before the check
+                **({"pixels": PIXEL_FORMAT} if self.pixels else {}),  # without: as before pixel candidates
             }
         )
 
@@ -224,7 +233,10 @@ class SplitStage(ShardStage):
         )
         if self.work_images:
             names = occurrences(emb.column("key").to_pylist())
-            table = table.append_column("work", _work_column(task.source, [names[i] for i in rows[src]]))
+            work = _work_images(task.source, [names[i] for i in rows])
+            table = table.append_column("work", _binary_column(work[src]))
+            if self.pixels:
+                table = table.append_column("pixel", _binary_column(pixel_descriptors(work)[src]))
         present, counts = np.unique(group, return_counts=True)
         return self._finish(
             task,
@@ -259,12 +271,30 @@ class SplitStage(ShardStage):
 WORK_BYTES = WORK_SIDE * WORK_SIDE * 3  # one work image (RGB uint8) in the split's `work` column
 
 
-def _work_column(tar: str, names: list[tuple[str, int]]) -> pa.Array:
-    """The work images of the shard's rows `names` (`occurrences`), read from its tar once; an image that
-    cannot be decoded is flat (it matches nothing)."""
+PIXEL_FORMAT = f"rgb-{PIXEL_SIDE}x{PIXEL_SIDE}-int8"  # `pixel_descriptors`: change it when they change
+
+
+def _work_images(tar: str, names: list[tuple[str, int]]) -> np.ndarray:
+    """(n, WORK_SIDE, WORK_SIDE, 3) uint8: the work images of the shard's rows `names` (`occurrences`), read
+    from its tar once; an image that cannot be decoded is flat (it matches nothing)."""
     images, _ = tar_work_images(tar, set(names))
-    blank = bytes(WORK_BYTES)
-    return pa.array([images[n].tobytes() if n in images else blank for n in names], pa.binary(WORK_BYTES))
+    out = np.zeros((len(names), WORK_SIDE, WORK_SIDE, 3), np.uint8)
+    for i, name in enumerate(names):
+        if name in images:
+            out[i] = images[name]
+    return out
+
+
+def _binary_column(rows: np.ndarray) -> pa.Array:
+    """Each row of `rows` (uint8 or int8) as one fixed-size binary value."""
+    width = math.prod(rows.shape[1:])
+    return pa.array([r.tobytes() for r in rows], pa.binary(width))
+
+
+def _binary_rows(col: pa.ChunkedArray, width: int, dtype: type = np.uint8) -> np.ndarray:
+    """A fixed-size binary column (`_binary_column`) as (rows, width) of `dtype` (no copy when one chunk)."""
+    col = col.combine_chunks()
+    return np.frombuffer(col.buffers()[1], dtype, len(col) * width, col.offset * width).reshape(-1, width)
 
 
 def _check_memory(images: int) -> None:
@@ -314,11 +344,13 @@ class GroupStage(ShardStage):
         pairs_per_block: int = PAIRS_PER_BLOCK,
         check: CopyCheck | None = None,
         candidates: int = 10,
+        pixel_candidates: int = 0,
         **kw,
     ):
         super().__init__(run, **kw)
         self.check = check  # None: every pair >= threshold is an edge (before the copy check)
         self.candidates = candidates
+        self.pixel_candidates = pixel_candidates if check else 0  # the split's `pixel` column ranks them
         self.shards = shards
         self.splits_digest = splits_digest
         self.threshold = threshold
@@ -342,11 +374,22 @@ class GroupStage(ShardStage):
                 **(
                     {"copy_check": self.check.settings(), "candidates": self.candidates} if self.check else {}
                 ),
+                # without: as before pixel candidates (the same groups)
+                **({"pixel_candidates": self.pixel_candidates} if self.pixel_candidates else {}),
             }
         )
 
     def label(self, task: ShardTask) -> str:
         return task.path
+
+    def copy_check_settings(self) -> dict | None:
+        """The candidates and the copy check's settings (None: every pair >= threshold joins)."""
+        if self.check is None:
+            return None
+        return {
+            "candidates": self.candidates,
+            "pixel_candidates": self.pixel_candidates,
+        } | self.check.settings()
 
     def run(self, task: ShardTask) -> dict:
         from hype.data.uids import arrow_to_pairs
@@ -355,6 +398,7 @@ class GroupStage(ShardStage):
         fp = self.fingerprint(task)
         self._debug_hook(task)
         columns = ["group", "cluster", "within", "uid", "hype", "centroid_sim", "clip_img"]  # work: later
+        columns += ["pixel"] if self.pixel_candidates else []
         parts = [(s, read_split_group(self.run_dir, s, task.index, columns)) for s in self.shards]
         parts = [(s, p) for s, p in parts if p is not None and p.num_rows]
         shards, parts = [s for s, _ in parts], [p for _, p in parts]
@@ -367,6 +411,7 @@ class GroupStage(ShardStage):
             t = t.take(pa.array(order))
             cluster = t.column("within").to_numpy()
             feats = normalize_rows(embed_format.fixed_list_to_numpy(t.column("clip_img")))
+            pixels = _binary_rows(t.column("pixel"), PIXEL_BYTES, np.int8) if self.pixel_candidates else None
             hi, lo = arrow_to_pairs(t.column("uid"), f"{task.shard_id}: uid")
             bounds = np.flatnonzero(np.diff(cluster)) + 1
             spans = []
@@ -382,7 +427,7 @@ class GroupStage(ShardStage):
                         "neardup.max_cluster (memory: its features)"
                     )
                 spans.append((start, stop))
-            forests = [self._edges(feats[a:b]) for a, b in spans]
+            forests = [self._edges(feats[a:b], None if pixels is None else pixels[a:b]) for a, b in spans]
             if self.check is not None:
                 forests = self._confirm(spans, forests, shards, task.index, order)
             members, edges = _members(t, feats, hi, lo, spans, forests)
@@ -404,12 +449,14 @@ class GroupStage(ShardStage):
     def edges_output(self, task: ShardTask) -> AnyPath:
         return self.run_dir.root / self.name / f"{task.shard_id}.edges.parquet"
 
-    def _edges(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
+    def _edges(self, x: np.ndarray, pixels: np.ndarray | None) -> tuple[np.ndarray, ...]:
         """One cluster's forest (without the copy check) or its copy-check candidates: (a, b, cosine)."""
         kw = {"pairs_per_block": self.pairs_per_block, "device": self.device}
         if self.check is None:
             return cluster_forest(x, self.threshold, **kw)
-        return nearest_pairs(x, self.threshold, self.candidates, **kw)
+        return nearest_pairs(
+            x, self.threshold, self.candidates, pixels=pixels, pixel_k=self.pixel_candidates, **kw
+        )
 
     def _confirm(self, spans: list, cands: list, shards: list[ShardTask], g: int, order: np.ndarray) -> list:
         """Each cluster's forest of its candidate pairs that the copy check confirms (`spans`: the clusters'
@@ -421,12 +468,9 @@ class GroupStage(ShardStage):
         works = np.zeros((len(needed), WORK_SIDE, WORK_SIDE, 3), np.uint8)
         source, start = order[needed], 0
         for shard in shards:
-            part = read_split_group(self.run_dir, shard, g, ["work"]).column("work").combine_chunks()
-            data = np.frombuffer(
-                part.buffers()[1], np.uint8, len(part) * WORK_BYTES, part.offset * WORK_BYTES
-            )
+            part = _binary_rows(read_split_group(self.run_dir, shard, g, ["work"]).column("work"), WORK_BYTES)
             inside = np.flatnonzero((source >= start) & (source < start + len(part)))
-            works[inside] = data.reshape(-1, *works.shape[1:])[source[inside] - start]
+            works[inside] = part.reshape(-1, *works.shape[1:])[source[inside] - start]
             start += len(part)
         out = []
         for (first, stop), (a, b, sim) in zip(spans, cands, strict=True):
@@ -541,6 +585,7 @@ def find_near_duplicates(state: Any, pool: Any, clusters_info: dict | None) -> d
         reuse_clusters=model.reuse,
         drops=pool.drops,
         work_images=check is not None,
+        pixels=nc.pixel_candidates > 0,
         assign=nc.assign,
         **pool.kw,
     )
@@ -557,6 +602,7 @@ def find_near_duplicates(state: Any, pool: Any, clusters_info: dict | None) -> d
         pairs_per_block=nc.pairs_per_block,
         check=check,
         candidates=nc.candidates,
+        pixel_candidates=nc.pixel_candidates,
         **pool.kw,
     )
     tasks = [group_task(g) for g in range(groups)]
@@ -618,7 +664,7 @@ def _gather(run: RunDir, stage: GroupStage, tasks: list[ShardTask], stats: list[
         "digest": fingerprint([output["digest"], edge_out["digest"]]),
         "threshold": stage.threshold,
         # None: every pair >= threshold joined (runs before the copy check, or neardup.copy_check=false)
-        "copy_check": {"candidates": stage.candidates, **stage.check.settings()} if stage.check else None,
+        "copy_check": stage.copy_check_settings(),
         "keeper": stage.keeper,
         "seed": stage.seed,
         "groups": int(group.max(initial=-1)) + 1,
