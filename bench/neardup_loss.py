@@ -4,7 +4,8 @@ Reads a run that `bench/neardup.py` scored (OUT/score, with the copy check: its 
 per cluster it is searched in, with its feature, work image and, from #37 item 5's fourth pass on, its
 pixel descriptor) and the world's truth. For every true pair (within a true family, as bench/neardup.py):
 
-    in a shared cluster   the two rows are searched in one cluster (`neardup.assign`: own, second-nearest)
+    share one of n        the two rows' n nearest clusters meet (n = 1..4: what `neardup.assign` = n sees)
+    in a shared cluster   the two rows are searched in one cluster by the run (`neardup.assign`)
     cosine >= threshold   float64 cosine of the CLIP image features
     CLIP candidate        one is among the other's `neardup.candidates` nearest by cosine in a shared cluster
     pixel candidate       ... among its `neardup.pixel_candidates` nearest by pixel descriptor
@@ -71,6 +72,16 @@ def read_split(run: Path) -> dict:
         "work": work,
         "pixels": pixels,
     }
+
+
+def nearest_clusters(run: Path, split: dict, n: int) -> np.ndarray:
+    """Each split row's `n` nearest centroids (c_IN's, else the stage's own; float64 products): what
+    `neardup.assign` = n would search (the stage's own rule breaks exact ties the same way)."""
+    from hype.scoring.neardup import normalize_rows
+
+    path = run / "clusters" / "centroids.npy"
+    c = normalize_rows(np.load(path if path.is_file() else run / "neardup" / "centroids.npy"))
+    return np.argsort(-(split["x"].astype(np.float64) @ c.astype(np.float64).T), axis=1, kind="stable")[:, :n]
 
 
 def candidates(split: dict, threshold: float, k: int, pixel_k: int) -> set[tuple[str, str]]:
@@ -161,13 +172,17 @@ def main() -> None:
     cache = copy_sims(split, sorted(set(true_pairs).union(clip, pix, *built.values())))
     check = np.array([cache[q] >= args.copy_threshold for q in true_pairs])
     shared = np.array([bool(clusters[a] & clusters[b]) for a, b in true_pairs])
+    nearest = nearest_clusters(args.run, split, 4)
+    ia, ib = (np.array([row[q[side]] for q in true_pairs], np.int64) for side in (0, 1))
+    share = {n: (nearest[ia, :n, None] == nearest[ib, None, :n]).any(axis=(1, 2)) for n in (1, 2, 3, 4)}
     is_clip = np.array([q in clip for q in true_pairs])
     is_pix = np.array([q in pix for q in true_pairs])
     g = pq.read_table(args.run / "neardup" / "groups.parquet", columns=["uid", "group"]).to_pandas()
     group = dict(zip(g.uid, g.group, strict=True))
     found = np.array([a in group and group.get(a) == group.get(b) for a, b in true_pairs])
     steps = {
-        "in a shared cluster": shared,
+        **{f"share one of their {n} nearest clusters": share[n] for n in (1, 2, 3, 4)},
+        "in a shared cluster (the run's)": shared,
         f"cosine >= {args.threshold:g}": cos >= args.threshold,
         f"CLIP candidate ({args.candidates} nearest)": is_clip,
         f"pixel candidate ({args.pixel_candidates} nearest)": is_pix,
