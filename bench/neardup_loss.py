@@ -15,10 +15,11 @@ pixel descriptor) and the world's truth. For every true pair (within a true fami
     found (pair recall)   the run's groups hold both (transitively)
 
 Then `--sweep`: the stage's candidates rebuilt per cluster from the split (`nearest_pairs`, the stage's
-own function) for each (candidates, pixel_candidates, copy threshold), checked (copy similarities cached),
-grouped by uid, and measured as bench/neardup.py does: copies found, others grouped (and their share).
+own function) for each (candidates, pixel_candidates[, assign: each sample in its n nearest clusters
+instead of the run's]) and copy threshold, checked (copy similarities cached), grouped by uid, and
+measured as bench/neardup.py does: copies found, others grouped (and their share).
 
-    python bench/neardup_loss.py --run OUT/score --world WORLD [--sweep 10:0,10:10,0:10,5:10]
+    python bench/neardup_loss.py --run OUT/score --world WORLD [--sweep 10:0,10:10,0:10,10:10:3]
         [--copy-thresholds 0.9] [--threshold 0.9]
 
 Prints both tables and writes RUN/../neardup_loss.json.
@@ -82,6 +83,16 @@ def nearest_clusters(run: Path, split: dict, n: int) -> np.ndarray:
     path = run / "clusters" / "centroids.npy"
     c = normalize_rows(np.load(path if path.is_file() else run / "neardup" / "centroids.npy"))
     return np.argsort(-(split["x"].astype(np.float64) @ c.astype(np.float64).T), axis=1, kind="stable")[:, :n]
+
+
+def searched(split: dict, nearest: np.ndarray, assign: int) -> dict:
+    """The split's rows as `neardup.assign=assign` would search them: each sample once in each of its
+    `assign` nearest clusters (`nearest_clusters`); 0: the run's own split."""
+    if not assign:
+        return split
+    first = np.unique(split["uid"], return_index=True)[1]
+    rows = np.repeat(first, assign)
+    return {k: split[k][rows] for k in ("uid", "x", "pixels")} | {"within": nearest[first, :assign].ravel()}
 
 
 def candidates(split: dict, threshold: float, k: int, pixel_k: int) -> set[tuple[str, str]]:
@@ -167,12 +178,12 @@ def main() -> None:
     cos = np.array([x[row[a]] @ x[row[b]] for a, b in true_pairs])
     clip = candidates(split, args.threshold, args.candidates, 0)
     pix = candidates(split, args.threshold, 0, args.pixel_candidates) if args.pixel_candidates else set()
-    sweep = [tuple(int(v) for v in s.split(":")) for s in args.sweep.split(",") if s]
-    built = {s: candidates(split, args.threshold, *s) for s in sweep}
+    nearest = nearest_clusters(args.run, split, 4)
+    sweep = [(*(int(v) for v in s.split(":")), 0)[:3] for s in args.sweep.split(",") if s]
+    built = {s: candidates(searched(split, nearest, s[2]), args.threshold, *s[:2]) for s in sweep}
     cache = copy_sims(split, sorted(set(true_pairs).union(clip, pix, *built.values())))
     check = np.array([cache[q] >= args.copy_threshold for q in true_pairs])
     shared = np.array([bool(clusters[a] & clusters[b]) for a, b in true_pairs])
-    nearest = nearest_clusters(args.run, split, 4)
     ia, ib = (np.array([row[q[side]] for q in true_pairs], np.int64) for side in (0, 1))
     share = {n: (nearest[ia, :n, None] == nearest[ib, None, :n]).any(axis=(1, 2)) for n in (1, 2, 3, 4)}
     is_clip = np.array([q in clip for q in true_pairs])
@@ -199,17 +210,15 @@ def main() -> None:
     for ct in (float(v) for v in args.copy_thresholds.split(",")):
         for s in sweep:
             edges = [q for q in built[s] if cache[q] >= ct]
-            rows.append({"candidates": s[0], "pixel_candidates": s[1], "copy_threshold": ct,
-                         "checked_pairs": len(built[s]),
+            rows.append({"candidates": s[0], "pixel_candidates": s[1], "assign": s[2] or "run's",
+                         "copy_threshold": ct, "checked_pairs": len(built[s]),
                          **outcome(edges, family, dups, len(truth))})  # fmt: skip
     if rows:
-        head = (
-            "| candidates | pixel candidates | copy threshold | pairs checked | copies found | others grouped"
-        )
-        print(f"\n{head} |\n" + "|---" * 6 + "|")
+        head = "| candidates | pixel candidates | assign | copy threshold | pairs checked | copies found"
+        print(f"\n{head} | others grouped |\n" + "|---" * 7 + "|")
         for r in rows:
-            print(f"| {r['candidates']} | {r['pixel_candidates']} | {r['copy_threshold']:g} | "
-                  f"{r['checked_pairs']:,} | {r['dups_found']:.3f} | "
+            print(f"| {r['candidates']} | {r['pixel_candidates']} | {r['assign']} | "
+                  f"{r['copy_threshold']:g} | {r['checked_pairs']:,} | {r['dups_found']:.3f} | "
                   f"{r['others_grouped']:,} ({r['others_grouped_share']:.2%}) |")  # fmt: skip
     result = {"args": {k: str(v) for k, v in vars(args).items()}, "true_pairs": len(true_pairs),
               "steps": {k: float(v.mean()) for k, v in steps.items()}, "sweep": rows,

@@ -580,7 +580,8 @@ def test_the_keepers_features_that_do_not_fit_are_refused_before_they_are_alloca
 
 def test_second_nearest_is_the_exact_best_other_centroid_even_when_all_tie():
     """`second_nearest` against a float64 brute force, with tied and near-identical centroids: every row's
-    candidates inside the fp32 margin (it raised IndexError before it reused `exact_best`)."""
+    candidates inside the fp32 margin (it raised IndexError before it reused `exact_best`); and the third
+    nearest (the first two excluded, `neardup.assign=3`)."""
     from hype.geometry._numerics import pair_dots
     from hype.scoring.clusters import nearest_centroid
     from hype.scoring.neardup import second_nearest
@@ -595,4 +596,10 @@ def test_second_nearest_is_the_exact_best_other_centroid_even_when_all_tie():
         first = nearest_centroid(x, c)
         s = np.stack([pair_dots(x, c, np.arange(len(x)), np.full(len(x), j)) for j in range(len(c))], 1)
         s[np.arange(len(x)), first] = -np.inf
-        assert (second_nearest(x, c, first) == s.argmax(1)).all()
+        second = second_nearest(x, c, first)
+        assert (second == s.argmax(1)).all()
+        # neardup.assign=3: the nearest other than the first two (ties to the lower index, as argmax)
+        s[np.arange(len(x)), second] = -np.inf
+        assert (second_nearest(x, c, np.stack([first, second], axis=1)) == s.argmax(1)).all()
+    three = rng.normal(size=(3, 24)).astype(np.float32)  # no fourth: -1
+    assert (second_nearest(x, three, np.argsort(-(x @ three.T), axis=1)[:, :3]) == -1).all()

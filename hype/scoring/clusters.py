@@ -107,8 +107,9 @@ def exact_best(
     exclude: np.ndarray | None = None,
 ) -> np.ndarray:
     """Each row's best centroid by `pair_dots` (x·c, or with `l2` x·c - |c|²/2), ties to the lower index,
-    from the fp32 search's `top` scores (descending) of centroids `ids`; with `exclude`, the best other than
-    the row's `exclude` centroid (the search then lists one more: its column drops out).
+    from the fp32 search's `top` scores (descending) of centroids `ids`; with `exclude` (one centroid per
+    row, or m per row as columns), the best other than the row's excluded centroids (the search then lists
+    m more: their columns drop out).
 
     A float32 dot product of d terms, summed in any order or blocking (BLAS, faiss, a GPU, TF32 off), is
     within γ·Σ|x_i c_i| <= γ|x||c| of the true one (γ = d·2^-24/(1 - d·2^-24)); with `l2` the fp32 -|c|²/2
@@ -118,9 +119,12 @@ def exact_best(
     max|c|²/2) of the search's best. One candidate inside: it is the best; several: they are measured
     again; the last of the `top` still inside: the row is measured against all K."""
     d, others = x.shape[1], len(c)
-    if exclude is not None:  # each row's list without its excluded centroid (or its last, if not listed)
-        keep = np.argsort(ids == exclude[:, None], axis=1, kind="stable")[:, :-1]
-        top, ids, others = np.take_along_axis(top, keep, 1), np.take_along_axis(ids, keep, 1), len(c) - 1
+    if exclude is not None:  # each row's list without its m excluded centroids (or its last, if not listed)
+        exclude = exclude.reshape(len(x), -1)
+        m = exclude.shape[1]
+        dropped = (ids[:, :, None] == exclude[:, None, :]).any(axis=2)
+        keep = np.argsort(dropped, axis=1, kind="stable")[:, :-m]
+        top, ids, others = np.take_along_axis(top, keep, 1), np.take_along_axis(ids, keep, 1), len(c) - m
     half = pair_dots(c, c, *[np.arange(len(c))] * 2) / 2 if l2 else np.zeros(len(c))
     cmax = float(np.sqrt(half.max() * 2)) if l2 else float(np.sqrt(np.einsum("ij,ij->i", c, c).max()))
     xnorm = np.sqrt(np.einsum("ij,ij->i", x, x, dtype=np.float64))

@@ -121,7 +121,7 @@ class NeardupConfig:
     copy_check: bool = True  # a pair joins a group only if the pixel copy check confirms it (copydetect)
     candidates: int = 10  # with copy_check: each row's nearest rows (cosine >= threshold) checked
     pixel_candidates: int = 10  # with copy_check: and its nearest of those by pixel descriptor (0: none)
-    assign: int = 2  # clusters each row is searched in: its nearest (1) or its 2 nearest (SemDeDup's soft)
+    assign: int = 2  # clusters each row is searched in: its nearest (1) or its 2 or 3 nearest (SemDeDup's)
     copy_threshold: float = 0.9  # with copy_check: copy similarity at or above which a pair is a copy
     keeper: str = "hype"  # hype (highest HYPE score) | semdedup (farthest from its centroid) | random
     seed: int = 0  # of the random keeper
@@ -141,8 +141,8 @@ class NeardupConfig:
             raise ConfigError("copy_threshold", f"a copy similarity in [-1, 1]; got {self.copy_threshold}")
         at_least(self, 1, "num_clusters", "candidates")
         at_least(self, 0, "pixel_candidates")
-        if self.assign not in (1, 2):
-            raise ConfigError("assign", f"1 or 2 (the clusters each row is searched in); got {self.assign}")
+        if self.assign not in (1, 2, 3):
+            raise ConfigError("assign", f"1, 2 or 3 (clusters each row is searched in); got {self.assign}")
         at_least(self, 2, "max_cluster")
         at_least(self, 1, "rows_per_group", "pairs_per_block")
 

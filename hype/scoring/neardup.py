@@ -169,19 +169,21 @@ def nearest_pairs(
 
 
 def second_nearest(x: np.ndarray, c: np.ndarray, first: np.ndarray, top: int = 8) -> np.ndarray:
-    """Each row's nearest centroid (largest inner product with rows `x`) other than its `first`, ties to the
-    lower index, -1 with a single centroid: the same on any BLAS, thread count or batch, as
+    """Each row's nearest centroid (largest inner product with rows `x`) other than its `first` (one per
+    row, or several as columns: the third nearest is the nearest other than the first two), ties to the
+    lower index, -1 when no other centroid is left: the same on any BLAS, thread count or batch, as
     `hype.scoring.clusters.nearest_centroid` (`exact_best`, the row's `first` excluded)."""
     import faiss
 
     from hype.scoring.clusters import exact_best
 
-    if len(c) < 2 or not len(x):
+    first = np.asarray(first, np.int64).reshape(len(x), -1) if len(x) else np.zeros((0, 1), np.int64)
+    if len(c) <= first.shape[1] or not len(x):
         return np.full(len(x), -1, np.int64)
     index = faiss.IndexFlatIP(c.shape[1])
     index.add(c)
-    scores, ids = index.search(x, min(top + 1, len(c)))
-    return exact_best(x, c, scores, ids, exclude=np.asarray(first, np.int64))
+    scores, ids = index.search(x, min(top + first.shape[1], len(c)))
+    return exact_best(x, c, scores, ids, exclude=first)
 
 
 def uid_nodes(hi: np.ndarray, lo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

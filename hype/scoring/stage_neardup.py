@@ -12,12 +12,13 @@ recomputes it), on rows of the scores table only (repeated uids are already drop
 2. `SplitStage` (per shard, executor): each row's cluster, HYPE score, cosine to its centroid, uid and
    feature, once per cluster it is searched in (`within`: its own and, with `neardup.assign=2`, the
    default, its second-nearest, `second_nearest`: SemDeDup's soft assignment, since a copy and its source
-   often fall on two sides of a k-means boundary), with that cluster's group of clusters (`within %
-   groups`, `groups` = ceil(rows · assign / `neardup.rows_per_group`)), sorted by group with one Parquet
-   row group per group -> `neardup_split/<id>.parquet`; the marker lists the groups present. With the
-   copy check (`neardup.copy_check`, the default) each row's 64 x 64 work image (`hype.scoring.copydetect`,
-   12 KiB) too, read from the shard's tar, and with `neardup.pixel_candidates` (the default) its pixel
-   descriptor (`pixel_descriptors`, 192 bytes). Memory: one shard.
+   often fall on two sides of a k-means boundary; with 3 its third-nearest too), with that cluster's group
+   of clusters (`within % groups`, `groups` = ceil(rows · assign / `neardup.rows_per_group`)), sorted by
+   group with one Parquet row group per group -> `neardup_split/<id>.parquet`; the marker lists the
+   groups present. With the copy check (`neardup.copy_check`, the default) each row's 64 x 64 work image
+   (`hype.scoring.copydetect`, 12 KiB) too, read from the shard's tar, and with
+   `neardup.pixel_candidates` (the default) its pixel descriptor (`pixel_descriptors`, 192 bytes).
+   Memory: one shard.
 3. `GroupStage` (per group of clusters, executor): reads its row group from every shard (the shuffle),
    then per cluster the maximum spanning forest of the pairs >= `neardup.threshold` (faiss range search
    in blocks; with the copy check, of each row's `neardup.candidates` nearest rows at cosine >= the
@@ -155,7 +156,7 @@ class SplitStage(ShardStage):
         super().__init__(run, **kw)
         self.groups = groups
         self.pixels = work_images and pixels  # each row's `pixel_descriptors` in a `pixel` column
-        self.assign = assign  # 2: each row also in its second-nearest cluster (`within`), as SemDeDup
+        self.assign = assign  # 2 (3): each row also in its second- (third-) nearest cluster, as SemDeDup
         self.work_images = work_images  # the copy check's: each row's work image in a `work` column
         self.model_digest = model_digest
         self.reuse_clusters = reuse_clusters  # the clusters stage's `cluster` column, else neardup's model
@@ -213,10 +214,12 @@ class SplitStage(ShardStage):
         centroid_sim = np.einsum("ij,ij->i", unit, self._centroids[cluster]) if len(unit) else unit[:, 0]
         hype = hype_score({m: scores.column(m).to_numpy() for m in METRICS})
         src, within = np.arange(len(feats)), cluster  # each row in its own cluster ...
-        if self.assign == 2:  # ... and a copy of it in its second-nearest one
-            second = second_nearest(feats, self._centroids, cluster)
-            also = np.flatnonzero(second >= 0)
-            src, within = np.concatenate([src, also]), np.concatenate([cluster, second[also]])
+        taken = cluster[:, None]
+        for _ in range(self.assign - 1):  # ... and a copy of it in its second- (third-) nearest one
+            nxt = second_nearest(feats, self._centroids, taken)
+            also = np.flatnonzero(nxt >= 0)
+            src, within = np.concatenate([src, also]), np.concatenate([within, nxt[also]])
+            taken = np.column_stack([taken, nxt])
         group = within % self.groups
         order = np.lexsort((within, group))  # by group, then cluster searched; stable within
         src = src[order]
