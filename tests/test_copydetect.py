@@ -5,6 +5,7 @@ match. Images are drawn here (a few random shapes), so the test takes millisecon
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -20,6 +21,9 @@ from hype.scoring.copydetect import (
     work_image,
 )
 from hype.synth.contaminate import KINDS, _copy
+from hype.synth.render import decode, encode_jpeg, jitter, render
+from hype.synth.rng import Rng
+from hype.synth.scenes import sample_scene
 
 
 def _scene(seed: int, side: int = 96) -> bytes:
@@ -90,7 +94,8 @@ def test_a_flat_image_matches_nothing_and_a_broken_file_is_an_image_error():
 
 
 def test_pair_similarities_are_the_copy_similarities_of_each_pair():
-    check, rng = CopyCheck(), np.random.default_rng(1)
+    # one search (the second search against its reference: the next test)
+    check, rng = CopyCheck(refine_from=None), np.random.default_rng(1)
     sources = [_scene(seed) for seed in range(3)]
     a = np.stack([work_image(_copy(s, "png", kind, rng)[0]) for s in sources for kind in KINDS])
     b = np.stack([work_image(s) for s in sources])
@@ -106,39 +111,76 @@ def test_pair_similarities_are_the_copy_similarities_of_each_pair():
     assert one.tobytes() == got[order].tobytes()
 
 
+def _striped(seed: int) -> tuple[bytes, bytes, bytes]:
+    """A single-object scene on stripes as the synthetic pool publishes it, its near-duplicate (the
+    world's own `jitter`: each side cropped by up to 1/16, so often more on one axis; brightness; a resize;
+    JPEG again) and the same scene with another shape in the object's place."""
+    scene = sample_scene(Rng(np.random.default_rng(seed)), kind="single", background="striped")
+    source = encode_jpeg(render(scene, 150, 120), 85)
+    copy = encode_jpeg(jitter(decode(source), np.random.default_rng(seed)), 70)
+    obj = scene.objects[0]
+    other = replace(scene, objects=(replace(obj, shape="triangle" if obj.shape != "triangle" else "circle"),))
+    return source, copy, encode_jpeg(render(other, 150, 120), 85)
+
+
+STRIPED = (
+    0,
+    30,
+    39,
+)  # cropped (8, 4, 6, 2), (1, 6, 2, 3), (9, 1, 5, 4) px of 150 x 120: left, top, right, bottom
+
+
+def test_an_unevenly_cropped_copy_on_stripes_is_a_copy_and_another_shape_in_its_place_is_not():
+    """The square windows matched these copies at 0.64-0.88 (a crop of one axis is no square window, and
+    stripes' edges need the window's scale within ~1%): the second, anisotropic search finds them, and it
+    does not pass the same stripes with another shape where the object was."""
+    check = CopyCheck()
+    for seed in STRIPED:
+        images = np.stack([work_image(x) for x in _striped(seed)])
+        got = pair_similarities(images, images, np.array([(1, 0), (2, 0)]), check)
+        assert got[0] >= check.threshold > got[1], (seed, got)
+
+
 def _one_pair(a: tuple, b: tuple, check: CopyCheck) -> np.float32:
     """A pair's copy similarity the slow way: numpy's integer products (its own loop, not BLAS: exact),
-    each direction's whole image against the other's windows, one window and one channel at a time."""
-    one = UNIT_ONE**2
-
-    def window(wc: np.ndarray, we: np.ndarray, vc: np.ndarray, ve: np.ndarray) -> float:
-        terms = [int(wc @ vc) / one, int(we @ ve) / one]
-        slack = check.contrast_slack * one
-        for w, v in zip(wc.reshape(3, -1), vc.reshape(3, -1), strict=True):
-            terms.append((int(w @ v) + slack) / max(max(int(w @ w), int(v @ v)) + slack, 1.0))
-        return min(terms)
+    each direction's whole image against the other's windows, one term and one channel at a time."""
+    one, slack = UNIT_ONE**2, check.contrast_slack * UNIT_ONE**2
 
     def best(whole: tuple, windows_: tuple) -> float:
         wc, we = (x[0].astype(np.int64) for x in whole)
         colour, edges = (x.astype(np.int64) for x in windows_)
-        return max(window(wc, we, vc, ve) for vc, ve in zip(colour, edges, strict=True))
+        terms = [colour @ wc / one, edges @ we / one]
+        for w, v in zip(
+            wc.reshape(3, -1), colour.reshape(len(colour), 3, -1).transpose(1, 0, 2), strict=True
+        ):
+            terms.append((v @ w + slack) / np.maximum(np.maximum(w @ w, (v * v).sum(axis=1)) + slack, 1.0))
+        return float(np.minimum.reduce(terms).max())
 
     return np.float32(max(best(a, b), best(b, a)))
 
 
 def test_pair_similarities_are_the_same_bytes_in_blocks_of_any_size_and_one_pair_at_a_time():
     """The copy check's sums are exact (integers in float64), so a pair's similarity is the same bytes
-    whatever the block it is checked in, the BLAS kernel or the batch shape: a block of 1, 2, 7 or all
+    whatever the block it is checked in, the BLAS kernel or the batch shape: a block of 1, 7 or all
     pairs against a reference computed pair by pair without BLAS."""
     check, rng = CopyCheck(), np.random.default_rng(2)
     sources = [_scene(seed) for seed in range(3)]
+    striped = [_striped(seed)[:2] for seed in STRIPED]  # copies that only the second search finds
     a = np.stack([work_image(_copy(s, "png", kind, rng)[0]) for s in sources for kind in KINDS])
-    b = np.stack([work_image(s) for s in sources] + [rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)])
-    pairs = np.array([(i, j) for i in range(len(a)) for j in range(len(b))])[rng.permutation(len(a) * 4)]
+    a = np.concatenate([a, [work_image(copy) for _, copy in striped]])
+    b = [work_image(s) for s in sources] + [rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)]
+    b = np.stack(b + [work_image(source) for source, _ in striped])
+    pairs = np.array([(i, j) for i in range(len(a)) for j in range(len(b))])[rng.permutation(len(a) * len(b))]
     ta, tb = [thumbnails(x, check) for x in a], [thumbnails(x, check) for x in b]
     want = np.array([_one_pair(ta[i], tb[j], check) for i, j in pairs], np.float32)
-    assert (want[pairs[:, 0] // len(KINDS) == pairs[:, 1]] >= check.threshold).all()  # the copies match
-    for size in (1, 2, 7, len(pairs)):
+    # the second search: the pairs at refine_from or more, the higher of the two
+    fine = check.fine()
+    fa, fb = [thumbnails(x, fine) for x in a], [thumbnails(x, fine) for x in b]
+    for n in np.flatnonzero(want >= check.refine_from):
+        want[n] = max(want[n], _one_pair(fa[pairs[n, 0]], fb[pairs[n, 1]], fine))
+    copies = np.r_[np.arange(12) // len(KINDS), 4 + np.arange(len(STRIPED))]
+    assert (want[copies[pairs[:, 0]] == pairs[:, 1]] >= check.threshold).all()  # the copies match
+    for size in (1, 7, len(pairs)):
         got = np.concatenate(
             [pair_similarities(a, b, pairs[i : i + size], check) for i in range(0, len(pairs), size)]
         )

@@ -44,7 +44,7 @@ copies it was built for.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -73,6 +73,12 @@ class CopyCheck:
     steps: int = 7  # window offsets per axis per scale
     threshold: float = 0.9  # copy similarity at or above which a candidate is a copy
     contrast_slack: float = 0.3  # share of the colour energy added to each channel's contrast ratio
+    anisotropic: bool = False  # windows of every (width scale, height scale) pair, not only square ones
+    # A pair whose similarity is `refine_from` or more is searched again with anisotropic windows at
+    # `fine_scales` (`fine`): a jittered copy's crop differs per axis and a striped background's edges need
+    # the window's scale within ~1% (bench/copy_check_recall.py). None: no second search.
+    refine_from: float | None = 0.6
+    fine_scales: tuple[float, ...] = (0.975, 0.95, 0.925, 0.9, 0.875, 0.85)
 
     def __post_init__(self) -> None:
         for name in ("colour_size", "edge_size"):
@@ -82,10 +88,17 @@ class CopyCheck:
                 )
         if not 0.0 <= self.contrast_slack <= 1.0:
             raise ValueError(f"copy check contrast_slack {self.contrast_slack}: a share in [0, 1]")
-        if not all(0.5 <= s < 1.0 for s in self.scales) or self.steps < 1:
+        if not all(0.5 <= s < 1.0 for s in self.scales + self.fine_scales) or self.steps < 1:
             raise ValueError(
-                f"copy check windows {self.scales} x {self.steps}: scales in [0.5, 1), steps >= 1"
+                f"copy check windows {self.scales}, {self.fine_scales} x {self.steps}: scales in [0.5, 1), "
+                "steps >= 1"
             )
+        if self.refine_from is not None and not 0.0 <= self.refine_from <= 1.0:
+            raise ValueError(f"copy check refine_from {self.refine_from}: a similarity in [0, 1] (or None)")
+
+    def fine(self) -> CopyCheck:
+        """The second search's settings: anisotropic windows at `fine_scales`, no further search."""
+        return replace(self, scales=self.fine_scales, anisotropic=True, refine_from=None)
 
     def settings(self) -> dict:
         return asdict(self) | {
@@ -95,18 +108,24 @@ class CopyCheck:
         }
 
 
-def _offset_groups(check: CopyCheck) -> list[tuple[float, np.ndarray]]:
-    """(side, offsets) of each group of windows, as fractions of the side: the whole image, then per scale
-    the offsets of its `steps` x `steps` grid (on both axes)."""
-    return [(1.0, np.zeros(1))] + [
-        (s, np.linspace(0.0, 1.0 - s, check.steps) if check.steps > 1 else np.array([(1.0 - s) / 2]))
+def _axis_groups(check: CopyCheck) -> list[list[tuple[float, float]]]:
+    """The groups of windows, each the (offset, side) spans of one axis (fractions of the side) whose every
+    (row span, column span) is a window: the whole image, then each scale's `steps` offsets; anisotropic,
+    one group of them all (every pair of scales: a crop of one axis only is a window), else one group per
+    scale (square windows)."""
+    spans = [[(0.0, 1.0)]] + [
+        [
+            (float(o), s)
+            for o in (np.linspace(0.0, 1.0 - s, check.steps) if check.steps > 1 else [(1.0 - s) / 2])
+        ]
         for s in check.scales
     ]
+    return [[span for group in spans for span in group]] if check.anisotropic else spans
 
 
 def windows(check: CopyCheck) -> np.ndarray:
     """(n, 4) boxes (x0, y0, x1, y1) as fractions of the side; row 0 is the whole image."""
-    boxes = [(x, y, x + s, y + s) for s, offsets in _offset_groups(check) for y in offsets for x in offsets]
+    boxes = [(x, y, x + sx, y + sy) for g in _axis_groups(check) for y, sy in g for x, sx in g]
     return np.asarray(boxes, dtype=np.float64)
 
 
@@ -124,12 +143,12 @@ def _area_weights(lo: float, hi: float, out: int) -> np.ndarray:
 
 @lru_cache(maxsize=16)
 def _window_weights(check: CopyCheck, size: int, whole_only: bool) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per group of windows (the whole image; then each scale, whose windows are a grid of k x k offsets)
-    the resampling weights of its k row and k column offsets, (k * size, WORK_SIDE) and (WORK_SIDE,
-    k * size), float64 integers over `WEIGHT_ONE`."""
+    """Per group of windows (`_axis_groups`: k spans per axis, its windows every k x k pair of them) the
+    resampling weights of its k row and k column spans, (k * size, WORK_SIDE) and (WORK_SIDE, k * size),
+    float64 integers over `WEIGHT_ONE`."""
     out = []
-    for side, offsets in _offset_groups(check)[: 1 if whole_only else None]:
-        w = np.concatenate([_area_weights(o, o + side, size) for o in offsets])
+    for group in [_axis_groups(check)[0][:1]] if whole_only else _axis_groups(check):
+        w = np.concatenate([_area_weights(o, o + side, size) for o, side in group])
         out.append((w, np.ascontiguousarray(w.T)))
     return out
 
@@ -221,20 +240,30 @@ def thumbnails(work: np.ndarray, check: CopyCheck, whole_only: bool = False) -> 
     return _unit_rows(colour), _unit_rows(np.concatenate([dx, dy], axis=1))
 
 
-def _match(wholes: Descriptor, windows_: Descriptor, check: CopyCheck) -> np.ndarray:
-    """(m,) best window agreement of m whole-image descriptors with one image's windows (module
-    docstring): float64 products and sums of integers, exact whatever m and the BLAS kernel, then scaled."""
+def terms(wholes: Descriptor, windows_: Descriptor, check: CopyCheck) -> tuple[np.ndarray, ...]:
+    """(colour NCC, lowest channel contrast, edge NCC), each (m, windows) float64, of m whole-image
+    descriptors against one image's windows (module docstring): products and sums of integers, exact
+    whatever m and the BLAS kernel, then scaled."""
     (wc, we), (vc, ve) = ([x.astype(np.float64) for x in d] for d in (wholes, windows_))
     one = float(UNIT_ONE) ** 2
     side = wc.shape[1] // 3
     parts = [(wc[:, c * side : (c + 1) * side], vc[:, c * side : (c + 1) * side]) for c in range(3)]
     dots = [w @ v.T for w, v in parts]  # per channel: the colour NCC is their sum
-    colour = (dots[0] + dots[1] + dots[2]) / one
     slack = check.contrast_slack * one
-    for dot, (w, v) in zip(dots, parts, strict=True):
-        ew, ev = np.square(w).sum(axis=1)[:, None], np.square(v).sum(axis=1)[None, :]
-        colour = np.minimum(colour, (dot + slack) / np.maximum(np.maximum(ew, ev) + slack, 1.0))
-    return np.minimum(colour, (we @ ve.T) / one).max(axis=1).astype(np.float32)
+    contrast = [
+        (dot + slack)
+        / np.maximum(
+            np.maximum(np.square(w).sum(axis=1)[:, None], np.square(v).sum(axis=1)[None, :]) + slack, 1.0
+        )
+        for dot, (w, v) in zip(dots, parts, strict=True)
+    ]
+    return (dots[0] + dots[1] + dots[2]) / one, np.minimum.reduce(contrast), (we @ ve.T) / one
+
+
+def _match(wholes: Descriptor, windows_: Descriptor, check: CopyCheck) -> np.ndarray:
+    """(m,) best window agreement (the lowest of the `terms`) of m whole-image descriptors with one image's
+    windows."""
+    return np.minimum.reduce(terms(wholes, windows_, check)).max(axis=1).astype(np.float32)
 
 
 def copy_similarity(a: Descriptor, b: Descriptor, check: CopyCheck) -> float:
@@ -246,20 +275,30 @@ def copy_similarity(a: Descriptor, b: Descriptor, check: CopyCheck) -> float:
 def pair_similarities(
     a: np.ndarray, b: np.ndarray, pairs: np.ndarray, check: CopyCheck, workers: int = 0
 ) -> np.ndarray:
-    """`copy_similarity` of the work images a[i] and b[j] for each row (i, j) of `pairs`. Each image's
-    windows are computed once for all its pairs and then dropped: memory is the whole-image thumbnails of
-    the images in `pairs` plus one image's windows per worker.
+    """`copy_similarity` of the work images a[i] and b[j] for each row (i, j) of `pairs`; the pairs at
+    `check.refine_from` or more searched again with `check.fine()`'s windows (their similarity the higher
+    of the two: a function of the pair alone, whatever the threshold). In each search every image's windows
+    are computed once for all its pairs and then dropped: memory is the whole-image thumbnails of the
+    images in `pairs` plus one image's windows per worker (the fine search's 1,849: ~40 MiB in float64).
 
     The images are spread over `workers` threads (0: the CPUs this process may use), each running BLAS on
     one thread: the products are small (a few rows against 148 windows), and BLAS's own threads on such
     products spin against each other and against any other load (4x slower per product on 2 busy cores,
     bench/copy_check.py). The result does not depend on the thread count nor on how the pairs are grouped:
-    every product is exact (module docstring)."""
-    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    every product is exact (module docstring), and whether a pair is searched again depends on its own
+    similarity alone."""
+    pairs, workers = np.asarray(pairs, dtype=np.int64).reshape(-1, 2), workers or usable_cpus()
+    out = _search(a, b, pairs, check, workers)
+    if check.refine_from is not None and len(near := np.flatnonzero(out >= check.refine_from)):
+        out[near] = np.maximum(out[near], _search(a, b, pairs[near], check.fine(), workers))
+    return out
+
+
+def _search(a: np.ndarray, b: np.ndarray, pairs: np.ndarray, check: CopyCheck, workers: int) -> np.ndarray:
+    """`copy_similarity` of each pair with `check`'s windows (`pair_similarities`)."""
     out = np.full(len(pairs), -1.0, np.float32)
     if not len(pairs):
         return out
-    workers = workers or usable_cpus()
     with threadpool_limits(1), ThreadPoolExecutor(workers) as pool:
         wholes = [
             _wholes(pool, images, np.unique(pairs[:, side]), check) for side, images in enumerate((a, b))
