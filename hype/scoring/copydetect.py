@@ -19,7 +19,13 @@ deciding), the lowest of the three channels. The copy
 similarity of two images is, over the windows of either image matched against the other's whole image
 (so a pool image that is a crop of an evaluation image and one that contains it are both found), the best
 window's lowest of the three: a copy must agree in colour layout, in each channel's contrast and in edges
-at once.
+at once. A pair that scores `refine_from` (0.6) or more is searched again with anisotropic windows: every
+(width, height) pair of the `fine_scales` (97.5% to 85% of a side in steps of 2.5%), 1,849 windows. A
+near-duplicate cropped unevenly (more off one axis than the other) is no square window, and on a striped
+background the edges agree only when the window's scale is within ~1% (a 5% step puts the stripes out of
+phase): the square search alone passed 87% / 83% of two synthetic worlds' true copies at 0.9, the second
+search 97% / 95% (bench/copy_check_recall.py). Searching only the pairs that come close keeps its cost to
+those (a few % of CLIP candidates; every true copy).
 
 Exact on any machine: every sum that BLAS computes here is a sum of integers below 2^53 in float64, so its
 value does not depend on the order BLAS adds in (the kernel the CPU gets, the blocking, the batch's shape).
