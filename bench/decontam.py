@@ -204,7 +204,8 @@ def source_similarity(copies: Path, chosen: list, truth: pd.DataFrame) -> pd.Dat
     copy = {s.key: work_image(s.image_bytes()) for s in iter_tar_samples(str(copies), SkipStats())}
     a = np.stack([copy[k] for k in truth.key])
     b = np.stack([source[(s, k)] for s, k in zip(truth.eval_shard, truth.eval_key, strict=True)])
-    sims = pair_similarities(a, b, np.stack([np.arange(len(a))] * 2, axis=1), CopyCheck())
+    check = CopyCheck(refine_from=None)  # the stage's (stage_decontam.search_of): no second search
+    sims = pair_similarities(a, b, np.stack([np.arange(len(a))] * 2, axis=1), check)
     rows = {}
     for kind in KINDS:
         v = sims[(truth.kind == kind).to_numpy()]
