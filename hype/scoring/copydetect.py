@@ -25,7 +25,9 @@ near-duplicate cropped unevenly (more off one axis than the other) is no square 
 background the edges agree only when the window's scale is within ~1% (a 5% step puts the stripes out of
 phase): the square search alone passed 87% / 83% of two synthetic worlds' true copies at 0.9, the second
 search 97% / 95% (bench/copy_check_recall.py). Searching only the pairs that come close keeps its cost to
-those (a few % of CLIP candidates; every true copy).
+those (a few % of CLIP candidates; every true copy): ~2.9x the square search's time on CLIP neighbours.
+Decontamination does without it (`stage_decontam.search_of`): its evaluation copies already pass, and the
+second search there only flagged more look-alikes.
 
 Exact on any machine: every sum that BLAS computes here is a sum of integers below 2^53 in float64, so its
 value does not depend on the order BLAS adds in (the kernel the CPU gets, the blocking, the batch's shape).
