@@ -122,7 +122,9 @@ class NeardupConfig:
     candidates: int = 10  # with copy_check: each row's nearest rows (cosine >= threshold) checked
     pixel_candidates: int = 10  # with copy_check: and its nearest of those by pixel descriptor (0: none)
     assign: int = 2  # clusters each row is searched in: its nearest (1) or its 2 or 3 nearest (SemDeDup's)
-    copy_threshold: float = 0.9  # with copy_check: copy similarity at or above which a pair is a copy
+    # with copy_check: copy similarity at or above which a pair is a copy (0.925 since the check's second,
+    # anisotropic search: more copies and no more look-alikes than 0.9 before it, bench/RESULTS.md)
+    copy_threshold: float = 0.925
     keeper: str = "hype"  # hype (highest HYPE score) | semdedup (farthest from its centroid) | random
     seed: int = 0  # of the random keeper
     reuse_clusters: bool = True  # c_IN's k-means when it ran; else k-means of its own
