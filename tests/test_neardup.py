@@ -209,6 +209,15 @@ def test_pixel_descriptors_rank_a_jittered_copy_first_and_equal_a_float64_refere
     assert (pixel_descriptors(np.zeros((1, 64, 64, 3), np.uint8)) == 0).all()  # a flat image: no layout
 
 
+def test_pixel_descriptors_of_no_rows_are_an_empty_table():
+    """A shard whose rows are all dropped splits to no rows: its descriptors are (0, PIXEL_BYTES), not a
+    crash (numpy cannot infer -1 in a reshape of 0 rows)."""
+    from hype.scoring.neardup import PIXEL_BYTES
+
+    d = pixel_descriptors(np.zeros((0, 64, 64, 3), np.uint8))
+    assert d.shape == (0, PIXEL_BYTES) and d.dtype == np.int8
+
+
 def test_the_stored_forest_answers_every_stricter_threshold():
     from hype.scoring.stage_neardup import StoredGroups, regroup
 

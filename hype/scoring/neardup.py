@@ -121,7 +121,7 @@ def pixel_descriptors(work: np.ndarray) -> np.ndarray:
     n, side = len(work), work.shape[1]
     cell = side // PIXEL_SIDE
     sums = work.reshape(n, PIXEL_SIDE, cell, PIXEL_SIDE, cell, 3).sum(axis=(2, 4), dtype=np.int64)
-    v = (PIXEL_SIDE * PIXEL_SIDE * sums - sums.sum(axis=(1, 2), keepdims=True)).reshape(n, -1)
+    v = (PIXEL_SIDE * PIXEL_SIDE * sums - sums.sum(axis=(1, 2), keepdims=True)).reshape(n, PIXEL_BYTES)
     norm = np.sqrt(np.einsum("ij,ij->i", v, v).astype(np.float64))[:, None]  # an integer < 2^53: exact
     return np.rint(v * (127.0 / np.maximum(norm, 1.0))).astype(np.int8)
 
