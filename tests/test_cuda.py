@@ -138,13 +138,16 @@ def test_neardup_search_on_the_device_gives_the_cpu_bytes(cuda_device):
     """The near-duplicate stage's searches on the device (torch block products, since faiss' GPU indexes
     have no range search) find the pairs, copy-check candidates and cosines of faiss on the CPU, byte for
     byte, in any query block: every pair found is measured again by `pair_cosines` (#37's 2-cluster search
-    runs them once per cluster a row lies in)."""
+    runs them once per cluster a row lies in; the pixel candidates rank the device's pairs by the same exact
+    integer products)."""
     from test_neardup import pool_with_copies
 
-    from hype.scoring.neardup import nearest_pairs, normalize_rows, similar_pairs
+    from hype.scoring.neardup import nearest_pairs, normalize_rows, pixel_descriptors, similar_pairs
 
     x, cluster = pool_with_copies(seed=2)
     xc = normalize_rows(x[cluster == 0])
+    work = np.random.default_rng(2).integers(0, 256, (len(xc), 64, 64, 3), dtype=np.uint8)
+    pixels = pixel_descriptors(work)
     dev = str(cuda_device) if cuda_device.type == "cuda" else "cpu:0"  # the CPU smoke: torch on the CPU
     for rows in (1, 7, len(xc)):
         block = {"pairs_per_block": rows * len(xc)}
@@ -153,7 +156,10 @@ def test_neardup_search_on_the_device_gives_the_cpu_bytes(cuda_device):
             pairs = list(similar_pairs(xc, 0.9, **block, device=device))
             got[device] = [np.concatenate(c).tobytes() for c in zip(*pairs, strict=True)]
             got[device] += [c.tobytes() for c in nearest_pairs(xc, 0.5, 3, **block, device=device)]
+            pix = nearest_pairs(xc, 0.5, 3, pixels=pixels, pixel_k=2, **block, device=device)
+            got[device] += [c.tobytes() for c in pix]
         assert got[dev] == got["cpu"] and len(got["cpu"][0]) >= 8 * 20, rows
+        assert len(pix[0]) > len(nearest_pairs(xc, 0.5, 3)[0])  # the pixel candidates add pairs
 
 
 @pytest.mark.parametrize("precision,tol", [("fp32", 2e-3), ("bf16", 0.05)])
