@@ -152,7 +152,13 @@ def test_bad_samples_are_skipped_and_counted_with_reasons(tmp_path_factory, tmp_
     assert (scores.shard.str.endswith("00000002.tar")).sum() == n_c
 
     s = json.loads((run / "summary.json").read_text())
-    assert s["status"] == "complete" and s["neardup"]["copy_check"]["threshold"] == 0.9
+    from hype.scoring.config import NeardupConfig
+
+    # the summary names the copy check the stage ran with: the default's threshold
+    assert (
+        s["status"] == "complete"
+        and s["neardup"]["copy_check"]["threshold"] == NeardupConfig().copy_threshold
+    )
     assert s["samples"]["duplicates"] == 2 and s["samples"]["scored"] == len(scores) == 40 + 48 + n_c
     assert s["samples"]["skipped_by_reason"]["corrupt_image"] == 2
     assert s["shards"]["unreadable"] == 1 and s["shards"]["empty"] == [str(pool / "00000003.tar")]
