@@ -81,7 +81,8 @@ def _kill_when_ready(s3, body: str, ready: str) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-c", code + body], stdout=subprocess.PIPE, text=True, env=dict(os.environ)
     )
-    assert proc.stdout.readline().strip() == ready
+    line = proc.stdout.readline().strip()  # '' when the child ended without getting ready
+    assert line == ready, f"the child ended before printing {ready!r} (exit {proc.wait(10)})"
     proc.kill()
     proc.wait(10)
 
@@ -217,7 +218,10 @@ def test_a_killed_streaming_writer_leaves_no_object(s3):
     body = f"""
 with atomic_sink({url!r}) as f:
     f.write(b"x" * (20 << 20))
+    deadline = time.monotonic() + 120  # bounded: a server that takes no part ends the child, not the suite
     while not f._file.parts:
+        if time.monotonic() > deadline:
+            raise SystemExit("no part uploaded in 120 s")
         time.sleep(0.05)
     print("uploading", flush=True)
     time.sleep(60)
