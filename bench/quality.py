@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -262,8 +263,17 @@ def _train_arm(run, args, out: Path, world: Path, score: Path, arm: str, seeds: 
         if not (results.is_file() and results.read_text().strip()):
             results.parent.mkdir(parents=True, exist_ok=True)
             run.hype(f"eval-{arm}-{seed}", *eval_args(model, world, results), "--no-progress")
+        drop_checkpoints(model.parent)
         per_seed.append(read_eval(results))
     return {"samples": samples, "composition": composition, "per_seed": per_seed}
+
+
+def drop_checkpoints(train_out: Path) -> None:
+    """A trained and evaluated model's resumable checkpoints: the bench needs only model.safetensors, and
+    at ~180 MB each (weights and optimizer state, the final and 2 periodic) 130 models filled the disk.
+    Only this bench's own `hype train` outputs (not a folder linked from another run)."""
+    if not train_out.is_symlink() and (train_out / "model.safetensors").is_file():
+        shutil.rmtree(train_out / "checkpoints", ignore_errors=True)
 
 
 def _fill(run, args, out: Path, world: Path, score: Path, rule: Sequence[str]) -> list[str]:
