@@ -15,7 +15,9 @@ N/(2k); its quotas are not one score's top-N for every N, so a cut could not app
 The k-means (`kmeans=own`) is `hype.scoring.clusters.kmeans_centroids` (torch, seeded) and
 `nearest_centroid`, exact on any machine. `kmeans=cin` takes each row's cluster from the run's c_IN k-means
 instead (`clusters/<shard id>.parquet`, row-aligned with the shard's embed output), `kmeans=neardup` from the
-near-duplicate stage's (`neardup_split/<shard id>.parquet`, by uid: c_IN's clusters or its own k-means);
+near-duplicate stage's (`neardup_split/<shard id>.parquet`, by uid: c_IN's clusters or its own k-means;
+refused when that stage partitioned by pixel descriptors, `neardup.partition=pixel`, its default with the
+copy check: those clusters are of pixels, not of meaning);
 `clusters` and `seed` then do not apply. The distances are float64 on the exact grid of
 `hype.filters.embeddings`.
 """
@@ -60,7 +62,7 @@ class DensityPruning(PoolRule):
         "kmeans": (
             str,
             "own",
-            "own | cin | neardup: k-means trained here, or the run's c_IN or near-dup one",
+            "own | cin | neardup: k-means trained here, or the run's c_IN or near-dup (partition=clip) one",
         ),
         "clusters": (int, 100, "k-means clusters of the pool's CLIP image embeddings (kmeans=own)"),
         "tau": (
@@ -142,8 +144,17 @@ def run_clusters(source: str, table, pool: PoolEmbeddings) -> np.ndarray:
         raise SelectError(
             f"rule 'dbp': kmeans={source}: {run} has no {needs}; rescore it with {turn_on}, or use kmeans=own"
         )
-    label = np.full(len(pool.uids), -1, np.int64)
     layout = RunDir(run)
+    if (
+        source == "neardup"
+        and ((read_json(layout.summary) or {}).get("neardup") or {}).get("partition") == "pixel"
+    ):
+        raise SelectError(
+            f"rule 'dbp': kmeans=neardup: {run}'s near-duplicate clusters are of pixel descriptors "
+            "(neardup.partition=pixel), not the semantic clusters dbp's quotas are about; use kmeans=cin or "
+            "own, or rescore with neardup.partition=clip"
+        )
+    label = np.full(len(pool.uids), -1, np.int64)
     for task in plan_tasks(read_json(run / "plan.json") or {}):
         path = layout.shard_output(stage, task)
         try:

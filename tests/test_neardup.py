@@ -209,6 +209,41 @@ def test_pixel_descriptors_rank_a_jittered_copy_first_and_equal_a_float64_refere
     assert (pixel_descriptors(np.zeros((1, 64, 64, 3), np.uint8)) == 0).all()  # a flat image: no layout
 
 
+def _unit_reference(pixels: np.ndarray) -> np.ndarray:
+    """Each descriptor over its norm, one row at a time (Python's integer sum, float64 sqrt and division),
+    rounded once to float32; a zero row stays zero."""
+    out = []
+    for row in pixels.astype(np.int64):
+        norm = np.sqrt(np.float64(sum(int(v) * int(v) for v in row)))
+        out.append(row / max(norm, 1.0))
+    return np.array(out, np.float64).astype(np.float32)
+
+
+def test_pixel_assignment_is_a_float64_brute_forces_in_any_batch():
+    """#37 item 5, `neardup.partition=pixel`: the rows' unit descriptors (`pixel_units`) and their nearest
+    and second-nearest centroids equal a reference written out here (the units one row at a time; each
+    row's float64 products with every unit centroid, ties to the lower index), for assignment batches of
+    1, 7 and all rows; with repeated rows, a flat image (a zero row) and two identical centroids (a tie)."""
+    from hype.scoring.clusters import kmeans_centroids, nearest_centroid
+    from hype.scoring.neardup import pixel_units, second_nearest
+
+    rng = np.random.default_rng(5)
+    work = rng.integers(0, 256, size=(120, 8, 8, 3), dtype=np.uint8).repeat(8, axis=1).repeat(8, axis=2)
+    work[1], work[2] = work[0], 0  # a repeated row, a flat image
+    units = pixel_units(pixel_descriptors(work))
+    assert units.tobytes() == _unit_reference(pixel_descriptors(work)).tobytes() and not units[2].any()
+    c = kmeans_centroids(units, 9, seed=1)
+    c = normalize_rows(np.concatenate([c, c[4:5]]))  # centroid 9 ties with 4: 4 wins, 9 is second
+    scores = np.add.reduce(units.astype(np.float64)[:, None, :] * c.astype(np.float64)[None], axis=2)
+    want = scores.argmax(axis=1)
+    for batch in (1, 7, len(units)):
+        assert (nearest_centroid(units, c, batch) == want).all(), batch
+    scores[np.arange(len(units)), want] = -np.inf
+    second = second_nearest(units, c, want)
+    assert (second == scores.argmax(axis=1)).all() and ((want == 4) <= (second == 9)).all()
+    assert (want == 4).any()
+
+
 def test_pixel_descriptors_of_no_rows_are_an_empty_table():
     """A shard whose rows are all dropped splits to no rows: its descriptors are (0, PIXEL_BYTES), not a
     crash (numpy cannot infer -1 in a reshape of 0 rows)."""
@@ -540,7 +575,8 @@ def test_a_pair_split_across_clusters_is_found_in_its_second_nearest_cluster(tmp
 
     w = world(tmp_path_factory)
     meru, clip = models(tmp_path_factory)
-    every = ["--neardup", "neardup.candidates=100000"]  # every pair >= the threshold is a candidate
+    # every pair >= the threshold is a candidate; c_IN's (CLIP) clusters, as `_pool_features` reads them
+    every = ["--neardup", "neardup.candidates=100000", "neardup.partition=clip"]
     runs = {}
     variants = {"two": [], "one": ["neardup.assign=1"]}
     variants["split"] = ["neardup.rows_per_group=40", "neardup.pairs_per_block=1000"]
@@ -578,6 +614,79 @@ def test_a_pair_split_across_clusters_is_found_in_its_second_nearest_cluster(tmp
     assert {frozenset(m.uid) for _, m in split.groupby("group")} == {
         frozenset(m.uid) for _, m in groups.groupby("group")
     }
+
+
+def _split_by_uid(run, column: str) -> dict:
+    """uid -> `column` of the run's split (each row searched once: `neardup.assign=1`)."""
+    out = {}
+    for f in sorted((run / "neardup_split").glob("*.parquet")):
+        t = pq.read_table(f, columns=["uid", column])
+        out.update(zip(t.column("uid").to_pylist(), t.column(column).to_pylist(), strict=True))
+    return out
+
+
+def test_pixel_partition_groups_the_copies_that_clip_clusters_keep_apart(tmp_path_factory, tmp_path):
+    """#37 item 5: with the copy check the stage searches within k-means clusters of the pixel descriptors
+    (`neardup.partition=pixel`, the default), where a copy and its source fall together whatever the CLIP.
+    With 8 clusters and each row searched in its nearest only, CLIP's k-means (`partition=clip`, the search
+    before) puts 4 true pairs in different clusters and never groups them; the pixel partition groups them,
+    and its groups are a brute-force reference's: each row's nearest pixel centroid (float64 products of
+    the unit descriptors, written out here), the pairs at cosine >= 0.9 in one that the copy check
+    confirms. A pixel-partitioned run has no semantic clusters for `dbp:kmeans=neardup`: refused."""
+    from hype.scoring.copydetect import WORK_SIDE
+    from hype.select.rules import make_rule
+    from hype.table.reader import ScoresTable
+
+    w = world(tmp_path_factory)
+    meru, clip = models(tmp_path_factory)
+    every = ["--neardup", "neardup.candidates=100000", "neardup.reuse_clusters=false"]
+    every += ["neardup.num_clusters=8", "neardup.assign=1"]
+    runs = {}
+    for name, extra in (("pixel", []), ("clip", ["neardup.partition=clip"])):
+        runs[name] = tmp_path / name
+        shutil.copytree(neardup_run(tmp_path_factory), runs[name])
+        result = run_cli(score_args(w, meru, clip, runs[name], *every, *extra))
+        assert result.exit_code == 0, result.output
+    uids, x, _ = _pool_features(runs["pixel"])
+    got = {}
+    for name, run in runs.items():
+        groups = pq.read_table(run / "neardup" / "groups.parquet").to_pandas()
+        got[name] = {frozenset(m.uid) for _, m in groups.groupby("group")}
+    family, clip_cluster = _true_families(w), _split_by_uid(runs["clip"], "cluster")
+    apart = {
+        frozenset((u, v))
+        for u in uids
+        for v in uids
+        if u < v and family[u] == family[v] and clip_cluster[u] != clip_cluster[v]
+    }
+    joined = {p for p in apart if any(p <= g for g in got["pixel"])}
+    assert len(joined) >= 2 and not any(p <= g for p in apart for g in got["clip"])
+    work = _split_by_uid(runs["pixel"], "work")
+    images = np.stack([np.frombuffer(work[u], np.uint8).reshape(WORK_SIDE, WORK_SIDE, 3) for u in uids])
+    units = _unit_reference(pixel_descriptors(images)).astype(np.float64)
+    c = normalize_rows(np.load(runs["pixel"] / "neardup" / "centroids.npy")).astype(np.float64)
+    cluster = np.add.reduce(units[:, None, :] * c[None], axis=2).argmax(axis=1)
+    assert [_split_by_uid(runs["pixel"], "cluster")[u] for u in uids] == cluster.tolist()
+    copy = _copies(runs["pixel"], uids, x, 0.9)
+    assert got["pixel"] == {frozenset(uids[i] for i in g) for g in reference_groups(x, cluster, 0.9, copy)}
+    for name, run in runs.items():
+        info = json.loads((run / "summary.json").read_text())["neardup"]
+        assert info["partition"] == name and info["k"] == 8
+    assert json.loads((runs["pixel"] / "neardup" / "model.json").read_text())["partition"] == "pixel"
+    with pytest.raises(SelectError, match="kmeans=neardup: .*pixel descriptors.*kmeans=cin or own"):
+        make_rule("dbp", kmeans="neardup").attach(ScoresTable(runs["pixel"]))
+
+
+def test_a_bad_partition_is_a_one_line_config_error_naming_the_fix(tmp_path_factory, tmp_path):
+    w = world(tmp_path_factory)
+    meru, clip = models(tmp_path_factory)
+    for extra, says in (
+        (["neardup.partition=pixels"], "neardup.partition: must be one of pixel, clip; got 'pixels'"),
+        (["neardup.partition=pixel", "neardup.copy_check=false"], "set neardup.copy_check=true or neardup."),
+    ):
+        result = run_cli(score_args(w, meru, clip, tmp_path / "run", "--neardup", *extra))
+        assert result.exit_code != 0 and says in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_keepers_features_that_do_not_fit_are_refused_before_they_are_allocated():

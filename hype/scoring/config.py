@@ -127,7 +127,11 @@ class NeardupConfig:
     copy_threshold: float = 0.925
     keeper: str = "hype"  # hype (highest HYPE score) | semdedup (farthest from its centroid) | random
     seed: int = 0  # of the random keeper
-    reuse_clusters: bool = True  # c_IN's k-means when it ran; else k-means of its own
+    # pixel: the search's clusters are k-means of the pixel descriptors (a copy and its source share one
+    # whatever the CLIP; needs copy_check's work images) | clip: of the CLIP image features (as before);
+    # null: pixel with copy_check, else clip
+    partition: str | None = None
+    reuse_clusters: bool = True  # partition=clip: c_IN's k-means when it ran; else k-means of its own
     num_clusters: int | None = None  # own k-means K; null: default_num_clusters(pool size)
     max_cluster: int = 1_000_000  # rows of one cluster searched at once (its features are in memory)
     rows_per_group: int = 1_000_000  # rows per unit of work (clusters grouped: features in memory)
@@ -147,6 +151,18 @@ class NeardupConfig:
             raise ConfigError("assign", f"1, 2 or 3 (clusters each row is searched in); got {self.assign}")
         at_least(self, 2, "max_cluster")
         at_least(self, 1, "rows_per_group", "pairs_per_block")
+        one_of(self, "partition", ("pixel", "clip"))
+        if self.partition == "pixel" and not self.copy_check:
+            raise ConfigError(
+                "partition",
+                "pixel clusters need the copy check's work images: set neardup.copy_check=true or "
+                "neardup.partition=clip",
+            )
+
+    @property
+    def pixel_partition(self) -> bool:
+        """Whether the search's clusters are k-means of the pixel descriptors (the `partition` in effect)."""
+        return (self.partition or ("pixel" if self.copy_check else "clip")) == "pixel"
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,10 @@ With the copy check the candidates are each row's `k` nearest rows at cosine >= 
 nearest of those by pixel descriptor (`pixel_descriptors`: an 8 x 8 RGB thumbnail, centred, int8; a small
 CLIP ranks a copy among other renders of its kind, the thumbnail ranks it first), `nearest_pairs`.
 
+The clusters are k-means clusters of the rows' pixel descriptors (`neardup.partition=pixel`, the default
+with the copy check: `pixel_units`; a copy and its source share one of their 2 nearest for 0.995 of the
+true pairs of bench/neardup.py's world 0, whatever the CLIP) or of their CLIP image features (`clip`: 0.83
+there with the tiny CLIP); the pairs searched in either are at CLIP cosine >= threshold.
 A row may be searched in two clusters (its nearest and second-nearest centroid, `second_nearest`, as
 SemDeDup's soft assignment: a copy and its source often fall on two sides of a k-means boundary); groups
 are then the connected components across clusters: the forests of the clusters are merged by uid
@@ -124,6 +128,15 @@ def pixel_descriptors(work: np.ndarray) -> np.ndarray:
     v = (PIXEL_SIDE * PIXEL_SIDE * sums - sums.sum(axis=(1, 2), keepdims=True)).reshape(n, PIXEL_BYTES)
     norm = np.sqrt(np.einsum("ij,ij->i", v, v).astype(np.float64))[:, None]  # an integer < 2^53: exact
     return np.rint(v * (127.0 / np.maximum(norm, 1.0))).astype(np.int8)
+
+
+def pixel_units(pixels: np.ndarray) -> np.ndarray:
+    """float32 unit rows of `pixel_descriptors` (a flat image's zero row stays zero): the space that the
+    pixel partition's k-means and assignment (`neardup.partition=pixel`) work in. Exact on any machine:
+    integer squared norms, then one correctly rounded sqrt and division per entry."""
+    p = pixels.astype(np.int64)
+    norm = np.sqrt(np.einsum("ij,ij->i", p, p).astype(np.float64))[:, None]
+    return (p / np.maximum(norm, 1.0)).astype(np.float32)
 
 
 def _nearest(a: np.ndarray, b: np.ndarray, score: np.ndarray, k: int) -> np.ndarray:

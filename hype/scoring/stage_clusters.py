@@ -244,22 +244,9 @@ def sample_pool_features(
     Two passes over the embed outputs: the uids pick the rows, then only their features are read into an
     array allocated once at its final size, checked against this machine's memory first (at DataComp's
     K = 100,000 the sample is up to 25.6M rows: 79 GB of 768-d features)."""
-    keys, ids, pool, eligible = [], [], 0, 0
-    for task in tasks:
-        t = read_parquet(run.shard_output("embed", task), columns=["uid"])
-        keep = keep_mask(t.num_rows, drops.get(task.index))
-        pool += int(keep.sum())
-        if caption_filter:
-            keep &= read_caption_ok(run, task, t.num_rows)
-        rows = np.nonzero(keep)[0]
-        eligible += len(rows)
-        if len(rows):
-            keys.append(uids_to_pairs(t.column("uid").take(pa.array(rows)).to_pylist())[0])
-            ids.append(order_id(task.index, rows))
+    chosen, pool, eligible = sample_pool_rows(run, tasks, drops, max_points, caption_filter)
     if not eligible:
         return np.zeros((0, 0), np.float32), pool, eligible
-    key, oid = np.concatenate(keys), np.concatenate(ids)
-    chosen = oid[np.lexsort((oid, key))[:max_points]]  # the sample, in its order
     by_id = np.argsort(chosen, kind="stable")  # its rows grouped by shard, in row order
     shard_of, row_of = split_order_id(chosen[by_id])
     feats: np.ndarray | None = None
@@ -273,6 +260,29 @@ def sample_pool_features(
             feats = _allocate_sample(len(chosen), block.shape[1])
         feats[by_id[lo:hi]] = block
     return feats, pool, eligible
+
+
+def sample_pool_rows(
+    run: RunDir, tasks: list[ShardTask], drops: dict[int, np.ndarray], max_points: int, caption_filter: bool
+) -> tuple[np.ndarray, int, int]:
+    """(the order ids (`order_id`) of `sample_pool_features`' rows, in the sample's order; pool rows; eligible
+    rows): the rows with the smallest uid hashes, from one pass over the embed outputs' uids."""
+    keys, ids, pool, eligible = [], [], 0, 0
+    for task in tasks:
+        t = read_parquet(run.shard_output("embed", task), columns=["uid"])
+        keep = keep_mask(t.num_rows, drops.get(task.index))
+        pool += int(keep.sum())
+        if caption_filter:
+            keep &= read_caption_ok(run, task, t.num_rows)
+        rows = np.nonzero(keep)[0]
+        eligible += len(rows)
+        if len(rows):
+            keys.append(uids_to_pairs(t.column("uid").take(pa.array(rows)).to_pylist())[0])
+            ids.append(order_id(task.index, rows))
+    if not eligible:
+        return np.zeros(0, np.int64), pool, eligible
+    key, oid = np.concatenate(keys), np.concatenate(ids)
+    return oid[np.lexsort((oid, key))[:max_points]], pool, eligible  # the sample, in its order
 
 
 def _allocate_sample(rows: int, dim: int) -> np.ndarray:

@@ -1,15 +1,23 @@
 """Near-duplicate stage of `hype score` (`neardup.enabled=true`): duplicate groups of CLIP image features
-within k-means clusters, a keeper per group. The algorithms are in `hype.scoring.neardup`.
+within k-means clusters (of the images' pixel descriptors by default), a keeper per group. The algorithms
+are in `hype.scoring.neardup`.
 
 It runs after merge, because the `hype` keeper is the member with the highest HYPE score (paper Eq. 1 of
 the scores table the run just wrote; the fingerprints hold the scores parts' digests, so a rescored pool
 recomputes it), on rows of the scores table only (repeated uids are already dropped).
 
-1. clusters (driver): c_IN's k-means and each sample's cluster when the clusters stage ran
-   (`neardup.reuse_clusters`), else the same k-means (`kmeans_centroids` on the same deterministic sample
-   of the pool) into `neardup.num_clusters` (default: `default_num_clusters`) -> `neardup/centroids.npy`
-   (+ `model.json`).
-2. `SplitStage` (per shard, executor): each row's cluster, HYPE score, cosine to its centroid, uid and
+1. clusters (driver): with `neardup.partition=pixel` (the default with the copy check), k-means
+   (`kmeans_centroids`, the clusters module's backend and placement) of the unit pixel descriptors
+   (`pixel_units`) of the work images of a deterministic sample of the pool (the CLIP k-means' sample,
+   `sample_pool_rows`: `clusters.points_per_centroid` x K rows, one shard's tar decoded at a time, the
+   sample checked against the free memory first) into `neardup.num_clusters` (default:
+   `default_num_clusters`): a copy and its source share one of their 2 nearest for 0.995 of bench/
+   neardup.py's world-0 true pairs, against 0.83 for the tiny CLIP's. With `partition=clip`: c_IN's
+   k-means and each sample's cluster when the clusters stage ran (`neardup.reuse_clusters`), else the same
+   k-means of the CLIP image features. Own k-means -> `neardup/centroids.npy` (+ `model.json`).
+2. `SplitStage` (per shard, executor): each row's cluster (pixel partition: nearest by its unit pixel
+   descriptor, `nearest_centroid`, exact on any machine; the cosine to its centroid is the descriptor's,
+   which the `semdedup` keeper reads), HYPE score, cosine to its centroid, uid and
    feature, once per cluster it is searched in (`within`: its own and, with `neardup.assign=2`, the
    default, its second-nearest, `second_nearest`: SemDeDup's soft assignment, since a copy and its source
    often fall on two sides of a k-means boundary; with 3 its third-nearest too), with that cluster's group
@@ -79,6 +87,7 @@ from hype.scoring.neardup import (
     nearest_pairs,
     normalize_rows,
     pixel_descriptors,
+    pixel_units,
     second_nearest,
     spanning_forest,
     uid_nodes,
@@ -151,10 +160,13 @@ class SplitStage(ShardStage):
         work_images: bool = False,
         pixels: bool = False,
         assign: int = 1,
+        pixel_partition: bool = False,
         **kw,
     ):
         super().__init__(run, **kw)
         self.groups = groups
+        # the clusters: neardup's k-means of the rows' `pixel_units` (needs the work images), else CLIP's
+        self.pixel_partition = work_images and pixel_partition
         self.pixels = work_images and pixels  # each row's `pixel_descriptors` in a `pixel` column
         self.assign = assign  # 2 (3): each row also in its second- (third-) nearest cluster, as SemDeDup
         self.work_images = work_images  # the copy check's: each row's work image in a `work` column
@@ -176,6 +188,7 @@ class SplitStage(ShardStage):
                 **ASSIGN,  # the rows' clusters
                 **({"work_images": WORK_SIDE} if self.work_images else {}),  # without: as before the check
                 **({"pixels": PIXEL_FORMAT} if self.pixels else {}),  # without: as before pixel candidates
+                **({"partition": "pixel"} if self.pixel_partition else {}),  # without: CLIP's, as before
             }
         )
 
@@ -205,18 +218,25 @@ class SplitStage(ShardStage):
             )
         feats = embed_format.fixed_list_to_numpy(emb.column("clip_img"))[keep]
         rows = np.flatnonzero(keep)  # the scored rows among the embed output's
+        work = pixels = None
+        if self.work_images:
+            names = occurrences(emb.column("key").to_pylist())
+            work = _work_images(task.source, [names[i] for i in rows])
+            pixels = pixel_descriptors(work)
+        # the rows as the centroids see them: unit pixel descriptors, or CLIP features (as before: unscaled)
+        space = pixel_units(pixels) if self.pixel_partition else feats
         if self.reuse_clusters:
             cluster = read_parquet(r.shard_output("clusters", task), columns=["cluster"]).column(0)
             cluster = cluster.to_numpy().astype(np.int64)[keep]
         else:
-            cluster = nearest_centroid(feats, self._centroids) if len(feats) else np.zeros(0, np.int64)
-        unit = normalize_rows(feats)
+            cluster = nearest_centroid(space, self._centroids) if len(feats) else np.zeros(0, np.int64)
+        unit = space if self.pixel_partition else normalize_rows(feats)
         centroid_sim = np.einsum("ij,ij->i", unit, self._centroids[cluster]) if len(unit) else unit[:, 0]
         hype = hype_score({m: scores.column(m).to_numpy() for m in METRICS})
         src, within = np.arange(len(feats)), cluster  # each row in its own cluster ...
         taken = cluster[:, None]
         for _ in range(self.assign - 1):  # ... and a copy of it in its second- (third-) nearest one
-            nxt = second_nearest(feats, self._centroids, taken)
+            nxt = second_nearest(space, self._centroids, taken)
             also = np.flatnonzero(nxt >= 0)
             src, within = np.concatenate([src, also]), np.concatenate([within, nxt[also]])
             taken = np.column_stack([taken, nxt])
@@ -234,12 +254,10 @@ class SplitStage(ShardStage):
                 "clip_img": embed_format.fixed_list(feats[src]),
             }
         )
-        if self.work_images:
-            names = occurrences(emb.column("key").to_pylist())
-            work = _work_images(task.source, [names[i] for i in rows])
+        if work is not None:
             table = table.append_column("work", _binary_column(work[src]))
             if self.pixels:
-                table = table.append_column("pixel", _binary_column(pixel_descriptors(work)[src]))
+                table = table.append_column("pixel", _binary_column(pixels[src]))
         present, counts = np.unique(group, return_counts=True)
         return self._finish(
             task,
@@ -426,8 +444,8 @@ class GroupStage(ShardStage):
                     raise NeardupError(
                         f"cluster {int(cluster[start])} has {stop - start:,} rows, more than "
                         f"neardup.max_cluster={self.max_cluster:,}: set more clusters "
-                        "(neardup.num_clusters=K with neardup.reuse_clusters=false) or raise "
-                        "neardup.max_cluster (memory: its features)"
+                        "(neardup.num_clusters=K, with partition=clip and neardup.reuse_clusters=false) or "
+                        "raise neardup.max_cluster (memory: its features)"
                     )
                 spans.append((start, stop))
             forests = [self._edges(feats[a:b], None if pixels is None else pixels[a:b]) for a, b in spans]
@@ -520,20 +538,24 @@ def centroids_path(run: RunDir) -> AnyPath:
 
 @dataclass(frozen=True)
 class Model:
-    """Where each row's cluster comes from: c_IN's (reuse) or neardup's own k-means."""
+    """Where each row's cluster comes from: c_IN's (reuse) or neardup's own k-means (of the pixel
+    descriptors with `pixel`)."""
 
     digest: str
     reuse: bool
     k: int
+    pixel: bool = False
 
 
 def _model(state: Any, pool: Any, clusters_info: dict | None) -> Model:
-    """c_IN's k-means when it ran and `reuse_clusters`; else the same k-means trained for this stage."""
+    """With `neardup.partition=pixel`, k-means of the pixel descriptors (`_pixel_sample`); else c_IN's
+    k-means when it ran and `reuse_clusters`, or the same k-means trained for this stage."""
     from hype.scoring.clusters import backend_key, placement
     from hype.scoring.stage_clusters import sample_pool_features
 
     nc, cc, run = state.cfg.neardup, state.cfg.clusters, state.run
-    if clusters_info is not None and nc.reuse_clusters:
+    pixel = nc.pixel_partition
+    if clusters_info is not None and nc.reuse_clusters and not pixel:
         return Model(clusters_info["digest"], True, int(clusters_info["k"]))
     k = nc.num_clusters or default_num_clusters(pool.unique)
     max_points = cc.points_per_centroid * k
@@ -547,12 +569,16 @@ def _model(state: Any, pool: Any, clusters_info: dict | None) -> Model:
             "max_points": max_points,
             "gpu": cc.gpu,
             **backend_key(cc.backend),
+            **({"partition": "pixel", "pixels": PIXEL_FORMAT, "work": WORK_SIDE} if pixel else {}),
         }  # fmt: skip
     )
     marker = folder(run) / "model.json"
     done = completed(marker, fp, centroids_path(run))
     if done is None:
-        sample, _, _ = sample_pool_features(run, pool.tasks, pool.drops, max_points, caption_filter=False)
+        if pixel:
+            sample = _pixel_sample(run, pool.tasks, pool.drops, max_points)
+        else:
+            sample, _, _ = sample_pool_features(run, pool.tasks, pool.drops, max_points, caption_filter=False)
         if k > len(sample):
             state.warn(f"{len(sample)} points for the near-duplicate k-means: clusters reduced from {k}")
             k = len(sample)
@@ -564,8 +590,38 @@ def _model(state: Any, pool: Any, clusters_info: dict | None) -> Model:
         atomic_write_bytes(centroids_path(run), data)
         digest = blake2b128_bytes(data)
         done = {"fingerprint": fp, "k": k, "digest": digest, "output": {"bytes": len(data), "digest": digest}}
+        if pixel:
+            done |= {"partition": "pixel", "pixels": PIXEL_FORMAT, "sample": len(sample)}
         atomic_write_json(marker, done)
-    return Model(done["digest"], False, int(done["k"]))
+    return Model(done["digest"], False, int(done["k"]), pixel)
+
+
+def _pixel_sample(run: RunDir, tasks: list[ShardTask], drops: dict, max_points: int) -> np.ndarray:
+    """(rows, PIXEL_BYTES) float32: the `pixel_units` of the work images of the CLIP k-means' deterministic
+    sample of the pool (`sample_pool_rows`), one shard's tar read at a time; the sample (and, twice, one
+    shard's work images) checked against the free memory before it is read."""
+    from hype.scoring.stage_clusters import sample_pool_rows
+    from hype.scoring.topk import split_order_id
+
+    chosen, _, _ = sample_pool_rows(run, tasks, drops, max_points, caption_filter=False)
+    by_id = np.argsort(chosen, kind="stable")  # its rows grouped by shard, in row order
+    shard_of, row_of = split_order_id(chosen[by_id])
+    widest = int(np.bincount(shard_of).max(initial=0))
+    _refuse_above_free(
+        len(chosen) * PIXEL_BYTES * 4 * 2 + widest * WORK_BYTES * 2,  # faiss' copy; the decoder's
+        f"the pixel k-means sample of {len(chosen):,} images",
+        "set fewer neardup.num_clusters or a lower clusters.points_per_centroid",
+    )
+    out = np.zeros((len(chosen), PIXEL_BYTES), np.float32)
+    for task in tasks:
+        lo, hi = np.searchsorted(shard_of, [task.index, task.index + 1])
+        if lo == hi:
+            continue
+        keys = read_parquet(run.shard_output("embed", task), columns=["key"]).column(0).to_pylist()
+        names = occurrences(keys)
+        work = _work_images(task.source, [names[i] for i in row_of[lo:hi]])
+        out[by_id[lo:hi]] = pixel_units(pixel_descriptors(work))
+    return out
 
 
 def cluster_groups(rows: int, nc: Any) -> int:
@@ -590,6 +646,7 @@ def find_near_duplicates(state: Any, pool: Any, clusters_info: dict | None) -> d
         work_images=check is not None,
         pixels=nc.pixel_candidates > 0,
         assign=nc.assign,
+        pixel_partition=model.pixel,
         **pool.kw,
     )
     split_stats = state.map(split, pool.tasks)
@@ -612,7 +669,8 @@ def find_near_duplicates(state: Any, pool: Any, clusters_info: dict | None) -> d
     group_stats = state.map(stage, tasks)
     state.check_failures("neardup", state.plan)
     info = state.timed("neardup", lambda: _gather(run, stage, tasks, group_stats))
-    info |= {"k": model.k, "clusters_from": "c_IN k-means" if model.reuse else "own k-means",
+    source = "pixel k-means" if model.pixel else "c_IN k-means" if model.reuse else "own k-means"
+    info |= {"k": model.k, "partition": "pixel" if model.pixel else "clip", "clusters_from": source,
              "cluster_groups": groups, "seconds": round(time.perf_counter() - started, 3)}  # fmt: skip
     return info
 
@@ -837,7 +895,7 @@ def plan(est: Any) -> None:
     nc = est.cfg.neardup
     groups = cluster_groups(est.N, nc)
     est.markers_of["neardup"] = groups
-    reuse = bool(est.cl) and nc.reuse_clusters
+    reuse = bool(est.cl) and nc.reuse_clusters and not nc.pixel_partition
     k = est.k_r if reuse else nc.num_clusters or default_num_clusters(est.N)
     fit = est.fit("neardup")
     members = fit.out_bytes / max(1, est.probe.samples) * est.N / groups
@@ -846,6 +904,8 @@ def plan(est: Any) -> None:
     if nc.copy_check:  # the split streams each pool tar for the work images; a group reads its rows again
         req["split"] = add(req["split"], {"pool_get": est.S * stream_get(est.tar_bytes)})
         req["groups"] = add(req["groups"], {"get": req["groups"]["get"]})
+    if nc.pixel_partition:  # the pixel k-means' sample: its work images, from (nearly) every tar
+        req["driver"] = add(req["driver"], {"pool_get": est.S * stream_get(est.tar_bytes)})
     est.map("neardup_split", "neardup split", "samples", requests=req["split"])
     est.map("neardup", "neardup groups", "samples", requests=add(req["groups"], req["driver"]))
 
