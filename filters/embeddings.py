@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from hype.data.uids import UidMultiset, arrow_to_pairs, sort_order, to_structured
-from hype.geometry._numerics import fp32_dot_error
+from hype.geometry.exact import fp32_dot_error
 from hype.io import StorageError, open_input, read_json, read_parquet, read_parquet_schema, storage
 from hype.scoring.embed_format import fixed_list_to_numpy
 from hype.scoring.rundir import RunDir, plan_tasks

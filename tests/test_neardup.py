@@ -702,7 +702,7 @@ def test_second_nearest_is_the_exact_best_other_centroid_even_when_all_tie():
     """`second_nearest` against a float64 brute force, with tied and near-identical centroids: every row's
     candidates inside the fp32 margin (it raised IndexError before it reused `exact_best`); and the third
     nearest (the first two excluded, `neardup.assign=3`)."""
-    from hype.geometry._numerics import pair_dots
+    from hype.geometry.exact import pair_dots
     from hype.scoring.clusters import nearest_centroid
     from hype.scoring.neardup import second_nearest
 

@@ -12,7 +12,7 @@ import contextlib
 
 import numpy as np
 
-from hype.geometry._numerics import fp32_dot_error, pair_dots
+from hype.geometry.exact import fp32_dot_error, pair_dots
 
 C_IN_VALUE = 10.0
 DATACOMP_K = 100_000

@@ -44,7 +44,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from hype.geometry._numerics import fp32_dot_error, pair_dots
+from hype.geometry.exact import fp32_dot_error, pair_dots
 
 KEEPERS = ("hype", "semdedup", "random")
 PAIRS_PER_BLOCK = 1 << 24  # range-search results held at once (int64 ids + float32 sims: ~200 MB)

@@ -66,7 +66,7 @@ import pyarrow.parquet as pq
 
 import hype.io as hype_io
 from hype.executor import Resources, available_memory
-from hype.geometry._numerics import pair_dots
+from hype.geometry.exact import pair_dots
 from hype.io import blake2b128_bytes, load_npy, read_json, read_parquet
 from hype.io.storage import AnyPath
 from hype.scoring import embed_format
