@@ -37,8 +37,8 @@ own tiny CLIPs, at the defaults since #37 item 5 (30 candidates, copy >= 0.9): 1
 109 / 92 of them the same scene; the rest mostly differ in colour only (32 / 59: orange against yellow or
 red) or shape only (20 / 11). Since the copy check compares each colour channel's contrast (bench/quality.py's
 4,000-sample worlds 0 / 1): 352 / 305 -> 253 / 244 of 4,000 flagged, colour-only 110 / 69 -> 5 / 2. Of the
-200 / 193 same-scene flags, `same_scene_as_a_crop` (`crop_alike`) counts those that differ from the
-evaluation image as a crop would: 105 / 114, 2.6% / 2.9% of the pool (bench/RESULTS.md).
+200 / 193 same-scene flags, `same_scene_as_a_crop` (`hype.synth.scenes.crop_alike`) counts those that
+differ from the evaluation image as a crop would: 105 / 114, 2.6% / 2.9% of the pool (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -174,6 +174,7 @@ def clean_scenes(run: Path, world: Path, thresholds: tuple = (0.85, 0.9, 0.95)) 
     replayed from world.json's arguments."""
     from hype.scoring.stage_decontam import task_name
     from hype.synth.eval_tasks import task_folder
+    from hype.synth.scenes import crop_alike
     from hype.synth.world import _Args, _plan
 
     info = json.loads((world / "world.json").read_text())
@@ -191,25 +192,11 @@ def clean_scenes(run: Path, world: Path, thresholds: tuple = (0.85, 0.9, 0.95)) 
         best = m[m.copy_similarity >= t].drop_duplicates("uid")
         pairs = [(pool[r.uid], scenes[(r.task, r.eval_key)]) for r in best.itertuples()]
         differ = pd.Series([",".join(k for k in attrs if getattr(p, k) != getattr(e, k)) for p, e in pairs])
-        alike = sum(crop_alike(q) for q, d in zip(pairs, differ, strict=True) if not d)
+        alike = sum(crop_alike(*q) for q, d in zip(pairs, differ, strict=True) if not d)
         rows.append({"copy_threshold": t, "clean_flagged": len(best), "same_scene": int((differ == "").sum()),
                      "same_scene_as_a_crop": alike,
                      "others_differ_in": differ[differ != ""].value_counts().head(3).to_dict()})  # fmt: skip
     return pd.DataFrame(rows)
-
-
-def crop_alike(pair: tuple) -> bool:
-    """Two renders of one scene that differ as a copy's crop would: a flat background (unchanged by a crop
-    or zoom), each object at most 14% larger (a crop of 1/16 on each side zooms by 8/7), its centre moved
-    by at most 1/16 of the side, turned by at most 3 degrees (half a pixel at the work image's 64 px)."""
-    p, e = pair
-    flat = p.background in ("white", "black") and p.bg_params == e.bg_params
-    if not flat or len(p.objects) != len(e.objects):
-        return False
-    return bool(p.objects) and all(
-        max(a.r / b.r, b.r / a.r) <= 8 / 7 and max(abs(a.cx - b.cx), abs(a.cy - b.cy)) <= 1 / 16
-        and abs(a.angle - b.angle) <= 3 for a, b in zip(p.objects, e.objects, strict=True)
-    )  # fmt: skip
 
 
 def source_similarity(copies: Path, chosen: list, truth: pd.DataFrame) -> pd.DataFrame:

@@ -467,3 +467,30 @@ def test_cli_default_base_url_matches_library():
     from hype.synth import DEFAULT_BASE_URL
 
     assert CLI_URL == DEFAULT_BASE_URL
+
+
+def test_crop_alike_renders_are_the_ones_a_crop_could_give_and_pass_the_copy_check():
+    """`crop_alike` (the benches count such false flags apart): its bounds, and its renders pass the copy
+    check as a copy would (the reason no threshold separates them from copies)."""
+    from dataclasses import replace
+
+    from hype.scoring.copydetect import CopyCheck, pair_similarities, work_image
+    from hype.synth.render import encode_jpeg, render
+    from hype.synth.scenes import Obj, Scene, crop_alike
+
+    a = Scene("single", (Obj("star", "red", 0.28, 0.5, 0.14, 2.0),), "white", (), "small", "left")
+
+    def moved(**kw) -> Scene:
+        return replace(a, objects=(replace(a.objects[0], **kw),))
+
+    alike = [moved(r=0.14 * 8 / 7), moved(cx=0.28 + 0.06), moved(angle=5.0), replace(a, background="white")]
+    grey = replace(a, background="gradient", bg_params=(80, 200, 0))
+    differ = [moved(r=0.14 * 1.2), moved(cy=0.5 - 0.07), moved(angle=5.5), moved(color="orange"),
+              replace(a, background="black"), grey]  # fmt: skip
+    assert [crop_alike(a, b) for b in alike] == [True] * 4
+    assert [crop_alike(a, b) or crop_alike(b, a) for b in differ] == [False] * 6
+    assert not crop_alike(replace(a, crop=(0, 1.5)), replace(a, crop=(0, 1.5)))
+
+    imgs = np.stack([work_image(encode_jpeg(render(s, 160, 160))) for s in (a, *alike[:3])])
+    sims = pair_similarities(imgs, imgs, np.array([[0, 1], [0, 2], [0, 3]]), CopyCheck())
+    assert (sims >= CopyCheck().threshold).all(), sims

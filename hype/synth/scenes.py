@@ -297,3 +297,19 @@ def same_content(a: Scene, b: Scene) -> bool:
     return bool({o.shape for o in a.objects} & {o.shape for o in b.objects}) or bool(
         {o.color for o in a.objects} & {o.color for o in b.objects}
     )
+
+
+def crop_alike(a: Scene, b: Scene) -> bool:
+    """True when two renders differ as a copy's crop would, so that no pixel check can tell one from a crop
+    of the other (the benches count such look-alikes apart): the same objects (shape, colour) in the same
+    order on the same flat white or black background (unchanged by a crop or zoom), each at most 8/7 the
+    other's size (a crop of 1/16 on each side zooms by 8/7), its centre moved by at most 1/16 of the side,
+    turned by at most 3 degrees (half a pixel on a 64-px image). Crops of a scene never are."""
+    flat = a.background in ("white", "black") and (a.background, a.bg_params) == (b.background, b.bg_params)
+    if not flat or a.crop or b.crop or not a.objects or len(a.objects) != len(b.objects):
+        return False
+    return all(
+        (p.shape, p.color) == (q.shape, q.color) and max(p.r / q.r, q.r / p.r) <= 8 / 7
+        and max(abs(p.cx - q.cx), abs(p.cy - q.cy)) <= 1 / 16 and abs(p.angle - q.angle) <= 3
+        for p, q in zip(a.objects, b.objects, strict=True)
+    )  # fmt: skip
