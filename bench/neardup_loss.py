@@ -4,7 +4,8 @@ Reads a run that `bench/neardup.py` scored (OUT/score, with the copy check: its 
 per cluster it is searched in, with its feature, work image and, from #37 item 5's fourth pass on, its
 pixel descriptor) and the world's truth. For every true pair (within a true family, as bench/neardup.py):
 
-    share one of n        the two rows' n nearest clusters meet (n = 1..4: what `neardup.assign` = n sees)
+    share one of n        the two rows' n nearest clusters meet (n = 1..4: what `neardup.assign` = n sees;
+                          the run's partition: pixel or CLIP clusters)
     in a shared cluster   the two rows are searched in one cluster by the run (`neardup.assign`)
     cosine >= threshold   float64 cosine of the CLIP image features
     CLIP candidate        one is among the other's `neardup.candidates` nearest by cosine in a shared cluster
@@ -76,13 +77,19 @@ def read_split(run: Path) -> dict:
 
 
 def nearest_clusters(run: Path, split: dict, n: int) -> np.ndarray:
-    """Each split row's `n` nearest centroids (c_IN's, else the stage's own; float64 products): what
-    `neardup.assign` = n would search (the stage's own rule breaks exact ties the same way)."""
-    from hype.scoring.neardup import normalize_rows
+    """Each split row's `n` nearest centroids (float64 products): what `neardup.assign` = n would search
+    (the stage's own rule breaks exact ties the same way). A run partitioned by pixels
+    (`neardup.partition=pixel`): its pixel centroids, by unit pixel descriptor (`pixel_units`); else by
+    CLIP feature, c_IN's centroids when the run has them (reused), else the stage's own."""
+    from hype.scoring.neardup import normalize_rows, pixel_units
 
-    path = run / "clusters" / "centroids.npy"
-    c = normalize_rows(np.load(path if path.is_file() else run / "neardup" / "centroids.npy"))
-    return np.argsort(-(split["x"].astype(np.float64) @ c.astype(np.float64).T), axis=1, kind="stable")[:, :n]
+    info = json.loads((run / "summary.json").read_text()).get("neardup") or {}
+    pixel = info.get("partition") == "pixel"
+    cin = run / "clusters" / "centroids.npy"
+    reused = not pixel and cin.is_file() and info.get("clusters_from") != "own k-means"
+    c = normalize_rows(np.load(cin if reused else run / "neardup" / "centroids.npy"))
+    rows = pixel_units(split["pixels"]) if pixel else split["x"]
+    return np.argsort(-(rows.astype(np.float64) @ c.astype(np.float64).T), axis=1, kind="stable")[:, :n]
 
 
 def searched(split: dict, nearest: np.ndarray, assign: int) -> dict:

@@ -677,6 +677,27 @@ def test_pixel_partition_groups_the_copies_that_clip_clusters_keep_apart(tmp_pat
         make_rule("dbp", kmeans="neardup").attach(ScoresTable(runs["pixel"]))
 
 
+def test_the_pixel_kmeans_sample_is_the_same_bytes_on_any_thread_count(tmp_path_factory, monkeypatch):
+    """The pixel partition's k-means sample decodes one shard per thread: the same rows, in the sample's
+    order, whatever the threads."""
+    import hype.executor
+    from hype.io import read_json
+    from hype.scoring.rundir import RunDir, plan_tasks
+    from hype.scoring.stage_clusters import sample_pool_rows
+    from hype.scoring.stage_neardup import _pixel_sample
+
+    run = RunDir(neardup_run(tmp_path_factory))
+    tasks = plan_tasks(read_json(run.root / "plan.json"))
+    got = {}
+    for threads in (1, 3):
+        monkeypatch.setattr(hype.executor, "usable_cpus", lambda n=threads: n)
+        got[threads] = _pixel_sample(run, tasks, {}, 100)
+    assert got[1].tobytes() == got[3].tobytes() and got[1].shape == (100, 192)
+    assert len(sample_pool_rows(run, tasks, {}, 100, caption_filter=False)[0]) == 100
+    norm = np.linalg.norm(got[1], axis=1)
+    assert ((np.abs(norm - 1) < 1e-6) | (norm == 0)).all() and (norm > 0).sum() >= 90  # 0: a blank image
+
+
 def test_a_bad_partition_is_a_one_line_config_error_naming_the_fix(tmp_path_factory, tmp_path):
     w = world(tmp_path_factory)
     meru, clip = models(tmp_path_factory)

@@ -11,7 +11,7 @@ nearest of those by pixel descriptor (`pixel_descriptors`: an 8 x 8 RGB thumbnai
 CLIP ranks a copy among other renders of its kind, the thumbnail ranks it first), `nearest_pairs`.
 
 The clusters are k-means clusters of the rows' pixel descriptors (`neardup.partition=pixel`, the default
-with the copy check: `pixel_units`; a copy and its source share one of their 2 nearest for 0.995 of the
+with the copy check: `pixel_units`; a copy and its source share one of their 2 nearest for 0.991 of the
 true pairs of bench/neardup.py's world 0, whatever the CLIP) or of their CLIP image features (`clip`: 0.83
 there with the tiny CLIP); the pairs searched in either are at CLIP cosine >= threshold.
 A row may be searched in two clusters (its nearest and second-nearest centroid, `second_nearest`, as

@@ -9,9 +9,9 @@ recomputes it), on rows of the scores table only (repeated uids are already drop
 1. clusters (driver): with `neardup.partition=pixel` (the default with the copy check), k-means
    (`kmeans_centroids`, the clusters module's backend and placement) of the unit pixel descriptors
    (`pixel_units`) of the work images of a deterministic sample of the pool (the CLIP k-means' sample,
-   `sample_pool_rows`: `clusters.points_per_centroid` x K rows, one shard's tar decoded at a time, the
+   `sample_pool_rows`: `clusters.points_per_centroid` x K rows, one shard's tar decoded per thread, the
    sample checked against the free memory first) into `neardup.num_clusters` (default:
-   `default_num_clusters`): a copy and its source share one of their 2 nearest for 0.995 of bench/
+   `default_num_clusters`): a copy and its source share one of their 2 nearest for 0.991 of bench/
    neardup.py's world-0 true pairs, against 0.83 for the tiny CLIP's. With `partition=clip`: c_IN's
    k-means and each sample's cluster when the clusters stage ran (`neardup.reuse_clusters`), else the same
    k-means of the CLIP image features. Own k-means -> `neardup/centroids.npy` (+ `model.json`).
@@ -598,29 +598,39 @@ def _model(state: Any, pool: Any, clusters_info: dict | None) -> Model:
 
 def _pixel_sample(run: RunDir, tasks: list[ShardTask], drops: dict, max_points: int) -> np.ndarray:
     """(rows, PIXEL_BYTES) float32: the `pixel_units` of the work images of the CLIP k-means' deterministic
-    sample of the pool (`sample_pool_rows`), one shard's tar read at a time; the sample (and, twice, one
-    shard's work images) checked against the free memory before it is read."""
+    sample of the pool (`sample_pool_rows`), one shard's tar per thread (the decoder releases the GIL; each
+    shard's rows are its own, so the bytes do not depend on the threads); the sample (twice) and each
+    thread's shard of work images (twice) checked against the free memory before they are read."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hype.executor import usable_cpus
     from hype.scoring.stage_clusters import sample_pool_rows
     from hype.scoring.topk import split_order_id
 
     chosen, _, _ = sample_pool_rows(run, tasks, drops, max_points, caption_filter=False)
     by_id = np.argsort(chosen, kind="stable")  # its rows grouped by shard, in row order
     shard_of, row_of = split_order_id(chosen[by_id])
-    widest = int(np.bincount(shard_of).max(initial=0))
+    spans = [(t, *np.searchsorted(shard_of, [t.index, t.index + 1])) for t in tasks]
+    spans = [(t, lo, hi) for t, lo, hi in spans if hi > lo]
+    threads = max(1, min(usable_cpus(), len(spans)))
+    widest = max((hi - lo for _, lo, hi in spans), default=0)
     _refuse_above_free(
-        len(chosen) * PIXEL_BYTES * 4 * 2 + widest * WORK_BYTES * 2,  # faiss' copy; the decoder's
+        2 * len(chosen) * PIXEL_BYTES * 4
+        + 2 * threads * widest * WORK_BYTES,  # + faiss' copy; + the decoder's
         f"the pixel k-means sample of {len(chosen):,} images",
         "set fewer neardup.num_clusters or a lower clusters.points_per_centroid",
     )
-    out = np.zeros((len(chosen), PIXEL_BYTES), np.float32)
-    for task in tasks:
-        lo, hi = np.searchsorted(shard_of, [task.index, task.index + 1])
-        if lo == hi:
-            continue
+
+    def units(span: tuple) -> np.ndarray:
+        task, lo, hi = span
         keys = read_parquet(run.shard_output("embed", task), columns=["key"]).column(0).to_pylist()
         names = occurrences(keys)
-        work = _work_images(task.source, [names[i] for i in row_of[lo:hi]])
-        out[by_id[lo:hi]] = pixel_units(pixel_descriptors(work))
+        return pixel_units(pixel_descriptors(_work_images(task.source, [names[i] for i in row_of[lo:hi]])))
+
+    out = np.zeros((len(chosen), PIXEL_BYTES), np.float32)
+    with ThreadPoolExecutor(threads) as pool:
+        for (_, lo, hi), u in zip(spans, pool.map(units, spans), strict=True):
+            out[by_id[lo:hi]] = u
     return out
 
 
