@@ -268,6 +268,7 @@ def format_summary(s: dict) -> str:
             f"{nd['threshold']}"
             + (f", copy similarity >= {cc['threshold']}" if (cc := nd.get("copy_check")) else "")
             + f"; keeper {nd['keeper']}: {nd['removed']:,} to remove (hype select --filter dedup)"
+            + (f"; searched within {nd['k']:,} {p} clusters" if (p := nd.get("partition")) else "")
         )
     for w in s["warnings"]:
         lines.append(f"  warning     {w}")
