@@ -544,6 +544,18 @@ def test_the_copy_check_refuses_work_images_that_do_not_fit_before_reading_them(
     assert out["growth_mb"] < 64
 
 
+def test_the_pixel_kmeans_sample_that_does_not_fit_is_refused_before_it_is_read():
+    from memory_support import run_bounded
+
+    out = run_bounded(
+        "from hype.scoring.stage_neardup import _check_pixel_sample",
+        "_check_pixel_sample(2_000_000, 10_000, 4)",  # ~2.9 GiB of descriptors, 4 shards of work images
+        headroom_mb=256,
+    )
+    assert out["error"].startswith("NeardupError") and "fewer neardup.num_clusters" in out["error"]
+    assert out["growth_mb"] < 64
+
+
 def _copies(run, uids: list[str], x: np.ndarray, threshold: float):
     """(i, j) -> whether the copy check confirms rows i and j (work images from the run's split), for the
     pairs at cosine >= threshold (float64): what `reference_groups` takes as `copy`."""

@@ -596,6 +596,16 @@ def _model(state: Any, pool: Any, clusters_info: dict | None) -> Model:
     return Model(done["digest"], False, int(done["k"]), pixel)
 
 
+def _check_pixel_sample(rows: int, widest: int, threads: int) -> None:
+    """Refuse, before reading, a pixel k-means sample of `rows` descriptors (twice: faiss' copy) whose
+    `threads` shards of at most `widest` sampled rows (work images, twice: the decoder's) do not fit."""
+    _refuse_above_free(
+        2 * rows * PIXEL_BYTES * 4 + 2 * threads * widest * WORK_BYTES,
+        f"the pixel k-means sample of {rows:,} images",
+        "set fewer neardup.num_clusters or a lower clusters.points_per_centroid",
+    )
+
+
 def _pixel_sample(run: RunDir, tasks: list[ShardTask], drops: dict, max_points: int) -> np.ndarray:
     """(rows, PIXEL_BYTES) float32: the `pixel_units` of the work images of the CLIP k-means' deterministic
     sample of the pool (`sample_pool_rows`), one shard's tar per thread (the decoder releases the GIL; each
@@ -613,13 +623,7 @@ def _pixel_sample(run: RunDir, tasks: list[ShardTask], drops: dict, max_points: 
     spans = [(t, *np.searchsorted(shard_of, [t.index, t.index + 1])) for t in tasks]
     spans = [(t, lo, hi) for t, lo, hi in spans if hi > lo]
     threads = max(1, min(usable_cpus(), len(spans)))
-    widest = max((hi - lo for _, lo, hi in spans), default=0)
-    _refuse_above_free(
-        2 * len(chosen) * PIXEL_BYTES * 4
-        + 2 * threads * widest * WORK_BYTES,  # + faiss' copy; + the decoder's
-        f"the pixel k-means sample of {len(chosen):,} images",
-        "set fewer neardup.num_clusters or a lower clusters.points_per_centroid",
-    )
+    _check_pixel_sample(len(chosen), max((hi - lo for _, lo, hi in spans), default=0), threads)
 
     def units(span: tuple) -> np.ndarray:
         task, lo, hi = span
