@@ -56,12 +56,9 @@ def jitters(world: Path) -> pd.DataFrame:
     """Per near-duplicate uid, its jitter replayed from the world's plan (`hype.synth.render.jitter`'s draws
     in its order)."""
     from hype.synth.render import jitter_crop
-    from hype.synth.world import _Args, _plan
+    from hype.synth.world import replay_plan
 
-    info = json.loads((world / "world.json").read_text())
-    a = info["args"]
-    sizes = (a["size"], info["seed"], a["clean_size"], a["eval_size"], a["reference_per_class"])
-    plan = _plan(_Args(world, *sizes, a["shard_size"], a["noise"], a["base_url"], 1))
+    plan = replay_plan(world)
     rows = []
     for s in plan.pool:
         if s.dup_seed is None:

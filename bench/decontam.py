@@ -175,12 +175,9 @@ def clean_scenes(run: Path, world: Path, thresholds: tuple = (0.85, 0.9, 0.95)) 
     from hype.scoring.stage_decontam import task_name
     from hype.synth.eval_tasks import task_folder
     from hype.synth.scenes import crop_alike
-    from hype.synth.world import _Args, _plan
+    from hype.synth.world import replay_plan
 
-    info = json.loads((world / "world.json").read_text())
-    a = info["args"]
-    sizes = (a["size"], info["seed"], a["clean_size"], a["eval_size"], a["reference_per_class"])
-    plan = _plan(_Args(world, *sizes, a["shard_size"], a["noise"], a["base_url"], 1))
+    plan = replay_plan(world)
     pool = {s.uid: s.scene for s in plan.pool}
     scenes = {(task_name(task_folder(t)), i.key): i.scene for t, its in plan.eval_items.items() for i in its}
     attrs = ("shape", "color", "count", "size", "position", "background")

@@ -9,7 +9,9 @@ as `hype select --filter dedup:threshold=T` does. For each threshold: the predic
 within a predicted group), precision and recall of the true pairs, the share of near-duplicate samples
 grouped with their source and with any of their family ("dups found"), the samples in no true family that
 are grouped ("others grouped"; "of another scene": those grouped with no other render of their scene,
-since the world draws some scenes twice), and what `--filter dedup` (keeper hype) would remove, by noise
+since the world draws some scenes twice; "crop-alike": those grouped with a render of their scene that
+differs as a copy's crop would, `hype.synth.scenes.crop_alike`, which no pixel check can tell from a copy),
+and what `--filter dedup` (keeper hype) would remove, by noise
 kind. The stage runs with its copy check (the default); `--set neardup.copy_check=false` measures
 cosine-only groups.
 
@@ -72,9 +74,13 @@ def true_groups(truth) -> list[list[str]]:
     return [g for g in out.values() if len(g) >= 2]
 
 
-def measure(score: Path, truth, thresholds: list[float]) -> list[dict]:
+def measure(score: Path, truth, thresholds: list[float], scenes: dict | None = None) -> list[dict]:
+    """The table's rows; with `scenes` (uid -> the plan's `Scene`, `replay_plan`), also the other samples
+    grouped with a render that differs from theirs as a copy's crop would (`crop_alike`): in pixels,
+    copies."""
     from hype.data.uids import pair_to_uid
     from hype.scoring.stage_neardup import read_groups, regroup
+    from hype.synth.scenes import crop_alike
 
     stored = read_groups(score)
     uids = [pair_to_uid(h, lo) for h, lo in zip(stored.hi, stored.lo, strict=True)]
@@ -110,6 +116,12 @@ def measure(score: Path, truth, thresholds: list[float]) -> list[dict]:
             for u in g
             if u not in family and [scene[v] for v in g].count(scene[u]) == 1
         ]
+        alike = [
+            u
+            for g in members.values()
+            for u in g
+            if scenes and u not in family and any(v != u and crop_alike(scenes[u], scenes[v]) for v in g)
+        ]
         removed = [noise[u] for u, k in zip(uids, keep.tolist(), strict=True) if not k]
         rows.append(
             {
@@ -125,6 +137,7 @@ def measure(score: Path, truth, thresholds: list[float]) -> list[dict]:
                 "others_grouped": others,
                 "others_grouped_share": others / max(1, len(truth) - len(family)),
                 "other_scenes_grouped": len(alone),
+                "others_crop_alike": len(alike),
                 "removed": len(removed),
                 "removed_share_by_kind": {k: removed.count(k) / n for k, n in sorted(kinds.items())},
             }
@@ -162,7 +175,9 @@ def main() -> None:
         ("neardup.copy_check=true", f"neardup.threshold={thresholds[0]}", *args.set),
     )
     truth = pq.read_table(world / "truth.parquet", columns=["uid", "noise", "source_uid", *SCENE]).to_pandas()
-    rows = measure(score, truth, thresholds)
+    from hype.synth.world import replay_plan
+
+    rows = measure(score, truth, thresholds, {s.uid: s.scene for s in replay_plan(world).pool})
     result = {"world": str(world), "score": str(score), "args": vars(args) | {"out": str(out)}, "rows": rows}
     result["elapsed_s"] = round(time.perf_counter() - t0, 1)
     (out / "neardup.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
@@ -174,9 +189,9 @@ def main() -> None:
         "(keeper hype)\n"
     )
     head = "| threshold | groups | members | pairs | precision | recall | dups with source | dups found | "
-    head += "others grouped | of another scene | removed | "
+    head += "others grouped | of another scene | crop-alike | removed | "
     print(head + " | ".join(k.replace("_", " ") for k in kinds) + " |")
-    print("|" + "---|" * (11 + len(kinds)))
+    print("|" + "---|" * (12 + len(kinds)))
     for r in rows:
         cells = [
             f"{r['threshold']:g}",
@@ -189,6 +204,7 @@ def main() -> None:
             f"{r['dups_found']:.3f}",
             f"{r['others_grouped']:,} ({r['others_grouped_share']:.2%})",
             f"{r['other_scenes_grouped']:,}",
+            f"{r['others_crop_alike']:,}",
             f"{r['removed']:,}",
         ]
         cells += [f"{r['removed_share_by_kind'][k]:.3f}" for k in kinds]

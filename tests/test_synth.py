@@ -494,3 +494,14 @@ def test_crop_alike_renders_are_the_ones_a_crop_could_give_and_pass_the_copy_che
     imgs = np.stack([work_image(encode_jpeg(render(s, 160, 160))) for s in (a, *alike[:3])])
     sims = pair_similarities(imgs, imgs, np.array([[0, 1], [0, 2], [0, 3]]), CopyCheck())
     assert (sims >= CopyCheck().threshold).all(), sims
+
+
+def test_replay_plan_draws_the_worlds_pool_again(world, truth):
+    """The benches read scenes beyond truth.parquet's columns from the plan drawn again (`replay_plan`)."""
+    from hype.synth.world import replay_plan
+
+    plan = replay_plan(world)
+    assert [s.uid for s in plan.pool] == truth.uid.tolist()
+    got = [(s.scene.shape, s.scene.color, s.scene.count, s.noise) for s in plan.pool]
+    want = list(zip(truth["shape"], truth["color"], truth["count"], truth["noise"], strict=True))
+    assert [tuple(None if v != v else v for v in row) for row in want] == got

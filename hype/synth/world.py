@@ -443,6 +443,17 @@ def _plan(a: _Args) -> _Plan:
     )
 
 
+def replay_plan(world: str | PathLike) -> _Plan:
+    """The plan of an existing world (its scenes, jitter seeds and eval items), drawn again from the
+    arguments its `world.json` records: the benches' truth beyond `truth.parquet`'s columns."""
+    import json
+
+    info = json.loads((Path(world) / "world.json").read_text())
+    a = info["args"]
+    sizes = (a["size"], info["seed"], a["clean_size"], a["eval_size"], a["reference_per_class"])
+    return _plan(_Args(Path(world), *sizes, a["shard_size"], a["noise"], a["base_url"], 1))
+
+
 def _task_items(seed: int, size: int, part: str) -> dict[str, list[EvalItem]]:
     """`size` items of every synthetic task, each task drawn from its own stream `<part>:<task>`."""
     items = {t.name: plan_classification(t, size, stream(seed, f"{part}:{t.name}")) for t in TASKS}
