@@ -549,7 +549,7 @@ def test_the_pixel_kmeans_sample_that_does_not_fit_is_refused_before_it_is_read(
 
     out = run_bounded(
         "from hype.scoring.stage_neardup import _check_pixel_sample",
-        "_check_pixel_sample(2_000_000, 10_000, 4)",  # ~2.9 GiB of descriptors, 4 shards of work images
+        "_check_pixel_sample(2_000_000)",  # ~2.9 GiB of unit descriptors with faiss' copy
         headroom_mb=256,
     )
     assert out["error"].startswith("NeardupError") and "fewer neardup.num_clusters" in out["error"]
@@ -637,28 +637,60 @@ def _split_by_uid(run, column: str) -> dict:
     return out
 
 
-def test_pixel_partition_groups_the_copies_that_clip_clusters_keep_apart(tmp_path_factory, tmp_path):
+def test_pixel_partition_groups_the_copies_that_clip_clusters_keep_apart(
+    tmp_path_factory, tmp_path, monkeypatch
+):
     """#37 item 5: with the copy check the stage searches within k-means clusters of the pixel descriptors
     (`neardup.partition=pixel`, the default), where a copy and its source fall together whatever the CLIP.
     With 8 clusters and each row searched in its nearest only, CLIP's k-means (`partition=clip`, the search
     before) puts 4 true pairs in different clusters and never groups them; the pixel partition groups them,
     and its groups are a brute-force reference's: each row's nearest pixel centroid (float64 products of
     the unit descriptors, written out here), the pairs at cosine >= 0.9 in one that the copy check
-    confirms. A pixel-partitioned run has no semantic clusters for `dbp:kmeans=neardup`: refused."""
+    confirms. A pixel-partitioned run has no semantic clusters for `dbp:kmeans=neardup`: refused.
+    Either partition reads each pool tar once: the pixel one in `PixelStage` (in the executor; before, the
+    driver's k-means sample read them all, then the split again), and its rerun reuses that stage."""
+    import hype.scoring.stage_neardup as stage_neardup
+    from hype.io import read_json
     from hype.scoring.copydetect import WORK_SIDE
+    from hype.scoring.rundir import plan_tasks
     from hype.select.rules import make_rule
     from hype.table.reader import ScoresTable
 
     w = world(tmp_path_factory)
     meru, clip = models(tmp_path_factory)
     every = ["--neardup", "neardup.candidates=100000", "neardup.reuse_clusters=false"]
-    every += ["neardup.num_clusters=8", "neardup.assign=1"]
+    every += ["neardup.num_clusters=8", "neardup.assign=1", "executor.workers=1"]  # in this process: spied
+    reads, real = [], stage_neardup.tar_work_images
+
+    def spy(tar: str, wanted: set):  # the real decoder, each tar it reads noted
+        reads.append(tar)
+        return real(tar, wanted)
+
+    monkeypatch.setattr(stage_neardup, "tar_work_images", spy)
+    tars = sorted(t.source for t in plan_tasks(read_json(neardup_run(tmp_path_factory) / "plan.json")))
     runs = {}
     for name, extra in (("pixel", []), ("clip", ["neardup.partition=clip"])):
         runs[name] = tmp_path / name
         shutil.copytree(neardup_run(tmp_path_factory), runs[name])
+        reads.clear()
         result = run_cli(score_args(w, meru, clip, runs[name], *every, *extra))
         assert result.exit_code == 0 and f"searched within 8 {name} clusters" in result.output, result.output
+        assert sorted(reads) == tars, name  # each tar once
+    pixel_outputs = sorted(p.stem for p in (runs["pixel"] / "neardup_pixels").glob("*.parquet"))
+    assert pixel_outputs == sorted(p.stem for p in (runs["pixel"] / "neardup_split").glob("*.parquet"))
+    assert not list((runs["clip"] / "neardup_pixels").iterdir())  # partition=clip: the split reads the tars
+    # a run killed after the pixel stage: the rerun reuses it (no tar read) and gives the same groups
+    before = (runs["pixel"] / "neardup" / "groups.parquet").read_bytes()
+    shutil.rmtree(runs["pixel"] / "neardup")
+    shutil.rmtree(runs["pixel"] / "neardup_split")
+    reads.clear()
+    assert run_cli(score_args(w, meru, clip, runs["pixel"], *every)).exit_code == 0 and not reads
+    stages = json.loads((runs["pixel"] / "summary.json").read_text())["stages"]
+    assert (
+        stages["neardup_pixels"]["shards_reused"] == len(tars) and stages["neardup_pixels"]["shards_run"] == 0
+    )
+    assert stages["neardup_split"]["shards_run"] == len(tars)
+    assert (runs["pixel"] / "neardup" / "groups.parquet").read_bytes() == before
     uids, x, _ = _pool_features(runs["pixel"])
     got = {}
     for name, run in runs.items():
@@ -689,25 +721,37 @@ def test_pixel_partition_groups_the_copies_that_clip_clusters_keep_apart(tmp_pat
         make_rule("dbp", kmeans="neardup").attach(ScoresTable(runs["pixel"]))
 
 
-def test_the_pixel_kmeans_sample_is_the_same_bytes_on_any_thread_count(tmp_path_factory, monkeypatch):
-    """The pixel partition's k-means sample decodes one shard per thread: the same rows, in the sample's
-    order, whatever the threads."""
-    import hype.executor
+def test_the_pixel_kmeans_sample_is_its_rows_pixels_decoded_from_the_tar(tmp_path_factory, tmp_path):
+    """The pixel partition's k-means sample reads `PixelStage`'s outputs (each scored row's work image and
+    descriptor, decoded from the tar in the executor), never the tar: each sampled row's unit descriptor is
+    its image's, decoded here from the tar (float64 reference), also in a shard with dropped rows (the
+    outputs hold the kept rows only)."""
     from hype.io import read_json
+    from hype.scoring.copydetect import occurrences
     from hype.scoring.rundir import RunDir, plan_tasks
     from hype.scoring.stage_clusters import sample_pool_rows
-    from hype.scoring.stage_neardup import _pixel_sample
+    from hype.scoring.stage_neardup import PixelStage, _pixel_sample, _work_images
+    from hype.scoring.topk import split_order_id
 
-    run = RunDir(neardup_run(tmp_path_factory))
+    run = RunDir(tmp_path / "run")
+    shutil.copytree(neardup_run(tmp_path_factory), run.root)
     tasks = plan_tasks(read_json(run.root / "plan.json"))
-    got = {}
-    for threads in (1, 3):
-        monkeypatch.setattr(hype.executor, "usable_cpus", lambda n=threads: n)
-        got[threads] = _pixel_sample(run, tasks, {}, 100)
-    assert got[1].tobytes() == got[3].tobytes() and got[1].shape == (100, 192)
-    assert len(sample_pool_rows(run, tasks, {}, 100, caption_filter=False)[0]) == 100
-    norm = np.linalg.norm(got[1], axis=1)
-    assert ((np.abs(norm - 1) < 1e-6) | (norm == 0)).all() and (norm > 0).sum() >= 90  # 0: a blank image
+    drops = {tasks[0].index: np.array([5, 1]), tasks[2].index: np.array([0])}
+    stage = PixelStage(run, drops=drops)
+    for task in tasks:
+        stage.run(task)
+    got = _pixel_sample(run, tasks, drops, 100)
+    shard, row = split_order_id(sample_pool_rows(run, tasks, drops, 100, caption_filter=False)[0])
+    dropped = {(tasks[0].index, 1), (tasks[2].index, 0)}
+    assert got.shape == (100, 192) and not dropped & set(zip(shard, row, strict=True))
+    assert (row[shard == tasks[0].index] > 5).any()  # its place among the kept rows is 2 less
+    want = np.zeros_like(got)
+    for task in tasks:
+        keys = pq.read_table(run.root / "embed" / f"{task.shard_id}.parquet", columns=["key"]).column(0)
+        names, mine = occurrences(keys.to_pylist()), np.flatnonzero(shard == task.index)
+        images = _work_images(task.source, [names[i] for i in row[mine]])
+        want[mine] = _unit_reference(pixel_descriptors(images))
+    assert got.tobytes() == want.tobytes() and (np.linalg.norm(got, axis=1) > 0).sum() >= 90  # 0: blank
 
 
 def test_a_bad_partition_is_a_one_line_config_error_naming_the_fix(tmp_path_factory, tmp_path):

@@ -25,6 +25,8 @@
       decontam_eval/<id>.parquet, <id>_stats.json   CLIP features of the --decontaminate evaluation images
       decontam/matches.parquet (+ matches.json)     pool samples near an evaluation image (decontam.py)
       scores/part-<index:08d>.parquet           THE scores table (hype.table.schema)
+      neardup_pixels/<id>.parquet, <id>_stats.json  --neardup with the pixel partition, per shard: each
+                                                  scored row's work image and pixel descriptor (its tar read)
       neardup_split/<id>.parquet, <id>_stats.json   --neardup, per shard: cluster, HYPE score, feature,
                                                   work image and pixel descriptor (copy check)
       neardup/group-<g>.parquet (+ .edges.parquet, _stats.json)  per group of clusters: members, forest
@@ -98,7 +100,7 @@ from hype.io.storage import AnyPath
 from hype.table.schema import scores_dir
 
 SHARD_STAGES = ("embed", "reference", "specificity", "classes", "captions", "clusters", "merge")
-SHARD_STAGES += ("neardup_split", "neardup")  # near-duplicates (hype.scoring.stage_neardup)
+SHARD_STAGES += ("neardup_pixels", "neardup_split", "neardup")  # near-duplicates (hype.scoring.stage_neardup)
 STAGE_NAME = re.compile(r"[a-z0-9_]+")  # a stage's folder: a plain name, never a path
 file_identity = input_identity  # an input's identity in the stages' fingerprints (hype.io.runs)
 # Parquet writer settings are fixed here so that identical tables give identical bytes. zstd with no

@@ -143,7 +143,61 @@ def group_task(g: int) -> ShardTask:
     return ShardTask(g, f"cluster group {g}", f"group-{g:05d}", source=f"cluster group {g}")
 
 
-class SplitStage(ShardStage):
+class _CpuStage(ShardStage):
+    def resources(self) -> Resources:
+        # CPU work (tar decoding, Parquet, faiss' CPU assignment): no GPU share held on a GPU cluster
+        return dataclasses.replace(super().resources(), gpus=0.0)
+
+
+class PixelStage(_CpuStage):
+    """Per shard, with `neardup.partition=pixel`: each scored row's work image, decoded from the shard's tar
+    (the only read of the pool's tars in the stage), and its pixel descriptor, row-aligned with the scored
+    rows -> `neardup_pixels/<id>.parquet` (`work`, `pixel`): the driver's k-means sample reads the `pixel`
+    column, the split both. Memory: one shard's work images."""
+
+    name = "neardup_pixels"
+
+    def __init__(self, run: RunDir, *, drops: dict | None = None, **kw):
+        super().__init__(run, **kw)
+        self.drops = drops or {}
+
+    def fingerprint(self, task: ShardTask) -> str:
+        drops = np.asarray(self.drops.get(task.index, ()), np.int64)
+        return fingerprint(
+            {
+                "stage": self.name,
+                "embed": self.upstream_digest("embed", task),
+                "drops": blake2b128_bytes(drops.tobytes()),
+                "work_images": WORK_SIDE,
+                "pixels": PIXEL_FORMAT,
+            }
+        )
+
+    def run(self, task: ShardTask) -> dict:
+        started = time.perf_counter()
+        fp = self.fingerprint(task)
+        self._debug_hook(task)
+        keys = read_parquet(self.run_dir.shard_output("embed", task), columns=["key"]).column(0).to_pylist()
+        names = occurrences(keys)
+        rows = np.flatnonzero(keep_mask(len(keys), self.drops.get(task.index)))  # SplitStage's rows
+        work = _work_images(task.source, [names[i] for i in rows])
+        table = pa.table({"work": _binary_column(work), "pixel": _binary_column(pixel_descriptors(work))})
+        return self._finish(task, fp, table, started, rate=len(rows), counts={"samples": len(rows)})
+
+
+def read_pixels(run: RunDir, task: ShardTask, columns: list[str]) -> dict[str, np.ndarray]:
+    """`PixelStage`'s `columns` of a shard: `work` as (rows, WORK_SIDE, WORK_SIDE, 3) uint8, `pixel` as
+    (rows, PIXEL_BYTES) int8 (`pixel_descriptors`), row-aligned with the shard's scored rows."""
+    t = read_parquet(run.shard_output(PixelStage.name, task), columns=columns)
+    out = {}
+    if "work" in columns:
+        out["work"] = _binary_rows(t.column("work"), WORK_BYTES).reshape(-1, WORK_SIDE, WORK_SIDE, 3)
+    if "pixel" in columns:
+        out["pixel"] = _binary_rows(t.column("pixel"), PIXEL_BYTES, np.int8)
+    return out
+
+
+class SplitStage(_CpuStage):
     """Per shard: cluster, group of clusters, HYPE score, cosine to the centroid and feature of every scored
     row, one Parquet row group per group of clusters (read by `GroupStage` without the others)."""
 
@@ -188,13 +242,16 @@ class SplitStage(ShardStage):
                 **ASSIGN,  # the rows' clusters
                 **({"work_images": WORK_SIDE} if self.work_images else {}),  # without: as before the check
                 **({"pixels": PIXEL_FORMAT} if self.pixels else {}),  # without: as before pixel candidates
-                **({"partition": "pixel"} if self.pixel_partition else {}),  # without: CLIP's, as before
+                **self._partition(task),
             }
         )
 
-    def resources(self) -> Resources:
-        # CPU work (Parquet, faiss' CPU assignment): no GPU share held on a GPU cluster
-        return dataclasses.replace(super().resources(), gpus=0.0)
+    def _partition(self, task: ShardTask) -> dict:
+        """The pixel partition in the fingerprint, with `PixelStage`'s output (the rows' work images and
+        descriptors come from it, not the tar); without: CLIP's clusters, as before."""
+        if not self.pixel_partition:
+            return {}
+        return {"partition": "pixel", "pixel_images": self.upstream_digest(PixelStage.name, task)}
 
     def setup(self) -> None:
         super().setup()
@@ -219,7 +276,10 @@ class SplitStage(ShardStage):
         feats = embed_format.fixed_list_to_numpy(emb.column("clip_img"))[keep]
         rows = np.flatnonzero(keep)  # the scored rows among the embed output's
         work = pixels = None
-        if self.work_images:
+        if self.pixel_partition:  # decoded once, by `PixelStage`
+            got = read_pixels(r, task, ["work", "pixel"])
+            work, pixels = got["work"], got["pixel"]
+        elif self.work_images:
             names = occurrences(emb.column("key").to_pylist())
             work = _work_images(task.source, [names[i] for i in rows])
             pixels = pixel_descriptors(work)
@@ -596,45 +656,34 @@ def _model(state: Any, pool: Any, clusters_info: dict | None) -> Model:
     return Model(done["digest"], False, int(done["k"]), pixel)
 
 
-def _check_pixel_sample(rows: int, widest: int, threads: int) -> None:
-    """Refuse, before reading, a pixel k-means sample of `rows` descriptors (twice: faiss' copy) whose
-    `threads` shards of at most `widest` sampled rows (work images, twice: the decoder's) do not fit."""
+def _check_pixel_sample(rows: int) -> None:
+    """Refuse, before reading, a pixel k-means sample of `rows` unit descriptors (twice: faiss' copy) that
+    does not fit (one shard's `pixel` column is read at a time: 192 bytes a row)."""
     _refuse_above_free(
-        2 * rows * PIXEL_BYTES * 4 + 2 * threads * widest * WORK_BYTES,
+        2 * rows * PIXEL_BYTES * 4,
         f"the pixel k-means sample of {rows:,} images",
         "set fewer neardup.num_clusters or a lower clusters.points_per_centroid",
     )
 
 
 def _pixel_sample(run: RunDir, tasks: list[ShardTask], drops: dict, max_points: int) -> np.ndarray:
-    """(rows, PIXEL_BYTES) float32: the `pixel_units` of the work images of the CLIP k-means' deterministic
-    sample of the pool (`sample_pool_rows`), one shard's tar per thread (the decoder releases the GIL; each
-    shard's rows are its own, so the bytes do not depend on the threads); the sample (twice) and each
-    thread's shard of work images (twice) checked against the free memory before they are read."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from hype.executor import usable_cpus
+    """(rows, PIXEL_BYTES) float32: the `pixel_units` of the CLIP k-means' deterministic sample of the pool
+    (`sample_pool_rows`), from `PixelStage`'s `pixel` column (no tar read here), one shard at a time; the
+    sample checked against the free memory before it is read."""
     from hype.scoring.stage_clusters import sample_pool_rows
     from hype.scoring.topk import split_order_id
 
     chosen, _, _ = sample_pool_rows(run, tasks, drops, max_points, caption_filter=False)
+    _check_pixel_sample(len(chosen))
     by_id = np.argsort(chosen, kind="stable")  # its rows grouped by shard, in row order
     shard_of, row_of = split_order_id(chosen[by_id])
-    spans = [(t, *np.searchsorted(shard_of, [t.index, t.index + 1])) for t in tasks]
-    spans = [(t, lo, hi) for t, lo, hi in spans if hi > lo]
-    threads = max(1, min(usable_cpus(), len(spans)))
-    _check_pixel_sample(len(chosen), max((hi - lo for _, lo, hi in spans), default=0), threads)
-
-    def units(span: tuple) -> np.ndarray:
-        task, lo, hi = span
-        keys = read_parquet(run.shard_output("embed", task), columns=["key"]).column(0).to_pylist()
-        names = occurrences(keys)
-        return pixel_units(pixel_descriptors(_work_images(task.source, [names[i] for i in row_of[lo:hi]])))
-
     out = np.zeros((len(chosen), PIXEL_BYTES), np.float32)
-    with ThreadPoolExecutor(threads) as pool:
-        for (_, lo, hi), u in zip(spans, pool.map(units, spans), strict=True):
-            out[by_id[lo:hi]] = u
+    for task in tasks:
+        lo, hi = np.searchsorted(shard_of, [task.index, task.index + 1])
+        if hi > lo:
+            rows = row_of[lo:hi]  # embed rows, kept: each one's place among the kept rows is PixelStage's
+            kept = rows - np.searchsorted(np.unique(drops.get(task.index, ())), rows)
+            out[by_id[lo:hi]] = pixel_units(read_pixels(run, task, ["pixel"])["pixel"][kept])
     return out
 
 
@@ -648,6 +697,9 @@ def find_near_duplicates(state: Any, pool: Any, clusters_info: dict | None) -> d
     """Run steps 1-4 for a `hype score` run (`state`: its `RunContext`, `pool`: the deduplicated pool)."""
     nc, run = state.cfg.neardup, state.run
     started = time.perf_counter()
+    if nc.pixel_partition:  # the pool's tars decoded once, in the executor: for the k-means and the split
+        state.map(PixelStage(run, drops=pool.drops, **pool.kw), pool.tasks)
+        state.check_failures("neardup", state.plan)
     model = state.timed("neardup", lambda: _model(state, pool, clusters_info))
     groups = cluster_groups(pool.unique, nc)
     check = CopyCheck(threshold=nc.copy_threshold) if nc.copy_check else None
