@@ -48,6 +48,7 @@ ROW_LABELS = {
     "decontam eval": ["map:decontam_eval"],
     "decontam search": ["drv:decontam", "spec:decontam"],
     "merge": ["spec:merge", "map:merge"],
+    "neardup pixels": ["map:neardup_pixels"],
     "neardup split": ["map:neardup_split", "spec:neardup"],
     "neardup groups": ["map:neardup", "drv:neardup"],
     "card": ["drv:card"],

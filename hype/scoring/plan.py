@@ -17,7 +17,7 @@ the class set of the real run) and every stage is extrapolated with its own scal
     decontam: the copy check (stage_decontam.copy_check_seconds)  images windowed: the pool's linear in
                                                                   samples, the evaluation's at most all
                                                                   of them per block
-    neardup: split and groups of clusters                         linear in samples (groups of fixed rows)
+    neardup: pixels (partition=pixel), split, groups of clusters  linear in samples (groups of fixed rows)
 
 The rows follow the stages the run takes, in its order (`hype.scoring.stages.STAGES` and the conditions
 there); each stage's file gives its rows (its `plan` hook, on `_Estimate`'s three kinds of row: a per-shard

@@ -909,6 +909,7 @@ def regroup(stored: StoredGroups, threshold: float, keeper: str, seed: int) -> t
 
 # the split per shard: the embed, clusters and dedup markers and outputs; the centroids per worker
 SPLIT_READS = ShardReads(markers=3, parquets=3, sets=1)
+PIXEL_READS = ShardReads(markers=1, parquets=1)  # `PixelStage` per shard: the embed marker and keys
 
 
 def _run(ctx: Any, settings: Any, inputs: dict) -> dict:
@@ -956,8 +957,10 @@ def neardup_requests(
 
 
 def plan(est: Any) -> None:
-    """The split and the groups of clusters, linear in samples: groups hold `rows_per_group` rows each, so
-    their number grows with the pool; the driver's steps (k-means, gathering) are in the groups' time."""
+    """The pixel stage (with the pixel partition), the split and the groups of clusters, linear in samples:
+    groups hold `rows_per_group` rows each, so their number grows with the pool; the driver's steps
+    (k-means, gathering) are in the groups' time. Each pool tar is streamed once, by the pixel stage (the
+    split with the copy check and `partition=clip`)."""
     nc = est.cfg.neardup
     groups = cluster_groups(est.N, nc)
     est.markers_of["neardup"] = groups
@@ -965,14 +968,26 @@ def plan(est: Any) -> None:
     k = est.k_r if reuse else nc.num_clusters or default_num_clusters(est.N)
     fit = est.fit("neardup")
     members = fit.out_bytes / max(1, est.probe.samples) * est.N / groups
-    split = est.shard_bytes("neardup_split")
+    split = est.shard_bytes(SplitStage.name)
     req = neardup_requests(est.S, groups, split, members, est.embed_bytes, est.W, clusters=k, reuse=reuse)
-    if nc.copy_check:  # the split streams each pool tar for the work images; a group reads its rows again
-        req["split"] = add(req["split"], {"pool_get": est.S * stream_get(est.tar_bytes)})
+    tars = {"pool_get": est.S * stream_get(est.tar_bytes)}  # each pool tar streamed once for its work images
+    if nc.copy_check:  # a group reads its rows again (their work images)
         req["groups"] = add(req["groups"], {"get": req["groups"]["get"]})
-    if nc.pixel_partition:  # the pixel k-means' sample: its work images, from (nearly) every tar
-        req["driver"] = add(req["driver"], {"pool_get": est.S * stream_get(est.tar_bytes)})
-    est.map("neardup_split", "neardup split", "samples", requests=req["split"])
+    if nc.pixel_partition:  # `PixelStage` reads the tars; the split its output, the k-means sample its pixels
+        # (a probe without the stage: the work images and descriptors uncompressed)
+        pixels = est.shard_bytes(PixelStage.name) or (WORK_BYTES + PIXEL_BYTES) * est.N / max(1, est.S)
+        stage = add(stage_requests(PIXEL_READS, est.S, pixels, est.embed_bytes, est.W), tars)
+        req["split"] = add(req["split"], {"get": est.S * (2 * JSON_GET + parquet_get(pixels))})
+        req["driver"] = add(
+            req["driver"], {"get": est.S * parquet_get(pixels * PIXEL_BYTES / (WORK_BYTES + PIXEL_BYTES))}
+        )
+        if est.fit(PixelStage.name).shards:
+            est.map(PixelStage.name, "neardup pixels", "samples", requests=stage)
+        else:  # nothing of it timed: its requests still counted
+            req["split"] = add(req["split"], stage)
+    elif nc.copy_check:  # the split streams each pool tar
+        req["split"] = add(req["split"], tars)
+    est.map(SplitStage.name, "neardup split", "samples", requests=req["split"])
     est.map("neardup", "neardup groups", "samples", requests=add(req["groups"], req["driver"]))
 
 
