@@ -6,15 +6,21 @@ It runs after merge, because the `hype` keeper is the member with the highest HY
 the scores table the run just wrote; the fingerprints hold the scores parts' digests, so a rescored pool
 recomputes it), on rows of the scores table only (repeated uids are already dropped).
 
-1. clusters (driver): with `neardup.partition=pixel` (the default with the copy check), k-means
-   (`kmeans_centroids`, the clusters module's backend and placement) of the unit pixel descriptors
-   (`pixel_units`) of the work images of a deterministic sample of the pool (the CLIP k-means' sample,
-   `sample_pool_rows`: `clusters.points_per_centroid` x K rows, one shard's tar decoded per thread, the
-   sample checked against the free memory first) into `neardup.num_clusters` (default:
-   `default_num_clusters`): a copy and its source share one of their 2 nearest for 0.991 of bench/
-   neardup.py's world-0 true pairs, against 0.83 for the tiny CLIP's. With `partition=clip`: c_IN's
-   k-means and each sample's cluster when the clusters stage ran (`neardup.reuse_clusters`), else the same
-   k-means of the CLIP image features. Own k-means -> `neardup/centroids.npy` (+ `model.json`).
+0. `PixelStage` (per shard, executor; only with `neardup.partition=pixel`, the default with the copy
+   check): each scored row's 64 x 64 work image (`hype.scoring.copydetect`, 12 KiB), decoded from the
+   shard's tar (the stage's only read of the pool's tars), and its pixel descriptor (`pixel_descriptors`,
+   192 bytes) -> `neardup_pixels/<id>.parquet` (`work`, `pixel`; ~4 KiB a row on bench/neardup.py's
+   world 0, zstd). Memory: one shard's work images.
+1. clusters (driver): with the pixel partition, k-means (`kmeans_centroids`, the clusters module's backend
+   and placement) of the unit pixel descriptors (`pixel_units`) of a deterministic sample of the pool (the
+   CLIP k-means' sample, `sample_pool_rows`: `clusters.points_per_centroid` x K rows), read from step 0's
+   `pixel` column one shard at a time (no image decoded here; memory: the sample's unit descriptors, 768
+   bytes a row, twice with faiss' copy, checked against the free memory first) into
+   `neardup.num_clusters` (default: `default_num_clusters`): a copy and its source share one of their 2
+   nearest for 0.991 of bench/neardup.py's world-0 true pairs, against 0.83 for the tiny CLIP's. With
+   `partition=clip`: c_IN's k-means and each sample's cluster when the clusters stage ran
+   (`neardup.reuse_clusters`), else the same k-means of the CLIP image features. Own k-means ->
+   `neardup/centroids.npy` (+ `model.json`).
 2. `SplitStage` (per shard, executor): each row's cluster (pixel partition: nearest by its unit pixel
    descriptor, `nearest_centroid`, exact on any machine; the cosine to its centroid is the descriptor's,
    which the `semdedup` keeper reads), HYPE score, cosine to its centroid, uid and
@@ -23,9 +29,9 @@ recomputes it), on rows of the scores table only (repeated uids are already drop
    often fall on two sides of a k-means boundary; with 3 its third-nearest too), with that cluster's group
    of clusters (`within % groups`, `groups` = ceil(rows · assign / `neardup.rows_per_group`)), sorted by
    group with one Parquet row group per group -> `neardup_split/<id>.parquet`; the marker lists the
-   groups present. With the copy check (`neardup.copy_check`, the default) each row's 64 x 64 work image
-   (`hype.scoring.copydetect`, 12 KiB) too, read from the shard's tar, and with
-   `neardup.pixel_candidates` (the default) its pixel descriptor (`pixel_descriptors`, 192 bytes).
+   groups present. With the copy check (`neardup.copy_check`, the default) each row's work image too, and
+   with `neardup.pixel_candidates` (the default) its pixel descriptor: step 0's (the pixel partition), or
+   decoded from the shard's tar here (`partition=clip`). Either way each tar is read once.
    Memory: one shard.
 3. `GroupStage` (per group of clusters, executor): reads its row group from every shard (the shuffle),
    then per cluster the maximum spanning forest of the pairs >= `neardup.threshold` (faiss range search
