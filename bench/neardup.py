@@ -108,8 +108,8 @@ def measure(score: Path, truth, thresholds: list[float], scenes: dict | None = N
             u for g in members.values() for u in g if sum(family.get(v, -1) == family.get(u) for v in g) > 1
         }
         others = sum(u not in family for g in members.values() for u in g)
-        # the world also draws the same scene twice (rendered at two sizes: a copy by content, not in the
-        # truth's copies): other samples grouped with no other render of their scene
+        # the world also draws a scene's attributes again (its object moved, resized or turned a little, at
+        # another image size: not in the truth's copies): other samples grouped with no other render of it
         alone = [
             u
             for g in members.values()
