@@ -727,7 +727,6 @@ def test_the_pixel_kmeans_sample_is_its_rows_pixels_decoded_from_the_tar(tmp_pat
     its image's, decoded here from the tar (float64 reference), also in a shard with dropped rows (the
     outputs hold the kept rows only)."""
     from hype.io import read_json
-    from hype.scoring.copydetect import occurrences
     from hype.scoring.rundir import RunDir, plan_tasks
     from hype.scoring.stage_clusters import sample_pool_rows
     from hype.scoring.stage_neardup import PixelStage, _pixel_sample, _work_images
@@ -748,8 +747,8 @@ def test_the_pixel_kmeans_sample_is_its_rows_pixels_decoded_from_the_tar(tmp_pat
     want = np.zeros_like(got)
     for task in tasks:
         keys = pq.read_table(run.root / "embed" / f"{task.shard_id}.parquet", columns=["key"]).column(0)
-        names, mine = occurrences(keys.to_pylist()), np.flatnonzero(shard == task.index)
-        images = _work_images(task.source, [names[i] for i in row[mine]])
+        mine = np.flatnonzero(shard == task.index)
+        images = _work_images(task.source, keys.to_pylist(), row[mine])
         want[mine] = _unit_reference(pixel_descriptors(images))
     assert got.tobytes() == want.tobytes() and (np.linalg.norm(got, axis=1) > 0).sum() >= 90  # 0: blank
 

@@ -126,8 +126,7 @@ def pixel_descriptors(work: np.ndarray) -> np.ndarray:
     cell = side // PIXEL_SIDE
     sums = work.reshape(n, PIXEL_SIDE, cell, PIXEL_SIDE, cell, 3).sum(axis=(2, 4), dtype=np.int64)
     v = (PIXEL_SIDE * PIXEL_SIDE * sums - sums.sum(axis=(1, 2), keepdims=True)).reshape(n, PIXEL_BYTES)
-    norm = np.sqrt(np.einsum("ij,ij->i", v, v).astype(np.float64))[:, None]  # an integer < 2^53: exact
-    return np.rint(v * (127.0 / np.maximum(norm, 1.0))).astype(np.int8)
+    return np.rint(v * (127.0 / _int_norms(v))).astype(np.int8)
 
 
 def pixel_units(pixels: np.ndarray) -> np.ndarray:
@@ -135,8 +134,13 @@ def pixel_units(pixels: np.ndarray) -> np.ndarray:
     pixel partition's k-means and assignment (`neardup.partition=pixel`) work in. Exact on any machine:
     integer squared norms, then one correctly rounded sqrt and division per entry."""
     p = pixels.astype(np.int64)
-    norm = np.sqrt(np.einsum("ij,ij->i", p, p).astype(np.float64))[:, None]
-    return (p / np.maximum(norm, 1.0)).astype(np.float32)
+    return (p / _int_norms(p)).astype(np.float32)
+
+
+def _int_norms(v: np.ndarray) -> np.ndarray:
+    """(n, 1) float64 L2 norms of int64 rows, at least 1 (a zero row stays zero when divided): the squared
+    norm is an integer sum below 2^53, exact in any order, then one correctly rounded sqrt."""
+    return np.maximum(np.sqrt(np.einsum("ij,ij->i", v, v).astype(np.float64))[:, None], 1.0)
 
 
 def _nearest(a: np.ndarray, b: np.ndarray, score: np.ndarray, k: int) -> np.ndarray:

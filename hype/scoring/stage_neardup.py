@@ -184,9 +184,8 @@ class PixelStage(_CpuStage):
         fp = self.fingerprint(task)
         self._debug_hook(task)
         keys = read_parquet(self.run_dir.shard_output("embed", task), columns=["key"]).column(0).to_pylist()
-        names = occurrences(keys)
         rows = np.flatnonzero(keep_mask(len(keys), self.drops.get(task.index)))  # SplitStage's rows
-        work = _work_images(task.source, [names[i] for i in rows])
+        work = _work_images(task.source, keys, rows)
         table = pa.table({"work": _binary_column(work), "pixel": _binary_column(pixel_descriptors(work))})
         return self._finish(task, fp, table, started, rate=len(rows), counts={"samples": len(rows)})
 
@@ -286,8 +285,7 @@ class SplitStage(_CpuStage):
             got = read_pixels(r, task, ["work", "pixel"])
             work, pixels = got["work"], got["pixel"]
         elif self.work_images:
-            names = occurrences(emb.column("key").to_pylist())
-            work = _work_images(task.source, [names[i] for i in rows])
+            work = _work_images(task.source, emb.column("key").to_pylist(), rows)
             pixels = pixel_descriptors(work)
         # the rows as the centroids see them: unit pixel descriptors, or CLIP features (as before: unscaled)
         space = pixel_units(pixels) if self.pixel_partition else feats
@@ -361,9 +359,12 @@ WORK_BYTES = WORK_SIDE * WORK_SIDE * 3  # one work image (RGB uint8) in the spli
 PIXEL_FORMAT = f"rgb-{PIXEL_SIDE}x{PIXEL_SIDE}-int8"  # `pixel_descriptors`: change it when they change
 
 
-def _work_images(tar: str, names: list[tuple[str, int]]) -> np.ndarray:
-    """(n, WORK_SIDE, WORK_SIDE, 3) uint8: the work images of the shard's rows `names` (`occurrences`), read
-    from its tar once; an image that cannot be decoded is flat (it matches nothing)."""
+def _work_images(tar: str, keys: list[str], rows: np.ndarray) -> np.ndarray:
+    """(len(rows), WORK_SIDE, WORK_SIDE, 3) uint8: the work images of the shard's `rows` (indices into its
+    embed output's `keys`, a repeated key told apart by `occurrences`), read from its tar once; an image
+    that cannot be decoded is flat (it matches nothing)."""
+    every = occurrences(keys)
+    names = [every[i] for i in rows]
     images, _ = tar_work_images(tar, set(names))
     out = np.zeros((len(names), WORK_SIDE, WORK_SIDE, 3), np.uint8)
     for i, name in enumerate(names):
