@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -27,6 +28,28 @@ def _run(args: list[str], cwd: Path, env: dict | None = None) -> str:
     done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{' '.join(map(str, args))}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done.stdout
+
+
+def _run_together(commands: list[list[str]], cwd: Path, env: dict | None = None) -> None:
+    """`_run` of independent commands started at once: each spends seconds importing torch and open_clip
+    on one core, so two overlap on a second core. Every one must succeed; none outlives the call."""
+    runs: list[tuple[list[str], subprocess.Popen, tempfile._TemporaryFileWrapper]] = []
+    try:
+        for args in commands:
+            log = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed below
+            runs.append(
+                (args, subprocess.Popen(args, cwd=cwd, env=env, stdout=log, stderr=log, text=True), log)
+            )
+        for args, proc, log in runs:
+            proc.wait(timeout=300)
+            log.seek(0)
+            assert proc.returncode == 0, f"{' '.join(map(str, args))}:\n{log.read()[-6000:]}"
+    finally:
+        for _, proc, log in runs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            log.close()
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +91,8 @@ def test_the_wheel_holds_every_module_and_preset_under_hype_only(dists):
 def installed(dists, tmp_path_factory):
     """`installed(kind, tmp_path)`: `hype ARGS` (-> its stdout) as installed from `dists[kind]` into a fresh
     environment, run in an empty folder under `tmp_path` outside the checkout without HYPE_CONFIG_DIR; that
-    folder. Each kind is installed once per module: the tests only run it, each in its own folder."""
+    folder; `hype.together(ARGS, ARGS, ...)` runs independent commands at once. Each kind is installed once
+    per module: the tests only run it, each in its own folder."""
     envs: dict[str, tuple[str, dict]] = {}
 
     def run_in(kind: str, tmp_path: Path):
@@ -79,7 +103,12 @@ def installed(dists, tmp_path_factory):
         cwd.mkdir()
         where = _run([python, "-c", "import hype.filters; print(hype.filters.__file__)"], cwd, env)
         assert where.startswith(str(Path(python).parents[1])), where  # the installed copy, not the checkout
-        return (lambda *args: _run(["hype", *args], cwd, env)), cwd
+
+        def hype(*args: str) -> str:
+            return _run(["hype", *args], cwd, env)
+
+        hype.together = lambda *commands: _run_together([["hype", *args] for args in commands], cwd, env)
+        return hype, cwd
 
     return run_in
 
@@ -115,9 +144,10 @@ def test_an_installed_wheel_runs_synth_train_score_select(installed, tmp_path):
     hype, cwd = installed("wheel", tmp_path)
     hype("synth", "--out", "w", "--size", "150", "--shard-size", "50", "--clean-size", "50",
          "--eval-size", "10", "--reference-per-class", "1", "--workers", "1", "--no-progress")  # fmt: skip
-    for model in ("tiny-hyperbolic", "tiny-clip"):
-        hype("train", "--config", model, "--data", "w/clean/shards", "--out", model, "samples_seen=64",
-             "batch_size=32", "--no-progress")  # fmt: skip
+    # the two trainings are independent: run at once
+    hype.together(*(["train", "--config", model, "--data", "w/clean/shards", "--out", model,
+                     "samples_seen=64", "batch_size=32", "--no-progress"]
+                    for model in ("tiny-hyperbolic", "tiny-clip")))  # fmt: skip
     hype("score", "--config", "tiny", "--pool", "w/pool/shards", "--meru",
          "tiny-hyperbolic/model.safetensors", "--clip", "tiny-clip/model.safetensors",
          "--class-images", "w/eval/reference/train",
@@ -125,3 +155,16 @@ def test_an_installed_wheel_runs_synth_train_score_select(installed, tmp_path):
          "threads=1", "reference.n_top=100", "reference.m=80")  # fmt: skip
     hype("select", "--scores", "run", "--frac", "0.2", "--out", "top.npy", "--no-progress")
     assert (cwd / "top.npy").is_file() and not (cwd / "configs").exists()
+
+
+def test_listing_the_training_presets_imports_neither_torch_nor_the_models():
+    """`hype train --list` reads YAML files only: it took 5-7 s (torch and open_clip imported by the training
+    config's module) before its first line."""
+    code = (
+        "import sys; from hype.cli import main\n"
+        "try:\n    main(['train', '--list'])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "print(sorted(m for m in ('torch', 'open_clip', 'hype.models') if m in sys.modules))"
+    )
+    listed = _run([sys.executable, "-c", code], ROOT)
+    assert "tiny-clip" in listed and "datacomp-small" in listed
+    assert listed.splitlines()[-1] == "[]"

@@ -113,15 +113,17 @@ def train(
     model.vision.layers=2, ...). Outputs in --out: checkpoints/step-*.safetensors (+ .state.pt),
     model.safetensors (final weights), metrics.jsonl, summary.json, config.yaml.
     """
-    from hype.train.config import list_train_configs, load_train_config, resolve_config_path
-
     if list_presets:
-        from hype.config import read_yaml
+        # Only YAML files: hype.train.config imports the models (torch, open_clip: 5-7 s before a line).
+        from hype.config import list_presets as presets
+        from hype.config import read_yaml, resolve_preset
 
-        for name in list_train_configs():
-            desc = read_yaml(resolve_config_path(name)).get("description", "")
+        for name in presets("train"):
+            desc = read_yaml(resolve_preset("train", name, "training")).get("description", "")
             click.echo(f"{name:<28} {desc}")
         return
+    from hype.train.config import load_train_config
+
     if config is None:
         raise click.UsageError("--config NAME|PATH is required (see `hype train --list` for presets)")
 
