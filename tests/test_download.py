@@ -466,72 +466,78 @@ def test_behind_a_proxy_the_target_is_checked_not_the_proxy(server, monkeypatch)
     assert handler.requests == ["http://203.0.114.1/x.jpg"]
 
 
+# The bucket tests' download settings (with the bucket's --storage-options), and their local reference.
+POOL_ARGS = ["download", "--allow-private-network", *FAST, "--samples-per-shard", "20", "--json"]
+
+
+@pytest.fixture(scope="module")
+def pool_download(world, server, s3_server, tmp_path_factory):
+    """The pool's metadata (uid, url, text) in a folder of its own, downloaded to local disk with the
+    bucket tests' settings, once for both of them: (the metadata folder, its download, the summary)."""
+    (src,) = sorted((world / "pool" / "metadata").glob("*.parquet"))
+    tmp = tmp_path_factory.mktemp("pool-download")
+    (tmp / "meta").mkdir()
+    pq.write_table(pq.read_table(src, columns=["uid", "url", "text"]), tmp / "meta" / "a.parquet")
+    options = ["--storage-options", json.dumps(s3_server.options)]
+    args = [*options, *POOL_ARGS, "--metadata", str(tmp / "meta"), "--out", str(tmp / "out")]
+    res = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    return tmp / "meta", tmp / "out", json.loads(res.output)
+
+
 @pytest.mark.slow
-def test_download_to_object_storage_holds_the_local_shards(world, server, tmp_path, s3):
+def test_download_to_object_storage_holds_the_local_shards(pool_download, tmp_path, s3):
     """--out on S3 (credentials only in --storage-options, so img2dataset's worker gets them from hype):
     the same samples, parquet rows and stats as a local --out; a rerun skips the finished shards."""
     from hype.io import read_bytes, read_parquet, storage
 
-    (src,) = sorted((world / "pool" / "metadata").glob("*.parquet"))
-    (tmp_path / "meta").mkdir()
-    pq.write_table(pq.read_table(src, columns=["uid", "url", "text"]), tmp_path / "meta" / "a.parquet")
+    meta, local_out, local = pool_download
     root = f"s3://{s3.bucket()}"
-    args = ["download", "--metadata", str(tmp_path / "meta"), "--allow-private-network", *FAST]
-    args += ["--samples-per-shard", "20", "--json"]
-    options = ["--storage-options", json.dumps(s3.options)]
-    summaries = {}
-    for out in (str(tmp_path / "out"), f"{root}/out"):
-        res = CliRunner().invoke(main, [*options, *args, "--out", out], catch_exceptions=False)
-        assert res.exit_code == 0, res.output
-        summaries[out] = json.loads(res.output)
-    local, remote = summaries.values()
+    args = ["--storage-options", json.dumps(s3.options), *POOL_ARGS, "--metadata", str(meta)]
+    res = CliRunner().invoke(main, [*args, "--out", f"{root}/out"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    remote = json.loads(res.output)
     assert remote["shards"] == local["shards"] == {
         "total": 2, "done": 2, "already_done": 0, "downloaded_now": 2, "failed": []
     }  # fmt: skip
     assert remote["samples"] == local["samples"] and local["samples"]["successes"] == 40
     assert json.loads(read_bytes(f"{root}/out/_hype/summary.json")) == remote
-    assert (
-        read_bytes(f"{root}/out/_hype/layout.json")
-        == (tmp_path / "out" / "_hype" / "layout.json").read_bytes()
-    )
+    assert read_bytes(f"{root}/out/_hype/layout.json") == (local_out / "_hype" / "layout.json").read_bytes()
     assert b"--- hype download" in read_bytes(f"{root}/out/_hype/img2dataset.log")
     for shard in ("00000000", "00000001"):
         tar = tmp_path / "remote.tar"
         storage.download(storage.location(f"{root}/out/{shard}.tar"), tar)
-        assert _members(tar) == _members(tmp_path / "out" / f"{shard}.tar")
+        assert _members(tar) == _members(local_out / f"{shard}.tar")
         # Rows in the order the downloads finished: compared by key.
-        ours = pq.read_table(tmp_path / "out" / f"{shard}.parquet").sort_by("key")
+        ours = pq.read_table(local_out / f"{shard}.parquet").sort_by("key")
         assert read_parquet(f"{root}/out/{shard}.parquet").sort_by("key").equals(ours)
-    res = CliRunner().invoke(main, [*options, *args, "--out", f"{root}/out"], catch_exceptions=False)
+    res = CliRunner().invoke(main, [*args, "--out", f"{root}/out"], catch_exceptions=False)
     assert res.exit_code == 0 and json.loads(res.output)["shards"]["already_done"] == 2
 
 
-def test_metadata_in_a_bucket_downloads_the_same_pool(world, server, tmp_path, s3):
+def test_metadata_in_a_bucket_downloads_the_same_pool(pool_download, tmp_path, s3):
     """--metadata on S3 (a folder and one file): read by hype's plan and by img2dataset's reader with
     hype's storage options; the same shards as from the local metadata. A wrong URL and --out equal to
     the metadata folder are refused with the URL named."""
     from hype.io import storage
 
-    (src,) = sorted((world / "pool" / "metadata").glob("*.parquet"))
-    (tmp_path / "meta").mkdir()
-    pq.write_table(pq.read_table(src, columns=["uid", "url", "text"]), tmp_path / "meta" / "a.parquet")
+    meta, local_out, local = pool_download
     root = f"s3://{s3.bucket()}"
-    storage.upload(tmp_path / "meta" / "a.parquet", storage.location(f"{root}/meta/a.parquet"))
+    storage.upload(meta / "a.parquet", storage.location(f"{root}/meta/a.parquet"))
     options = ["--storage-options", json.dumps(s3.options)]
-    base = ["download", "--allow-private-network", *FAST, "--samples-per-shard", "20", "--json"]
+    base = POOL_ARGS
     summaries = {}
-    for name, meta in (("local", str(tmp_path / "meta")), ("folder", f"{root}/meta"),
-                       ("file", f"{root}/meta/a.parquet")):  # fmt: skip
-        args = [*options, *base, "--metadata", meta, "--out", str(tmp_path / name)]
+    for name, meta_url in (("folder", f"{root}/meta"), ("file", f"{root}/meta/a.parquet")):
+        args = [*options, *base, "--metadata", meta_url, "--out", str(tmp_path / name)]
         res = CliRunner().invoke(main, args, catch_exceptions=False)
         assert res.exit_code == 0, res.output
         summaries[name] = json.loads(res.output)
     for name in ("folder", "file"):
-        assert summaries[name]["shards"] == summaries["local"]["shards"]
-        assert summaries[name]["samples"] == summaries["local"]["samples"]
+        assert summaries[name]["shards"] == local["shards"]
+        assert summaries[name]["samples"] == local["samples"]
         assert summaries[name]["samples"]["successes"] == 40
         for shard in ("00000000", "00000001"):
-            assert _members(tmp_path / name / f"{shard}.tar") == _members(tmp_path / "local" / f"{shard}.tar")
+            assert _members(tmp_path / name / f"{shard}.tar") == _members(local_out / f"{shard}.tar")
 
     res = CliRunner().invoke(
         main, [*options, *base, "--metadata", f"{root}/nope", "--out", str(tmp_path / "x")]
