@@ -118,11 +118,13 @@ def candidates(split: dict, threshold: float, k: int, pixel_k: int) -> set[tuple
 
 
 def copy_sims(split: dict, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], float]:
-    from hype.scoring.copydetect import CopyCheck, pair_similarities
+    from hype.scoring.config import NeardupConfig
+    from hype.scoring.copydetect import pair_similarities
+    from hype.scoring.stage_neardup import copy_check
 
     row = {u: i for i, u in enumerate(split["uid"].tolist())}  # any copy of the row: same work image
     at = np.array([(row[a], row[b]) for a, b in pairs], np.int64).reshape(-1, 2)
-    sims = pair_similarities(split["work"], split["work"], at, CopyCheck())
+    sims = pair_similarities(split["work"], split["work"], at, copy_check(NeardupConfig()))  # the stage's
     return dict(zip(pairs, sims.tolist(), strict=True))
 
 

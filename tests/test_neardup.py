@@ -499,7 +499,7 @@ def test_default_settings_group_the_copies_and_nothing_else(tmp_path_factory, tm
     found = {}
     for name, extra in (("pixels", []), ("clip", ["neardup.pixel_candidates=0"])):
         result = run_cli(score_args(w, meru, clip, run, "--neardup", *extra))
-        assert result.exit_code == 0 and "groups at cosine >= 0.9, copy similarity >= 0.925;" in result.output
+        assert result.exit_code == 0 and "groups at cosine >= 0.9, copy similarity >= 0.92;" in result.output
         groups = pq.read_table(run / "neardup" / "groups.parquet").to_pandas()
         kin = groups.uid.map(family)
         found[name] = {
@@ -560,7 +560,8 @@ def _copies(run, uids: list[str], x: np.ndarray, threshold: float):
     """(i, j) -> whether the copy check confirms rows i and j (work images from the run's split), for the
     pairs at cosine >= threshold (float64): what `reference_groups` takes as `copy`."""
     from hype.scoring.config import NeardupConfig
-    from hype.scoring.copydetect import WORK_SIDE, CopyCheck, pair_similarities
+    from hype.scoring.copydetect import WORK_SIDE, pair_similarities
+    from hype.scoring.stage_neardup import copy_check
 
     work = {}
     for f in sorted((run / "neardup_split").glob("*.parquet")):
@@ -569,7 +570,7 @@ def _copies(run, uids: list[str], x: np.ndarray, threshold: float):
     images = np.stack([np.frombuffer(work[u], np.uint8).reshape(WORK_SIDE, WORK_SIDE, 3) for u in uids])
     unit = x / np.linalg.norm(x, axis=1, keepdims=True)
     pairs = np.argwhere(np.triu(unit.astype(np.float64) @ unit.T.astype(np.float64) >= threshold, 1))
-    check = CopyCheck(threshold=NeardupConfig().copy_threshold)  # the stage's
+    check = copy_check(NeardupConfig())  # the stage's
     ok = pair_similarities(images, images, pairs, check) >= check.threshold
     confirmed = {(int(i), int(j)) for i, j in pairs[ok]}
     return lambda i, j: (min(i, j), max(i, j)) in confirmed

@@ -28,6 +28,12 @@ search 97% / 95% (bench/copy_check_recall.py). Searching only the pairs that com
 those (a few % of CLIP candidates; every true copy): ~2.9x the square search's time on CLIP neighbours.
 Decontamination does without it (`stage_decontam.search_of`): its evaluation copies already pass, and the
 second search there only flagged more look-alikes.
+With `local_step` (the near-duplicate stage's check, `stage_neardup.copy_check`, with edges at 28 px) a
+pair at `local_from` (0.85) or more is searched a third time around each side's best window: every offset
+and side within 2 steps of 0.75% of a side of the best's, per axis (625 windows, each pair's own). The
+second search's grid is 2.5% of a side; a jittered copy on stripes cropped between its windows scored
+0.80-0.90 (tests/test_copydetect.py). On two synthetic worlds' candidates it passes 2 points more of the
+true pairs at equal look-alikes passed (bench/RESULTS.md).
 
 Exact on any machine: every sum that BLAS computes here is a sum of integers below 2^53 in float64, so its
 value does not depend on the order BLAS adds in (the kernel the CPU gets, the blocking, the batch's shape).
@@ -87,6 +93,13 @@ class CopyCheck:
     # the window's scale within ~1% (bench/copy_check_recall.py). None: no second search.
     refine_from: float | None = 0.6
     fine_scales: tuple[float, ...] = (0.975, 0.95, 0.925, 0.9, 0.875, 0.85)
+    # A pair whose similarity is `local_from` or more after those searches is searched a third time around
+    # each side's best window (`local_spans`): every offset and side within `local_radius` steps of
+    # `local_step` of the best's, per axis. The second search's grid is 2.5% of a side, and on a striped
+    # background the edges agree only within ~1% (bench/copy_check_recall.py). None: no third search.
+    local_step: float | None = None
+    local_radius: int = 2
+    local_from: float = 0.85
 
     def __post_init__(self) -> None:
         for name in ("colour_size", "edge_size"):
@@ -103,24 +116,39 @@ class CopyCheck:
             )
         if self.refine_from is not None and not 0.0 <= self.refine_from <= 1.0:
             raise ValueError(f"copy check refine_from {self.refine_from}: a similarity in [0, 1] (or None)")
+        step, r = self.local_step, self.local_radius
+        if step is not None and not (0.0 < step <= 0.05 and 1 <= r <= 4):
+            raise ValueError(
+                f"copy check local_step {step} x local_radius {r}: a step in (0, 0.05] of a side, 1 to 4 "
+                "steps (or local_step None)"
+            )
 
     def fine(self) -> CopyCheck:
         """The second search's settings: anisotropic windows at `fine_scales`, no further search."""
-        return replace(self, scales=self.fine_scales, anisotropic=True, refine_from=None)
+        return replace(self, scales=self.fine_scales, anisotropic=True, refine_from=None, local_step=None)
 
     def settings(self) -> dict:
-        return asdict(self) | {
+        """The settings as recorded in a fingerprint; without a third search, as before it existed (so a
+        run made before it is still complete)."""
+        out = asdict(self)
+        if self.local_step is None:
+            for name in ("local_step", "local_radius", "local_from"):
+                del out[name]
+        return out | {
             "work_side": WORK_SIDE,
             "descriptor": "RGB NCC + per-channel contrast + luminance-gradient NCC, min",
             "sums": "exact",
         }
 
 
-def _axis_groups(check: CopyCheck) -> list[list[tuple[float, float]]]:
-    """The groups of windows, each the (offset, side) spans of one axis (fractions of the side) whose every
-    (row span, column span) is a window: the whole image, then each scale's `steps` offsets; anisotropic,
-    one group of them all (every pair of scales: a crop of one axis only is a window), else one group per
-    scale (square windows)."""
+Span = tuple[float, float]  # (offset, side) of one axis, fractions of the side
+Group = tuple[list[Span], list[Span]]  # (row spans, column spans): its windows are every pair of them
+
+
+def _axis_groups(check: CopyCheck) -> list[list[Span]]:
+    """The groups of windows, each the spans of both axes whose every (row span, column span) is a
+    window: the whole image, then each scale's `steps` offsets; anisotropic, one group of them all (every
+    pair of scales: a crop of one axis only is a window), else one group per scale (square windows)."""
     spans = [[(0.0, 1.0)]] + [
         [
             (float(o), s)
@@ -133,8 +161,24 @@ def _axis_groups(check: CopyCheck) -> list[list[tuple[float, float]]]:
 
 def windows(check: CopyCheck) -> np.ndarray:
     """(n, 4) boxes (x0, y0, x1, y1) as fractions of the side; row 0 is the whole image."""
-    boxes = [(x, y, x + sx, y + sy) for g in _axis_groups(check) for y, sy in g for x, sx in g]
+    return _boxes([(g, g) for g in _axis_groups(check)])
+
+
+def _boxes(groups: list[Group]) -> np.ndarray:
+    """(n, 4) boxes of `groups`' windows in `thumbnails`' order (row spans outer, column spans inner)."""
+    boxes = [(x, y, x + sx, y + sy) for ys, xs in groups for y, sy in ys for x, sx in xs]
     return np.asarray(boxes, dtype=np.float64)
+
+
+def local_spans(offset: float, side: float, check: CopyCheck) -> list[Span]:
+    """The third search's spans of one axis around a best window's (`CopyCheck.local_step`): offset and
+    side each moved by -r..r steps, the side kept in [0.5, 1] and the span inside the image."""
+    step, r = check.local_step, check.local_radius
+    out = []
+    for j in range(-r, r + 1):
+        s = min(max(side + j * step, 0.5), 1.0)
+        out += [(min(max(offset + i * step, 0.0), 1.0 - s), s) for i in range(-r, r + 1)]
+    return out
 
 
 def _area_weights(lo: float, hi: float, out: int) -> np.ndarray:
@@ -151,14 +195,17 @@ def _area_weights(lo: float, hi: float, out: int) -> np.ndarray:
 
 @lru_cache(maxsize=16)
 def _window_weights(check: CopyCheck, size: int, whole_only: bool) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per group of windows (`_axis_groups`: k spans per axis, its windows every k x k pair of them) the
-    resampling weights of its k row and k column spans, (k * size, WORK_SIDE) and (WORK_SIDE, k * size),
-    float64 integers over `WEIGHT_ONE`."""
-    out = []
-    for group in [_axis_groups(check)[0][:1]] if whole_only else _axis_groups(check):
-        w = np.concatenate([_area_weights(o, o + side, size) for o, side in group])
-        out.append((w, np.ascontiguousarray(w.T)))
-    return out
+    """`_group_weights` of the check's windows (`_axis_groups`), or of the whole image alone."""
+    groups = [_axis_groups(check)[0][:1]] if whole_only else _axis_groups(check)
+    return _group_weights([(g, g) for g in groups], size)
+
+
+def _group_weights(groups: list[Group], size: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per group of windows (ky row spans, kx column spans, its windows every pair of them) the resampling
+    weights of its spans, (ky * size, WORK_SIDE) and (WORK_SIDE, kx * size), float64 integers over
+    `WEIGHT_ONE`."""
+    weights = lambda spans: np.concatenate([_area_weights(o, o + side, size) for o, side in spans])  # noqa: E731
+    return [(weights(ys), np.ascontiguousarray(weights(xs).T)) for ys, xs in groups]
 
 
 def work_image(data: bytes) -> np.ndarray:
@@ -199,22 +246,22 @@ def tar_work_images(tar: str, wanted: set[tuple[str, int]]) -> tuple[dict[tuple[
     return out, len(wanted - set(out))
 
 
-def _resample(image: np.ndarray, check: CopyCheck, size: int, whole_only: bool) -> np.ndarray:
+def _resample(image: np.ndarray, groups: list[tuple[np.ndarray, np.ndarray]], size: int) -> np.ndarray:
     """(windows, channels, size, size) float32: every window of a (WORK_SIDE, WORK_SIDE, channels) image of
-    integers (float64, < 2^18) in `windows` order, times WEIGHT_ONE^2. Per group of k x k windows two
-    products: the k row offsets of every channel's plane, then those rows against the k column offsets.
-    Their sums are integers, exact whatever order BLAS adds them in; float32 rounds them once."""
+    integers (float64, < 2^18) in `windows` order, times WEIGHT_ONE^2 (`groups`: `_group_weights`). Per
+    group of ky x kx windows two products: the ky row spans of every channel's plane, then those rows
+    against the kx column spans. Their sums are integers, exact whatever order BLAS adds them in; float32
+    rounds them once."""
     c = image.shape[2]
     planes = np.ascontiguousarray(image.transpose(0, 2, 1)).reshape(WORK_SIDE, c * WORK_SIDE)
-    groups = _window_weights(check, size, whole_only)
-    out = np.empty((sum((len(wy) // size) ** 2 for wy, _ in groups), c, size, size), np.float32)
+    counts = [(len(wy) // size, wx.shape[1] // size) for wy, wx in groups]
+    out = np.empty((sum(ky * kx for ky, kx in counts), c, size, size), np.float32)
     at = 0
-    for wy, wx in groups:
-        k = len(wy) // size
-        rows = (wy @ planes).reshape(k * size * c, WORK_SIDE)  # (k row offsets, size, c, WORK_SIDE)
-        grid = (rows @ wx).reshape(k, size, c, k, size)  # (y offset, row, c, x offset, column)
-        out[at : at + k * k].reshape(k, k, c, size, size)[...] = grid.transpose(0, 3, 2, 1, 4)
-        at += k * k
+    for (wy, wx), (ky, kx) in zip(groups, counts, strict=True):
+        rows = (wy @ planes).reshape(ky * size * c, WORK_SIDE)  # (ky row spans, size, c, WORK_SIDE)
+        grid = (rows @ wx).reshape(ky, size, c, kx, size)  # (y span, row, c, x span, column)
+        out[at : at + ky * kx].reshape(ky, kx, c, size, size)[...] = grid.transpose(0, 3, 2, 1, 4)
+        at += ky * kx
     return out
 
 
@@ -232,16 +279,21 @@ def _unit_rows(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def thumbnails(work: np.ndarray, check: CopyCheck, whole_only: bool = False) -> Descriptor:
+def thumbnails(
+    work: np.ndarray, check: CopyCheck, whole_only: bool = False, groups: list[Group] | None = None
+) -> Descriptor:
     """The (colour, edge) thumbnail rows of a work image's windows (row 0: the whole image; `whole_only`:
-    that row alone)."""
+    that row alone; `groups`: these windows instead of the check's)."""
+    weights = lambda size: (  # noqa: E731
+        _window_weights(check, size, whole_only) if groups is None else _group_weights(groups, size)
+    )
     pixels = work.astype(np.float64)
-    colour = _resample(pixels, check, check.colour_size, whole_only)
+    colour = _resample(pixels, weights(check.colour_size), check.colour_size)
     colour *= np.float32(1.0 / (255.0 * WEIGHT_ONE**2))
     n = len(colour)
     colour = colour.reshape(n, colour.shape[1], -1)
     colour -= colour.mean(axis=2, keepdims=True)  # each channel's: a tint or brightness is no layout
-    luma = _resample((pixels @ LUMA)[:, :, None], check, check.edge_size, whole_only)[:, 0]
+    luma = _resample((pixels @ LUMA)[:, :, None], weights(check.edge_size), check.edge_size)[:, 0]
     luma *= np.float32(1.0 / (1000.0 * 255.0 * WEIGHT_ONE**2))
     dx = (luma[:, :, 1:] - luma[:, :, :-1]).reshape(n, -1)
     dy = (luma[:, 1:, :] - luma[:, :-1, :]).reshape(n, -1)
@@ -271,7 +323,14 @@ def terms(wholes: Descriptor, windows_: Descriptor, check: CopyCheck) -> tuple[n
 def _match(wholes: Descriptor, windows_: Descriptor, check: CopyCheck) -> np.ndarray:
     """(m,) best window agreement (the lowest of the `terms`) of m whole-image descriptors with one image's
     windows."""
-    return np.minimum.reduce(terms(wholes, windows_, check)).max(axis=1).astype(np.float32)
+    return _best(wholes, windows_, check)[0]
+
+
+def _best(wholes: Descriptor, windows_: Descriptor, check: CopyCheck) -> tuple[np.ndarray, np.ndarray]:
+    """`_match` and, for each of the m rows, its best window's index (the first of equals)."""
+    agree = np.minimum.reduce(terms(wholes, windows_, check))
+    at = agree.argmax(axis=1)
+    return agree[np.arange(len(at)), at].astype(np.float32), at
 
 
 def copy_similarity(a: Descriptor, b: Descriptor, check: CopyCheck) -> float:
@@ -284,29 +343,42 @@ def pair_similarities(
     a: np.ndarray, b: np.ndarray, pairs: np.ndarray, check: CopyCheck, workers: int = 0
 ) -> np.ndarray:
     """`copy_similarity` of the work images a[i] and b[j] for each row (i, j) of `pairs`; the pairs at
-    `check.refine_from` or more searched again with `check.fine()`'s windows (their similarity the higher
-    of the two: a function of the pair alone, whatever the threshold). In each search every image's windows
-    are computed once for all its pairs and then dropped: memory is the whole-image thumbnails of the
-    images in `pairs` plus one image's windows per worker (the fine search's 1,849: ~40 MiB in float64).
+    `check.refine_from` or more searched again with `check.fine()`'s windows, and those then at
+    `check.local_from` or more (with `check.local_step`) a third time around each side's best window
+    (`local_spans`). A pair's similarity is the highest of its searches: a function of the pair alone,
+    whatever the threshold. In the first two searches every image's windows are computed once for all its
+    pairs and then dropped: memory is the whole-image thumbnails of the images in `pairs` plus one image's
+    windows per worker (the fine search's 1,849: ~35 MiB in float64 at the near-duplicate stage's edge
+    size); the third search's windows (625 at radius 2) are each pair's own.
 
     The images are spread over `workers` threads (0: the CPUs this process may use), each running BLAS on
     one thread: the products are small (a few rows against 148 windows), and BLAS's own threads on such
     products spin against each other and against any other load (4x slower per product on 2 busy cores,
     bench/copy_check.py). The result does not depend on the thread count nor on how the pairs are grouped:
-    every product is exact (module docstring), and whether a pair is searched again depends on its own
-    similarity alone."""
+    every product is exact (module docstring), and whether a pair is searched again, and where, depends on
+    its own similarities alone."""
     pairs, workers = np.asarray(pairs, dtype=np.int64).reshape(-1, 2), workers or usable_cpus()
-    out = _search(a, b, pairs, check, workers)
-    if check.refine_from is not None and len(near := np.flatnonzero(out >= check.refine_from)):
-        out[near] = np.maximum(out[near], _search(a, b, pairs[near], check.fine(), workers))
+    out, boxes = _search(a, b, pairs, check, workers)
+    if check.refine_from is not None and len(near := np.flatnonzero(out.max(axis=1) >= check.refine_from)):
+        fine, fine_boxes = _search(a, b, pairs[near], check.fine(), workers)
+        better = fine > out[near]  # per side: the second search's best window where it is better
+        boxes[near] = np.where(better[:, :, None], fine_boxes, boxes[near])
+        out[near] = np.maximum(out[near], fine)
+    out = out.max(axis=1)
+    if check.local_step is not None and len(near := np.flatnonzero(out >= check.local_from)):
+        out[near] = np.maximum(out[near], _local(a, b, pairs[near], boxes[near], check, workers))
     return out
 
 
-def _search(a: np.ndarray, b: np.ndarray, pairs: np.ndarray, check: CopyCheck, workers: int) -> np.ndarray:
-    """`copy_similarity` of each pair with `check`'s windows (`pair_similarities`)."""
-    out = np.full(len(pairs), -1.0, np.float32)
+def _search(
+    a: np.ndarray, b: np.ndarray, pairs: np.ndarray, check: CopyCheck, workers: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per pair and side s (0: a[i]'s windows against b[j]'s whole image, 1: the converse) the best
+    agreement with `check`'s windows, (pairs, 2) float32, and that window's box, (pairs, 2, 4)."""
+    out, boxes = np.full((len(pairs), 2), -1.0, np.float32), np.zeros((len(pairs), 2, 4))
     if not len(pairs):
-        return out
+        return out, boxes
+    every = windows(check)
     with threadpool_limits(1), ThreadPoolExecutor(workers) as pool:
         wholes = [
             _wholes(pool, images, np.unique(pairs[:, side]), check) for side, images in enumerate((a, b))
@@ -317,9 +389,11 @@ def _search(a: np.ndarray, b: np.ndarray, pairs: np.ndarray, check: CopyCheck, w
             groups = np.split(order, np.flatnonzero(np.diff(col[order])) + 1)
             used, rows = wholes[1 - side]
             jobs = [(rows, np.searchsorted(used, other[g]), images[col[g[0]]]) for g in groups]
-            for group, found in zip(groups, pool.map(_best_window, jobs, [check] * len(jobs)), strict=True):
-                out[group] = np.maximum(out[group], found)
-    return out
+            for group, (found, at) in zip(
+                groups, pool.map(_best_window, jobs, [check] * len(jobs)), strict=True
+            ):
+                out[group, side], boxes[group, side] = found, every[at]
+    return out, boxes
 
 
 def _wholes(pool: ThreadPoolExecutor, images: np.ndarray, used: np.ndarray, check: CopyCheck) -> tuple:
@@ -328,7 +402,30 @@ def _wholes(pool: ThreadPoolExecutor, images: np.ndarray, used: np.ndarray, chec
     return used, tuple(np.concatenate([r[p] for r in rows]) for p in range(2))
 
 
-def _best_window(job: tuple, check: CopyCheck) -> np.ndarray:
+def _best_window(job: tuple, check: CopyCheck) -> tuple[np.ndarray, np.ndarray]:
     """One image's windows against the whole-image rows `at` of the other side's images."""
     rows, at, image = job
-    return _match((rows[0][at], rows[1][at]), thumbnails(image, check), check)
+    return _best((rows[0][at], rows[1][at]), thumbnails(image, check), check)
+
+
+def _local(
+    a: np.ndarray, b: np.ndarray, pairs: np.ndarray, boxes: np.ndarray, check: CopyCheck, workers: int
+) -> np.ndarray:
+    """The third search (`pair_similarities`): per pair, the best of both sides' windows around that
+    side's best box (`local_spans` of each axis) against the other side's whole image."""
+    fine = check.fine()
+
+    def one(job: tuple[int, int]) -> float:
+        k, side = job
+        image, other = (a, b)[side][pairs[k, side]], (b, a)[side][pairs[k, 1 - side]]
+        x0, y0, x1, y1 = boxes[k, side].tolist()
+        group = (local_spans(y0, y1 - y0, check), local_spans(x0, x1 - x0, check))
+        found = _match(
+            thumbnails(other, fine, whole_only=True), thumbnails(image, fine, groups=[group]), fine
+        )
+        return float(found[0])
+
+    jobs = [(k, side) for k in range(len(pairs)) for side in (0, 1)]
+    with threadpool_limits(1), ThreadPoolExecutor(workers) as pool:
+        found = np.fromiter(pool.map(one, jobs), np.float32, len(jobs))
+    return found.reshape(-1, 2).max(axis=1)

@@ -700,6 +700,17 @@ def cluster_groups(rows: int, nc: Any) -> int:
     return max(1, math.ceil(rows * nc.assign / nc.rows_per_group))
 
 
+def copy_check(nc: Any) -> CopyCheck | None:
+    """The stage's copy check (`neardup.copy_check`, a `NeardupConfig`), or None without it. Edges at 28 px
+    and the third search around each pair's best window (`CopyCheck.local_step`): on both synthetic
+    worlds' candidates, at equal look-alikes passed, 2 points more of the true pairs than 24 px and two
+    searches (bench/RESULTS.md, #37 item 5's sixth pass). Decontamination keeps its own
+    (`stage_decontam.search_of`)."""
+    if not nc.copy_check:
+        return None
+    return CopyCheck(threshold=nc.copy_threshold, edge_size=28, local_step=0.0075, local_radius=2)
+
+
 def find_near_duplicates(state: Any, pool: Any, clusters_info: dict | None) -> dict:
     """Run steps 1-4 for a `hype score` run (`state`: its `RunContext`, `pool`: the deduplicated pool)."""
     nc, run = state.cfg.neardup, state.run
@@ -709,7 +720,7 @@ def find_near_duplicates(state: Any, pool: Any, clusters_info: dict | None) -> d
         state.check_failures("neardup", state.plan)
     model = state.timed("neardup", lambda: _model(state, pool, clusters_info))
     groups = cluster_groups(pool.unique, nc)
-    check = CopyCheck(threshold=nc.copy_threshold) if nc.copy_check else None
+    check = copy_check(nc)
     split = SplitStage(
         run,
         groups=groups,
