@@ -39,6 +39,8 @@ red) or shape only (20 / 11). Since the copy check compares each colour channel'
 4,000-sample worlds 0 / 1): 352 / 305 -> 253 / 244 of 4,000 flagged, colour-only 110 / 69 -> 5 / 2. Of the
 200 / 193 same-scene flags, `same_scene_as_a_crop` (`hype.synth.scenes.crop_alike`) counts those that
 differ from the evaluation image as a crop would: 105 / 114, 2.6% / 2.9% of the pool (bench/RESULTS.md).
+Since the check compares edges at 28 px (sixth session, same worlds): 177 / 175 flagged at 0.9, crops 0.923 /
+0.983; at 0.94, 76 / 63 (1.9% / 1.6%) with crops 0.871 / 0.883.
 """
 
 from __future__ import annotations
@@ -57,7 +59,17 @@ import pandas as pd
 from hype.synth.contaminate import KINDS
 
 THRESHOLDS = (0.90, 0.95, 0.98, 0.99, 0.999)  # CLIP cosine, matching on CLIP features alone
-COPY_THRESHOLDS = (0.7, 0.75, 0.8, 0.85, 0.9, 0.95)  # copy similarity of CLIP candidates (cosine >= 0.9)
+COPY_THRESHOLDS = (
+    0.7,
+    0.75,
+    0.8,
+    0.85,
+    0.9,
+    0.92,
+    0.93,
+    0.94,
+    0.95,
+)  # copy similarity of CLIP candidates (cosine >= 0.9)
 
 
 def hype(*args: str) -> None:
@@ -167,7 +179,7 @@ def measure(run: Path, truth: pd.DataFrame, thresholds: tuple, column: str) -> p
     return pd.DataFrame(rows)
 
 
-def clean_scenes(run: Path, world: Path, thresholds: tuple = (0.85, 0.9, 0.95)) -> pd.DataFrame:
+def clean_scenes(run: Path, world: Path, thresholds: tuple = (0.85, 0.9, 0.93, 0.94, 0.95)) -> pd.DataFrame:
     """Per copy threshold: clean samples flagged, how many of them are their best match's scene drawn again
     (the world's pool and evaluation scenes come from one grammar: same shape, colour, count, size,
     position and background) and which attributes the rest differ in. The scenes are the world's plan,
@@ -200,13 +212,15 @@ def source_similarity(copies: Path, chosen: list, truth: pd.DataFrame) -> pd.Dat
     """Per kind of copy: the copy similarity of each copy with its source image (lowest, 1st percentile)
     and the share at or above each copy threshold."""
     from hype.data.samples import SkipStats, iter_tar_samples
-    from hype.scoring.copydetect import CopyCheck, pair_similarities, work_image
+    from hype.scoring.config import DecontamConfig
+    from hype.scoring.copydetect import pair_similarities, work_image
+    from hype.scoring.stage_decontam import search_of
 
     source = {(shard, key): work_image(data) for shard, key, data, _ in chosen}
     copy = {s.key: work_image(s.image_bytes()) for s in iter_tar_samples(str(copies), SkipStats())}
     a = np.stack([copy[k] for k in truth.key])
     b = np.stack([source[(s, k)] for s, k in zip(truth.eval_shard, truth.eval_key, strict=True)])
-    check = CopyCheck(refine_from=None)  # the stage's (stage_decontam.search_of): no second search
+    check = search_of(DecontamConfig()).check  # the stage's
     sims = pair_similarities(a, b, np.stack([np.arange(len(a))] * 2, axis=1), check)
     rows = {}
     for kind in KINDS:
