@@ -21,7 +21,11 @@ instead of the run's]) and copy threshold, checked (copy similarities cached), g
 measured as bench/neardup.py does: copies found, others grouped (and their share).
 
     python bench/neardup_loss.py --run OUT/score --world WORLD [--sweep 10:0,10:10,0:10,10:10:3]
-        [--copy-thresholds 0.9] [--threshold 0.9]
+        [--copy-thresholds 0.9] [--threshold 0.9] [--time-check]
+
+`--time-check`: the run's candidate pairs (CLIP and pixel, as the stage builds them) checked by the check
+before #37 item 5's sixth pass (`CopyCheck()`: edges at 24 px, two searches) and by the stage's
+(`stage_neardup.copy_check`), one after the other in this process, best of 2: seconds and their ratio.
 
 Prints both tables and writes RUN/../neardup_loss.json.
 """
@@ -128,6 +132,30 @@ def copy_sims(split: dict, pairs: list[tuple[str, str]]) -> dict[tuple[str, str]
     return dict(zip(pairs, sims.tolist(), strict=True))
 
 
+def time_checks(split: dict, pairs: list[tuple[str, str]]) -> dict:
+    """Seconds (best of 2) of the previous check and the stage's on `pairs`, one after the other."""
+    from hype.scoring.config import NeardupConfig
+    from hype.scoring.copydetect import CopyCheck, pair_similarities
+    from hype.scoring.stage_neardup import copy_check
+
+    row = {u: i for i, u in enumerate(split["uid"].tolist())}
+    at = np.array([(row[a], row[b]) for a, b in pairs], np.int64).reshape(-1, 2)
+    out = {"pairs": len(at)}
+    for name, check in (("previous", CopyCheck()), ("stage", copy_check(NeardupConfig()))):
+        best = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            pair_similarities(split["work"], split["work"], at, check)
+            best.append(time.perf_counter() - t0)
+        out[name] = round(min(best), 1)
+    out["ratio"] = round(out["stage"] / out["previous"], 2)
+    print(
+        f"copy check on {len(at):,} candidate pairs: previous {out['previous']} s, "
+        f"the stage's {out['stage']} s ({out['ratio']}x)"
+    )
+    return out
+
+
 def components(edges: list[tuple[str, str]]) -> dict[str, str]:
     parent: dict[str, str] = {}
 
@@ -169,6 +197,7 @@ def main() -> None:
     p.add_argument("--copy-threshold", type=float, default=0.9)
     p.add_argument("--sweep", default="", help="candidates:pixel_candidates,... to rebuild and measure")
     p.add_argument("--copy-thresholds", default="0.9", help="copy thresholds of the sweep")
+    p.add_argument("--time-check", action="store_true", help="time the stage's check against the previous")
     args = p.parse_args()
     bn = _bench_neardup()
     t0 = time.perf_counter()
@@ -191,6 +220,7 @@ def main() -> None:
     sweep = [(*(int(v) for v in s.split(":")), 0)[:3] for s in args.sweep.split(",") if s]
     built = {s: candidates(searched(split, nearest, s[2]), args.threshold, *s[:2]) for s in sweep}
     cache = copy_sims(split, sorted(set(true_pairs).union(clip, pix, *built.values())))
+    timed = time_checks(split, sorted(clip | pix)) if args.time_check else None
     check = np.array([cache[q] >= args.copy_threshold for q in true_pairs])
     shared = np.array([bool(clusters[a] & clusters[b]) for a, b in true_pairs])
     ia, ib = (np.array([row[q[side]] for q in true_pairs], np.int64) for side in (0, 1))
@@ -230,7 +260,7 @@ def main() -> None:
                   f"{r['copy_threshold']:g} | {r['checked_pairs']:,} | {r['dups_found']:.3f} | "
                   f"{r['others_grouped']:,} ({r['others_grouped_share']:.2%}) |")  # fmt: skip
     result = {"args": {k: str(v) for k, v in vars(args).items()}, "true_pairs": len(true_pairs),
-              "steps": {k: float(v.mean()) for k, v in steps.items()}, "sweep": rows,
+              "steps": {k: float(v.mean()) for k, v in steps.items()}, "sweep": rows, "time_check": timed,
               "elapsed_s": round(time.perf_counter() - t0, 1)}  # fmt: skip
     out = args.run.parent / "neardup_loss.json"
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -348,7 +348,7 @@ def pair_similarities(
     (`local_spans`). A pair's similarity is the highest of its searches: a function of the pair alone,
     whatever the threshold. In the first two searches every image's windows are computed once for all its
     pairs and then dropped: memory is the whole-image thumbnails of the images in `pairs` plus one image's
-    windows per worker (the fine search's 1,849: ~35 MiB in float64 at the near-duplicate stage's edge
+    windows per worker (the fine search's 1,849: ~32 MiB in float64 at the near-duplicate stage's edge
     size); the third search's windows (625 at radius 2) are each pair's own.
 
     The images are spread over `workers` threads (0: the CPUs this process may use), each running BLAS on
