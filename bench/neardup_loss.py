@@ -24,7 +24,7 @@ measured as bench/neardup.py does: copies found, others grouped (and their share
         [--copy-thresholds 0.9] [--threshold 0.9] [--time-check]
 
 `--time-check`: the run's candidate pairs (CLIP and pixel, as the stage builds them) checked by the check
-before #37 item 5's sixth pass (`CopyCheck()`: edges at 24 px, two searches) and by the stage's
+before #37 item 5's sixth pass (`CopyCheck(edge_size=24)`: two searches) and by the stage's
 (`stage_neardup.copy_check`), one after the other in this process, best of 2: seconds and their ratio.
 
 Prints both tables and writes RUN/../neardup_loss.json.
@@ -141,7 +141,7 @@ def time_checks(split: dict, pairs: list[tuple[str, str]]) -> dict:
     row = {u: i for i, u in enumerate(split["uid"].tolist())}
     at = np.array([(row[a], row[b]) for a, b in pairs], np.int64).reshape(-1, 2)
     out = {"pairs": len(at)}
-    for name, check in (("previous", CopyCheck()), ("stage", copy_check(NeardupConfig()))):
+    for name, check in (("previous", CopyCheck(edge_size=24)), ("stage", copy_check(NeardupConfig()))):
         best = []
         for _ in range(2):
             t0 = time.perf_counter()

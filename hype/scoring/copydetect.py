@@ -82,7 +82,8 @@ class CopyCheck:
     """Settings of the pixel check (recorded in the matches' fingerprint)."""
 
     colour_size: int = 16  # colour thumbnail side in pixels
-    edge_size: int = 24  # edge thumbnail side in pixels
+    edge_size: int = 28  # edge thumbnail side in pixels (24 before #37 item 5's sixth pass: 28 passes fewer
+    # look-alikes at the same copies found, bench/RESULTS.md)
     scales: tuple[float, ...] = (0.95, 0.9, 0.85)  # window side / image side, besides the whole image
     steps: int = 7  # window offsets per axis per scale
     threshold: float = 0.9  # copy similarity at or above which a candidate is a copy

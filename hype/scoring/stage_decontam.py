@@ -183,9 +183,7 @@ def search_of(dc: Any) -> Search:
     """The `Search` of a `DecontamConfig`."""
     # No second (anisotropic) search: what it adds is jittered near-duplicates; here it found no more
     # evaluation copies and flagged ~45% more clean look-alikes (bench/RESULTS.md, 2026-11-29 fourth pass).
-    # Edges at 28 px (the near-duplicate stage's): fewer look-alikes at the same copies found (#37 item 5,
-    # sixth pass).
-    check = CopyCheck(threshold=dc.copy_threshold, refine_from=None, edge_size=28) if dc.copy_check else None
+    check = CopyCheck(threshold=dc.copy_threshold, refine_from=None) if dc.copy_check else None
     return Search(dc.threshold, dc.candidates, check)
 
 

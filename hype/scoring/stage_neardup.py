@@ -701,14 +701,14 @@ def cluster_groups(rows: int, nc: Any) -> int:
 
 
 def copy_check(nc: Any) -> CopyCheck | None:
-    """The stage's copy check (`neardup.copy_check`, a `NeardupConfig`), or None without it. Edges at 28 px
-    and the third search around each pair's best window (`CopyCheck.local_step`): on both synthetic
-    worlds' candidates, at equal look-alikes passed, 2 points more of the true pairs than 24 px and two
-    searches (bench/RESULTS.md, #37 item 5's sixth pass). Decontamination keeps its own
+    """The stage's copy check (`neardup.copy_check`, a `NeardupConfig`), or None without it: with the third
+    search around each pair's best window (`CopyCheck.local_step`): on both synthetic worlds' candidates,
+    at equal look-alikes passed, 2 points more of the true pairs than 24-px edges and two searches
+    (bench/RESULTS.md, #37 item 5's sixth pass). Decontamination keeps its own
     (`stage_decontam.search_of`)."""
     if not nc.copy_check:
         return None
-    return CopyCheck(threshold=nc.copy_threshold, edge_size=28, local_step=0.0075, local_radius=2)
+    return CopyCheck(threshold=nc.copy_threshold, local_step=0.0075, local_radius=2)
 
 
 def find_near_duplicates(state: Any, pool: Any, clusters_info: dict | None) -> dict:
