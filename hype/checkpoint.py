@@ -251,17 +251,20 @@ def model_file_digest(path: str | PathLike, digest=None) -> str:
     """Content digest of what `load_model_file(path)` reads, each file hashed with `digest` (default:
     `hype.io.sha256_file`); an open_clip source's covers its weights and the config beside them."""
     from hype.io import sha256_file
-    from hype.models.open_clip_files import source_digest
 
     digest = digest or sha256_file
-    return source_digest(path, digest) if is_open_clip_source(path) else digest(path)
+    if is_open_clip_source(path):
+        from hype.models.open_clip_files import source_digest  # imports open_clip: only for its sources
+
+        return source_digest(path, digest)
+    return digest(path)
 
 
 def model_file_config(path: str | PathLike) -> dict:
     """The model config (as a dict) of what `load_model_file(path)` returns. A hype checkpoint's is read
     from its header; an open_clip source's needs its tensors (an OpenAI release says nothing else)."""
-    from hype.models.open_clip_files import read_open_clip
-
     if is_open_clip_source(path):
+        from hype.models.open_clip_files import read_open_clip  # imports open_clip: only for its sources
+
         return read_open_clip(path, native=True).model.config.to_dict()
     return read_checkpoint_metadata(path)["model_config"]

@@ -194,3 +194,25 @@ def test_saving_the_same_model_twice_gives_the_same_bytes(tmp_path, model):
     assert read_checkpoint_metadata(files[0])["extra"] == {"step": 1}
     loaded = load_checkpoint(files[0]).state_dict()
     assert all(torch.equal(t, loaded[k]) for k, t in model.state_dict().items())
+
+
+def test_a_hype_checkpoints_config_and_digest_are_read_without_open_clip(tmp_path, model):
+    """`hype score` checks its --meru / --clip files in the driver (`model_ref`): with Ray the workers load
+    the models, so the driver never builds one. Reading a hype checkpoint's config and digest imported
+    open_clip (~4 s) for the open_clip sources' readers, which a hype checkpoint never reaches."""
+    import subprocess
+    import sys
+
+    from hype.checkpoint import model_file_config, model_file_digest
+
+    path = save_checkpoint(tmp_path / "m.safetensors", model)
+    code = (
+        "import sys\n"
+        "from hype.checkpoint import model_file_config, model_file_digest\n"
+        "print(model_file_config(sys.argv[1])['name'], model_file_digest(sys.argv[1]))\n"
+        "print(sorted(m for m in ('open_clip', 'timm', 'transformers') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == [f"tiny-hyperbolic {model_file_digest(path)}", "[]"]
+    assert model_file_config(path) == model.config.to_dict()

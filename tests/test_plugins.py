@@ -95,3 +95,32 @@ def test_every_command_shows_its_help_with_the_bundled_rules_and_without_torch()
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_the_commands_that_build_no_model_run_without_open_clip(tmp_path):
+    """open_clip (with timm, transformers and torchvision) takes ~4 s to import, 6 s on 2 loaded cores.
+    `hype download` imported it for `ConfigError` (which is `hype.config`'s) in every download and every
+    workflow's pool step: each command here runs its body (up to its first refusal) and imports none of
+    it, nor torch."""
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from hype.cli import main\n"
+        "for args in sys.argv[1:]:\n"
+        "    res = CliRunner().invoke(main, args.split())\n"
+        "    assert res.exit_code in (1, 2) and 'Error: ' in res.output, (args, res.output)\n"
+        "print(sorted(m for m in ('torch', 'open_clip') if m in sys.modules))\n"
+    )
+    commands = [
+        "download --metadata no-meta --out o",
+        "select --scores no-run --frac 0.2 --out s.npy",
+        "fit --scores no-run --labels l --out w",
+        "reshard --pool no-pool --subset s.npy --out r",
+        "submit --scale small --subset s.npy --eval-results e --out sub",
+    ]
+    out = subprocess.run(
+        [sys.executable, "-c", code, *commands], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

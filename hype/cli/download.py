@@ -96,8 +96,8 @@ def download(
     config field (img2dataset.encode_quality=90, allowed_networks=10.2.0.0/16, ...).
     """
     from hype.cli import lock_output
+    from hype.config import ConfigError
     from hype.download import DownloadError, format_summary, load_download_config, run_download
-    from hype.models import ConfigError
 
     options = (
         ("metadata", metadata),

@@ -197,7 +197,7 @@ def score(
     from hype.scoring.decode import share_cores_with_decoders
 
     share_cores_with_decoders()  # before torch starts its OpenMP threads
-    from hype.models import ConfigError
+    from hype.config import ConfigError
     from hype.scoring.runner import ScoreError, ScoreFailed, run_score
     from hype.scoring.summary import format_summary
 
@@ -254,7 +254,7 @@ OPTION_KEYS = {
 def score_config(config: str, overrides: tuple[str, ...] | list[str], **options):
     """The ScoreConfig of `hype score`'s (and `hype plan`'s) options: the preset, KEY=VALUE overrides, then
     the options given."""
-    from hype.models import ConfigError
+    from hype.config import ConfigError
     from hype.scoring.config import load_score_config
 
     extra = [

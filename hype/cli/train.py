@@ -128,12 +128,12 @@ def train(
         raise click.UsageError("--config NAME|PATH is required (see `hype train --list` for presets)")
 
     from hype.cli import lock_output
+    from hype.config import ConfigError
     from hype.data.errors import SelectError
     from hype.data.pipeline import DataError
     from hype.data.shards import ShardError
     from hype.data.subset_index import SubsetError
     from hype.data.uids import UidError
-    from hype.models import ConfigError
     from hype.train import InitError, ResumeError, TrainingDiverged, format_summary
     from hype.train import train as run_training
 

@@ -72,7 +72,7 @@ def run_score(cfg: ScoreConfig, *, executor=None, progress: bool | None = None) 
 
     Raises `ScoreError` for unusable inputs and `ScoreFailed` when shards fail after their retries.
     """
-    from hype.models import ConfigError
+    from hype.config import ConfigError
 
     try:
         cfg.check_inputs()

@@ -11,7 +11,7 @@ import importlib
 import string
 from collections.abc import Callable
 
-from hype.models import ConfigError
+from hype.config import ConfigError
 
 
 class TemplateCaption:
