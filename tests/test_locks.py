@@ -158,6 +158,26 @@ def test_every_command_refuses_an_output_another_holds(tmp_path, case):
     assert _refusal(out, command, option) in res.output.replace("\n", " ").replace("  ", " ")
 
 
+def test_a_refused_convert_or_export_answers_before_importing_the_models(tmp_path):
+    """The refusal comes before the converters' imports (torch and open_clip, ~6 s on 2 loaded cores): the
+    second `hype convert` of a race no longer loads what it will not use."""
+    code = (
+        "import json, sys\n"
+        "from click.testing import CliRunner\n"
+        "from hype.cli import main\n"
+        "from hype.io.lock import output_lock\n"
+        "for command, out, args in json.loads(sys.argv[1]):\n"
+        "    with output_lock(out, command):\n"
+        "        res = CliRunner().invoke(main, args)\n"
+        "    assert res.exit_code == 1 and 'is running on this output' in res.output, res.output\n"
+        "print(sorted(m for m in ('torch', 'open_clip') if m in sys.modules))\n"
+    )
+    cases = [(c, str(out), args) for c, args, out, _ in _commands(tmp_path) if c in ("convert", "export")]
+    assert len(cases) == 4
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(cases)], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr[-3000:]
+
+
 def _hype(*args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen(

@@ -33,10 +33,14 @@ def _common(f: Callable) -> Callable:
     return f
 
 
-def _run(convert_fn: Callable, ckpt: str, out: str, as_json: bool, **kwargs) -> None:
+def _lock(out: str) -> None:
+    """Take --out's lock before importing a converter (torch, open_clip: seconds): a refusal is instant."""
     from hype.cli import lock_output
 
     lock_output(out, "convert")
+
+
+def _run(convert_fn: Callable, ckpt: str, out: str, as_json: bool, **kwargs) -> None:
     try:
         report = convert_fn(ckpt, out, **kwargs)
     except (ValueError, FileNotFoundError) as e:
@@ -72,6 +76,7 @@ _MERU_MODEL_CONFIG = click.option(
 def meru(ckpt: str, out: str, ignore_keys: tuple[str, ...], overwrite: bool, as_json: bool, model_config):
     """MERU's released checkpoint (meru_vit_{s,b,l}.pth or the CLIP baseline clip_vit_{s,b,l}.pth,
     facebookresearch/meru) -> OUT."""
+    _lock(out)
     from hype.convert import convert_meru
 
     _run(
@@ -107,6 +112,7 @@ def hype_release(
     ckpt: str, out: str, ignore_keys: tuple[str, ...], overwrite: bool, as_json: bool, model_config
 ):
     """HYPE's released hyperbolic CLIP ViT-L/14 (ckpt.pt, naver-ai/hype) -> OUT."""
+    _lock(out)
     from hype.convert import convert_hype_release
 
     _run(
@@ -156,6 +162,7 @@ def open_clip_cmd(
     hype convert open-clip logs/run/checkpoints/epoch_8.pt --out mine.safetensors
     hype convert open-clip weights.safetensors --arch ViT-B-32 --out b32.safetensors
     """
+    _lock(out)
     from hype.convert.open_clip import convert_open_clip
 
     _run(convert_open_clip, source, out, as_json, arch=arch, geometry=geometry, overwrite=overwrite)

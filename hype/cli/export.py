@@ -29,9 +29,10 @@ def export(model: str, out: str, fmt: str, overwrite: bool, as_json: bool) -> No
     python -c 'import open_clip; open_clip.create_model_and_transforms("local-dir:exported")'
     """
     from hype.cli import lock_output
+
+    lock_output(out, "export", option="OUT")  # before the imports (torch, open_clip): a refusal is instant
     from hype.convert.open_clip import export_open_clip
 
-    lock_output(out, "export", option="OUT")
     try:
         report = export_open_clip(model, out, overwrite=overwrite)
     except (ValueError, FileNotFoundError) as e:
