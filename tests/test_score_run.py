@@ -694,6 +694,7 @@ def test_a_shard_that_vanishes_while_read_is_read_again_when_it_is_back(tmp_path
     try:
         wait_for(lambda: any((tmp_path / "pids").glob("embed-00000000-*.pid")), 180, proc, "shard 0")
         tar.rename(away)  # gone while the worker holds the shard (its identity was taken before)
+        (tmp_path / "pids" / "release").touch()  # the worker reads it now; the other shards are not held
         wait_for(lambda: any((run / "embed").glob("00000000-*_stats.json")), 180, proc, "shard 0's marker")
         away.rename(tar)  # back, the same file: same size and modification time
         out, _ = proc.communicate(timeout=300)

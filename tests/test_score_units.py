@@ -368,3 +368,33 @@ def test_run_directory_parquet_settings_are_applied_and_round_trip(tmp_path):
     assert pq.read_table(io.BytesIO(data)).equals(table)
     write_parquet(tmp_path / "t.parquet", table)
     assert (tmp_path / "t.parquet").read_bytes() == data
+
+
+def test_the_debug_hold_ends_once_the_test_writes_release(tmp_path):
+    """`debug.hold_s` holds each shard of the stage so that a test can act mid-shard (kill the worker, take
+    its input away); once it has, `<pid_dir>/release` ends the hold at hand and skips the later ones, so a
+    test no longer waits out every shard's hold."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from hype.scoring.config import DebugConfig
+    from hype.scoring.stagebase import ShardStage
+
+    stage = SimpleNamespace(name="embed", debug=DebugConfig(pid_dir=str(tmp_path), hold_s=120.0))
+    hold = threading.Thread(
+        target=ShardStage._debug_hook, args=(stage, SimpleNamespace(shard_id="s0")), daemon=True
+    )
+    hold.start()
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "embed-s0.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (tmp_path / "embed-s0.pid").read_text() == str(os.getpid())
+    hold.join(0.3)
+    assert hold.is_alive()  # held
+    (tmp_path / "release").touch()
+    hold.join(30)
+    assert not hold.is_alive()
+    started = time.monotonic()
+    ShardStage._debug_hook(stage, SimpleNamespace(shard_id="s1"))  # a later shard: not held
+    assert time.monotonic() - started < 30 and (tmp_path / "embed-s1.pid").exists()

@@ -119,14 +119,16 @@ class ShardStage(Stage):
         """Per-worker clean-up after the last shard (decode processes, ...)."""
 
     def _debug_hook(self, task: ShardTask) -> None:
-        # Lets a test find the process holding a shard and kill it mid-shard.
+        # Lets a test find the process holding a shard and kill it mid-shard. A test that has done what it
+        # held the shard for writes <pid_dir>/release: this hold and every later one end.
         dbg = self.debug
         if dbg is None or dbg.pid_dir is None or dbg.stage != self.name:
             return
         Path(dbg.pid_dir).mkdir(parents=True, exist_ok=True)
         (Path(dbg.pid_dir) / f"{self.name}-{task.shard_id}.pid").write_text(str(os.getpid()))
-        if dbg.hold_s > 0:
-            time.sleep(dbg.hold_s)
+        release, deadline = Path(dbg.pid_dir) / "release", time.monotonic() + dbg.hold_s
+        while time.monotonic() < deadline and not release.exists():
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
 
     def _write_output(self, task: ShardTask, table) -> dict:
         """Write the shard's output table; its `write_parquet` record (a stage with its own layout
