@@ -195,10 +195,12 @@ def test_kill_9_mid_run_then_rerun_gives_identical_bytes(tmp_path_factory, tmp_p
     meru, clip = models(tmp_path_factory)
     run, pids = tmp_path / "run", tmp_path / "pids"
     # The hook makes the worker hold each embed shard for a while before processing it, so the kill
-    # lands while a shard is in progress.
+    # lands while a shard is in progress; the first shard is let go at once (it is to finish).
     args = score_args(w, meru, clip, run, f"debug.pid_dir={pids}", "debug.hold_s=3")
     proc = subprocess.Popen(cli_command(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
+        wait_for(lambda: any(pids.glob("*.pid")), 180, proc, "the first shard to start")
+        next(pids.glob("*.pid")).with_suffix(".release").touch()
         wait_for(lambda: any((run / "embed").glob("*_stats.json")), 180, proc, "the first shard's stats")
         wait_for(lambda: len(list(pids.glob("*.pid"))) >= 2, 30, proc, "the second shard to start")
         children = descendants(proc.pid)  # its decode processes

@@ -372,8 +372,9 @@ def test_run_directory_parquet_settings_are_applied_and_round_trip(tmp_path):
 
 def test_the_debug_hold_ends_once_the_test_writes_release(tmp_path):
     """`debug.hold_s` holds each shard of the stage so that a test can act mid-shard (kill the worker, take
-    its input away); once it has, `<pid_dir>/release` ends the hold at hand and skips the later ones, so a
-    test no longer waits out every shard's hold."""
+    its input away). `<pid_dir>/<stage>-<shard id>.release` lets that shard go on (the others stay held);
+    `<pid_dir>/release` ends the hold at hand and skips the later ones: a test no longer waits out the
+    holds it does not need."""
     import threading
     import time
     from types import SimpleNamespace
@@ -382,19 +383,29 @@ def test_the_debug_hold_ends_once_the_test_writes_release(tmp_path):
     from hype.scoring.stagebase import ShardStage
 
     stage = SimpleNamespace(name="embed", debug=DebugConfig(pid_dir=str(tmp_path), hold_s=120.0))
-    hold = threading.Thread(
-        target=ShardStage._debug_hook, args=(stage, SimpleNamespace(shard_id="s0")), daemon=True
-    )
-    hold.start()
-    deadline = time.monotonic() + 60
-    while not (tmp_path / "embed-s0.pid").exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert (tmp_path / "embed-s0.pid").read_text() == str(os.getpid())
-    hold.join(0.3)
-    assert hold.is_alive()  # held
+
+    def held(shard: str) -> threading.Thread:
+        hold = threading.Thread(
+            target=ShardStage._debug_hook, args=(stage, SimpleNamespace(shard_id=shard)), daemon=True
+        )
+        hold.start()
+        deadline = time.monotonic() + 60
+        while not (tmp_path / f"embed-{shard}.pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert (tmp_path / f"embed-{shard}.pid").read_text() == str(os.getpid())
+        hold.join(0.3)
+        assert hold.is_alive()
+        return hold
+
+    first, second = held("s0"), held("s1")
+    (tmp_path / "embed-s0.release").touch()
+    first.join(30)
+    assert not first.is_alive()
+    second.join(0.3)
+    assert second.is_alive()  # another shard's release does not end this hold
     (tmp_path / "release").touch()
-    hold.join(30)
-    assert not hold.is_alive()
+    second.join(30)
+    assert not second.is_alive()
     started = time.monotonic()
-    ShardStage._debug_hook(stage, SimpleNamespace(shard_id="s1"))  # a later shard: not held
-    assert time.monotonic() - started < 30 and (tmp_path / "embed-s1.pid").exists()
+    ShardStage._debug_hook(stage, SimpleNamespace(shard_id="s2"))  # a later shard: not held
+    assert time.monotonic() - started < 30 and (tmp_path / "embed-s2.pid").exists()

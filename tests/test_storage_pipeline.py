@@ -236,6 +236,8 @@ def test_a_killed_run_leaves_no_partial_object_and_a_rerun_is_identical(
         cli_command(args), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
+        wait_for(lambda: any(pids.glob("embed-*.pid")), 240, proc, "the first shard to start")
+        next(pids.glob("embed-*.pid")).with_suffix(".release").touch()  # it is to finish: let it go at once
         marker = lambda: any(n.endswith("_stats.json") for n in storage.list_sizes(f"{out}/embed"))  # noqa: E731
         wait_for(marker, 240, proc, "the first shard's marker")
         wait_for(lambda: len(list(pids.glob("embed-*.pid"))) >= 2, 60, proc, "the second shard to start")

@@ -205,7 +205,8 @@ class DebugConfig:
     """Test hooks: make a worker hold a shard so that a test can kill it mid-shard."""
 
     pid_dir: str | None = None  # a worker writes <pid_dir>/<stage>-<shard id>.pid when it starts a shard
-    hold_s: float = 0.0  # ... then waits this long before processing it, or until <pid_dir>/release exists
+    hold_s: float = 0.0  # ... then waits this long before processing it, or until <pid_dir>/release
+    # (every shard) or <pid_dir>/<stage>-<shard id>.release (this one) exists
     stage: str = "embed"  # the stage the hooks apply to
 
 

@@ -120,14 +120,17 @@ class ShardStage(Stage):
 
     def _debug_hook(self, task: ShardTask) -> None:
         # Lets a test find the process holding a shard and kill it mid-shard. A test that has done what it
-        # held the shard for writes <pid_dir>/release: this hold and every later one end.
+        # held the shards for writes <pid_dir>/release (this hold and every later one end), or lets one
+        # shard go on with <pid_dir>/<stage>-<shard id>.release.
         dbg = self.debug
         if dbg is None or dbg.pid_dir is None or dbg.stage != self.name:
             return
-        Path(dbg.pid_dir).mkdir(parents=True, exist_ok=True)
-        (Path(dbg.pid_dir) / f"{self.name}-{task.shard_id}.pid").write_text(str(os.getpid()))
-        release, deadline = Path(dbg.pid_dir) / "release", time.monotonic() + dbg.hold_s
-        while time.monotonic() < deadline and not release.exists():
+        folder = Path(dbg.pid_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{self.name}-{task.shard_id}.pid").write_text(str(os.getpid()))
+        releases = (folder / "release", folder / f"{self.name}-{task.shard_id}.release")
+        deadline = time.monotonic() + dbg.hold_s
+        while time.monotonic() < deadline and not any(r.exists() for r in releases):
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
 
     def _write_output(self, task: ShardTask, table) -> dict:
