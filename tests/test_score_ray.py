@@ -63,6 +63,7 @@ def test_ray_executor_survives_a_killed_worker_and_matches_the_local_run(
         victim = sorted(pids.glob("embed-*.pid"))[0]
         killed = int(victim.read_text())
         kill9(killed)
+        (pids / "release").touch()  # killed while it held the shard: no other shard need be held
         out, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
