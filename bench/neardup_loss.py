@@ -24,7 +24,7 @@ measured as bench/neardup.py does: copies found, others grouped (and their share
         [--copy-thresholds 0.9] [--threshold 0.9] [--time-check]
 
 `--time-check`: the run's candidate pairs (CLIP and pixel, as the stage builds them) checked by the check
-before #37 item 5's sixth pass (`CopyCheck(edge_size=24)`: two searches) and by the stage's
+before #37 item 5's seventh pass (64-px work images, 28-px edges) and by the stage's
 (`stage_neardup.copy_check`), one after the other in this process, best of 2: seconds and their ratio.
 
 Prints both tables and writes RUN/../neardup_loss.json.
@@ -59,8 +59,8 @@ def read_split(run: Path) -> dict:
     """The split's rows (a row once per cluster it is searched in): uid, cluster searched, unit feature,
     work image and pixel descriptor (computed from the work image when the run has none)."""
     from hype.scoring import embed_format
-    from hype.scoring.copydetect import WORK_SIDE
     from hype.scoring.neardup import normalize_rows, pixel_descriptors
+    from hype.scoring.stage_neardup import WORK_SIDE
 
     parts = [pq.read_table(f) for f in sorted((run / "neardup_split").glob("*.parquet"))]
     t = pa.concat_tables(parts).combine_chunks()
@@ -133,7 +133,9 @@ def copy_sims(split: dict, pairs: list[tuple[str, str]]) -> dict[tuple[str, str]
 
 
 def time_checks(split: dict, pairs: list[tuple[str, str]]) -> dict:
-    """Seconds (best of 2) of the previous check and the stage's on `pairs`, one after the other."""
+    """Seconds (best of 2) of the previous check and the stage's on `pairs`, one after the other. The
+    previous: the sixth session's (64-px work images, here the 2 x 2 means of the split's 128-px ones; 28-px
+    edges; the third search from 0.85)."""
     from hype.scoring.config import NeardupConfig
     from hype.scoring.copydetect import CopyCheck, pair_similarities
     from hype.scoring.stage_neardup import copy_check
@@ -141,11 +143,14 @@ def time_checks(split: dict, pairs: list[tuple[str, str]]) -> dict:
     row = {u: i for i, u in enumerate(split["uid"].tolist())}
     at = np.array([(row[a], row[b]) for a, b in pairs], np.int64).reshape(-1, 2)
     out = {"pairs": len(at)}
-    for name, check in (("previous", CopyCheck(edge_size=24)), ("stage", copy_check(NeardupConfig()))):
+    work = split["work"]
+    small = work.reshape(len(work), 64, 2, 64, 2, 3).mean(axis=(2, 4)).round().astype(np.uint8)
+    previous = CopyCheck(work_side=64, edge_size=28, local_step=0.0075, local_radius=2, local_from=0.85)
+    for name, check, images in (("previous", previous, small), ("stage", copy_check(NeardupConfig()), work)):
         best = []
         for _ in range(2):
             t0 = time.perf_counter()
-            pair_similarities(split["work"], split["work"], at, check)
+            pair_similarities(images, images, at, check)
             best.append(time.perf_counter() - t0)
         out[name] = round(min(best), 1)
     out["ratio"] = round(out["stage"] / out["previous"], 2)

@@ -14,6 +14,7 @@ from PIL import Image, ImageDraw
 from hype.data.imageprep import ImageError
 from hype.scoring.copydetect import (
     UNIT_ONE,
+    WORK_SIDE,
     CopyCheck,
     copy_similarity,
     pair_similarities,
@@ -111,15 +112,17 @@ def test_pair_similarities_are_the_copy_similarities_of_each_pair():
     assert one.tobytes() == got[order].tobytes()
 
 
-def _striped(seed: int) -> tuple[bytes, bytes, bytes]:
-    """A single-object scene on stripes as the synthetic pool publishes it, its near-duplicate (the
-    world's own `jitter`: each side cropped by up to 1/16, so often more on one axis; brightness; a resize;
-    JPEG again) and the same scene with another shape in the object's place."""
-    scene = sample_scene(Rng(np.random.default_rng(seed)), kind="single", background="striped")
+def _striped(seed: int, background: str = "striped", shape: str | None = None) -> tuple[bytes, bytes, bytes]:
+    """A single-object scene on stripes (or `background`) as the synthetic pool publishes it, its
+    near-duplicate (the world's own `jitter`: each side cropped by up to 1/16, so often more on one axis;
+    brightness; a resize; JPEG again) and the same scene with another shape (`shape`) in the object's
+    place."""
+    scene = sample_scene(Rng(np.random.default_rng(seed)), kind="single", background=background)
     source = encode_jpeg(render(scene, 150, 120), 85)
     copy = encode_jpeg(jitter(decode(source), np.random.default_rng(seed)), 70)
     obj = scene.objects[0]
-    other = replace(scene, objects=(replace(obj, shape="triangle" if obj.shape != "triangle" else "circle"),))
+    shape = shape or ("triangle" if obj.shape != "triangle" else "circle")
+    other = replace(scene, objects=(replace(obj, shape=shape),))
     return source, copy, encode_jpeg(render(other, 150, 120), 85)
 
 
@@ -168,7 +171,7 @@ def test_pair_similarities_are_the_same_bytes_in_blocks_of_any_size_and_one_pair
     striped = [_striped(seed)[:2] for seed in STRIPED]  # copies that only the second search finds
     a = np.stack([work_image(_copy(s, "png", kind, rng)[0]) for s in sources for kind in KINDS])
     a = np.concatenate([a, [work_image(copy) for _, copy in striped]])
-    b = [work_image(s) for s in sources] + [rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)]
+    b = [work_image(s) for s in sources] + [rng.integers(0, 256, (WORK_SIDE, WORK_SIDE, 3), dtype=np.uint8)]
     b = np.stack(b + [work_image(source) for source, _ in striped])
     pairs = np.array([(i, j) for i in range(len(a)) for j in range(len(b))])[rng.permutation(len(a) * len(b))]
     ta, tb = [thumbnails(x, check) for x in a], [thumbnails(x, check) for x in b]
@@ -203,7 +206,7 @@ def test_the_third_search_around_the_best_window_finds_a_copy_cropped_between_th
     check = copy_check(NeardupConfig())
     assert check.local_step is not None
     for seed in OFF_GRID:
-        images = np.stack([work_image(x) for x in _striped(seed)])
+        images = np.stack([work_image(x, check.work_side, upsample=True) for x in _striped(seed)])
         pairs = np.array([(1, 0), (2, 0)])
         got = pair_similarities(images, images, pairs, check)
         assert got[0] >= check.threshold > got[1], (seed, got)
@@ -243,13 +246,16 @@ def _best_side(whole: tuple, windows_: tuple, check: CopyCheck) -> tuple[float, 
 def test_the_third_search_is_the_same_bytes_as_a_pair_by_pair_reference():
     """Each side's best window of the first two searches, the spans around it (`local_spans`), their
     agreement computed without BLAS: the same bytes as `pair_similarities` in blocks of 1 and all pairs."""
+    from hype.scoring.config import NeardupConfig
     from hype.scoring.copydetect import local_spans, windows
+    from hype.scoring.stage_neardup import copy_check
 
-    check, rng = CopyCheck(edge_size=28, local_step=0.0075, local_from=0.6), np.random.default_rng(3)
-    fine = check.fine()
+    check, rng = replace(copy_check(NeardupConfig()), local_from=0.6), np.random.default_rng(3)
+    fine, side = check.fine(), check.work_side
     sets = [_striped(seed) for seed in OFF_GRID + STRIPED[:1]]
-    a = [work_image(x) for s in sets for x in s[1:]] + [work_image(_copy(_scene(0), "png", "crop10", rng)[0])]
-    b = [work_image(s[0]) for s in sets] + [work_image(_scene(0))]
+    a = [work_image(x, side, True) for s in sets for x in s[1:]]
+    a += [work_image(_copy(_scene(0), "png", "crop10", rng)[0], side, True)]
+    b = [work_image(s[0], side, True) for s in sets] + [work_image(_scene(0), side, True)]
     a, b = np.stack(a), np.stack(b)
     pairs = np.array([(i, j) for i in range(len(a)) for j in range(len(b))])
 
@@ -276,9 +282,82 @@ def test_the_third_search_is_the_same_bytes_as_a_pair_by_pair_reference():
     copies = pairs[:, 0] // 2 == pairs[:, 1]
     copies[-len(b) :] = pairs[-len(b) :, 1] == len(b) - 1  # the cropped copy of _scene(0)
     copies &= pairs[:, 0] % 2 == 0  # the striped copies (not the other shapes)
-    assert (want[copies] >= 0.925).all(), want[copies]
+    assert (want[copies] >= check.threshold).all(), want[copies]
     for size in (1, len(pairs)):
         got = np.concatenate(
             [pair_similarities(a, b, pairs[i : i + size], check) for i in range(0, len(pairs), size)]
         )
         assert got.tobytes() == want.tobytes(), size
+
+
+# Single objects on a gradient with another shape in the object's place (#37 item 5's seventh pass): the
+# near-duplicate stage's check on 64-px work images with 28-px edges passed them at 0.933 and 0.943 (above
+# its 0.92); the gradient dominates the colour thumbnails and, at 28 px, a hexagon's edges are a circle's.
+GRADIENT = ((13, "circle"), (36, "hexagon"))
+
+
+def test_another_shape_on_the_same_gradient_is_no_copy_at_the_stages_work_side():
+    from hype.scoring.config import NeardupConfig
+    from hype.scoring.stage_neardup import copy_check
+
+    check = copy_check(NeardupConfig())
+    before = CopyCheck(work_side=64, edge_size=28, threshold=0.92, local_step=0.0075)  # the stage's before
+    assert (check.work_side, check.edge_size) == (128, 40)
+    pairs = np.array([(1, 0), (2, 0)])
+    for seed, shape in GRADIENT:
+        images = _striped(seed, "gradient", shape)
+        big = np.stack([work_image(x, check.work_side, upsample=True) for x in images])
+        got = pair_similarities(big, big, pairs, check)
+        assert got[0] >= check.threshold > got[1], (seed, got)  # the copy passes, the other shape does not
+        small = np.stack([work_image(x) for x in images])
+        old = pair_similarities(small, small, pairs, before)
+        assert (old >= before.threshold).all(), (seed, old)  # both passed before
+
+
+def test_the_work_side_is_the_checks_and_a_work_image_of_another_side_is_refused():
+    big = work_image(_scene(0), 128)
+    assert big.shape == (128, 128, 3) and work_image(_scene(0)).shape == (WORK_SIDE, WORK_SIDE, 3) == (
+        64,
+        64,
+        3,
+    )
+    with pytest.raises(ValueError, match=r"work image \(128, 128, 3\), the check's is \(64, 64, 3\)"):
+        thumbnails(big, CopyCheck())
+    with pytest.raises(ValueError, match="work_side 100: 32 to 256 pixels, a multiple of 8"):
+        CopyCheck(work_side=100)
+    with pytest.raises(ValueError, match="edge_size 40: thumbnail size 4 to 32 pixels"):
+        CopyCheck(edge_size=40)
+    check = CopyCheck(work_side=128, edge_size=40)
+    assert check.settings()["work_side"] == 128 and CopyCheck().settings()["work_side"] == 64
+    assert thumbnails(big, check)[1].shape == (148, 2 * 40 * 39)  # the whole image and 147 windows
+
+
+def _small(seed: int) -> tuple[bytes, bytes]:
+    """A scene published at 40-60 px (the synthetic pool draws such sizes) and its near-duplicate."""
+    rng = np.random.default_rng(seed)
+    scene = sample_scene(Rng(rng))
+    source = encode_jpeg(render(scene, int(rng.integers(40, 60)), int(rng.integers(40, 60))), 85)
+    return source, encode_jpeg(jitter(decode(source), np.random.default_rng(seed)), 70)
+
+
+# Their copies on 128-px work images: Pillow's BOX enlarges as a nearest neighbour (steps of 2 and 3
+# pixels, placed differently in the copy): 0.905, 0.593 and 0.871 under the stage's check; bilinear, the
+# stage's `upsample`, keeps the edges smooth.
+SMALL = (45, 61, 93)
+
+
+def test_a_copy_of_a_small_image_is_a_copy_when_enlarged_bilinearly():
+    from hype.scoring.config import NeardupConfig
+    from hype.scoring.stage_neardup import copy_check
+
+    check, pair = copy_check(NeardupConfig()), np.array([(1, 0)])
+    for seed in SMALL:
+        box, smooth = (
+            np.stack([work_image(x, check.work_side, upsample) for x in _small(seed)])
+            for upsample in (False, True)
+        )
+        got = pair_similarities(smooth, smooth, pair, check)[0]
+        assert got >= check.threshold > pair_similarities(box, box, pair, check)[0], seed
+    large = _striped(0)[0]  # 150 x 120: smaller than 128 on one axis, so enlarged bilinearly too
+    assert not np.array_equal(work_image(large, 128), work_image(large, 128, upsample=True))
+    assert np.array_equal(work_image(large, 64), work_image(large, 64, upsample=True))  # no axis below 64

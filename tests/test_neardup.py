@@ -537,7 +537,7 @@ def test_the_copy_check_refuses_work_images_that_do_not_fit_before_reading_them(
 
     out = run_bounded(
         "from hype.scoring.stage_neardup import _check_memory",
-        "_check_memory(100_000)",  # 100,000 work images: ~2.3 GiB with their thumbnails
+        "_check_memory(100_000)",  # 100,000 work images (128 px): ~9.2 GiB with their thumbnails
         headroom_mb=256,
     )
     assert out["error"].startswith("NeardupError") and "lower neardup.rows_per_group" in out["error"]
@@ -560,8 +560,8 @@ def _copies(run, uids: list[str], x: np.ndarray, threshold: float):
     """(i, j) -> whether the copy check confirms rows i and j (work images from the run's split), for the
     pairs at cosine >= threshold (float64): what `reference_groups` takes as `copy`."""
     from hype.scoring.config import NeardupConfig
-    from hype.scoring.copydetect import WORK_SIDE, pair_similarities
-    from hype.scoring.stage_neardup import copy_check
+    from hype.scoring.copydetect import pair_similarities
+    from hype.scoring.stage_neardup import WORK_SIDE, copy_check
 
     work = {}
     for f in sorted((run / "neardup_split").glob("*.parquet")):
@@ -652,8 +652,8 @@ def test_pixel_partition_groups_the_copies_that_clip_clusters_keep_apart(
     driver's k-means sample read them all, then the split again), and its rerun reuses that stage."""
     import hype.scoring.stage_neardup as stage_neardup
     from hype.io import read_json
-    from hype.scoring.copydetect import WORK_SIDE
     from hype.scoring.rundir import plan_tasks
+    from hype.scoring.stage_neardup import WORK_SIDE
     from hype.select.rules import make_rule
     from hype.table.reader import ScoresTable
 
@@ -663,9 +663,9 @@ def test_pixel_partition_groups_the_copies_that_clip_clusters_keep_apart(
     every += ["neardup.num_clusters=8", "neardup.assign=1", "executor.workers=1"]  # in this process: spied
     reads, real = [], stage_neardup.tar_work_images
 
-    def spy(tar: str, wanted: set):  # the real decoder, each tar it reads noted
+    def spy(tar: str, wanted: set, *args, **kw):  # the real decoder, each tar it reads noted
         reads.append(tar)
-        return real(tar, wanted)
+        return real(tar, wanted, *args, **kw)
 
     monkeypatch.setattr(stage_neardup, "tar_work_images", spy)
     tars = sorted(t.source for t in plan_tasks(read_json(neardup_run(tmp_path_factory) / "plan.json")))

@@ -135,7 +135,9 @@ class NeardupConfig:
     reuse_clusters: bool = True  # partition=clip: c_IN's k-means when it ran; else k-means of its own
     num_clusters: int | None = None  # own k-means K; null: default_num_clusters(pool size)
     max_cluster: int = 1_000_000  # rows of one cluster searched at once (its features are in memory)
-    rows_per_group: int = 1_000_000  # rows per unit of work (clusters grouped: features in memory)
+    # rows per unit of work (clusters grouped: features and the copy check's work images in memory): 1M
+    # before the 128-px work images (48 KiB, 4x); 250k keeps a group's images at the same ~24 GiB at most
+    rows_per_group: int = 250_000
     pairs_per_block: int = 1 << 24  # pairs of one range-search block held at once
 
     def __post_init__(self) -> None:

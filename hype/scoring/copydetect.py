@@ -3,9 +3,10 @@ verification step of `hype score --decontaminate` (`hype.scoring.stage_decontam`
 stage (`hype.scoring.stage_neardup`): the CLIP nearest neighbours are candidates, this decides. NumPy and
 Pillow only (threadpoolctl sets BLAS's threads); `tar_work_images` reads a shard's images for both.
 
-An image is kept as a `WORK_SIDE` x `WORK_SIDE` RGB uint8 "work image" (12 KiB) and described, for the
-whole image and for windows covering `scales` of each side at `steps` x `steps` offsets, by two
-thumbnails, each with its mean removed and unit L2 norm:
+An image is kept as a square RGB uint8 "work image" of the check's `work_side` (`WORK_SIDE`, 64 px,
+12 KiB, for decontamination; 128 px, 48 KiB, for the near-duplicate stage, whose edges are finer:
+`stage_neardup.copy_check`) and described, for the whole image and for windows covering `scales` of each
+side at `steps` x `steps` offsets, by two thumbnails, each with its mean removed and unit L2 norm:
     colour  RGB intensities at `colour_size` px: which colours are where;
     edges   the horizontal and vertical differences of the luminance at `edge_size` px: where the edges
             are (a smooth background, a gradient or a flat colour, has none: it no longer dominates).
@@ -28,18 +29,19 @@ search 97% / 95% (bench/copy_check_recall.py). Searching only the pairs that com
 those (a few % of CLIP candidates; every true copy): ~2.9x the square search's time on CLIP neighbours.
 Decontamination does without it (`stage_decontam.search_of`): its evaluation copies already pass, and the
 second search there only flagged more look-alikes.
-With `local_step` (the near-duplicate stage's check, `stage_neardup.copy_check`, with edges at 28 px) a
-pair at `local_from` (0.85) or more is searched a third time around each side's best window: every offset
-and side within 2 steps of 0.75% of a side of the best's, per axis (625 windows, each pair's own). The
-second search's grid is 2.5% of a side; a jittered copy on stripes cropped between its windows scored
-0.80-0.90 (tests/test_copydetect.py). On two synthetic worlds' candidates it passes 2 points more of the
-true pairs at equal look-alikes passed (bench/RESULTS.md).
+With `local_step` (the near-duplicate stage's check, `stage_neardup.copy_check`) a pair at
+`local_from` (0.75 there) or more is searched a third time around each side's
+best window: every offset and side within 2 steps of 0.75% of a side of the best's, per axis (625
+windows, each pair's own). The second search's grid is 2.5% of a side; a jittered copy on stripes cropped
+between its windows scored 0.80-0.90 (tests/test_copydetect.py). On two synthetic worlds' candidates it
+passes 2 points more of the true pairs at equal look-alikes passed (bench/RESULTS.md).
 
 Exact on any machine: every sum that BLAS computes here is a sum of integers below 2^53 in float64, so its
 value does not depend on the order BLAS adds in (the kernel the CPU gets, the blocking, the batch's shape).
 The area weights are integers over `WEIGHT_ONE` (the resampled pixel sums are exact, then rounded to
 float32 once), and the thumbnails are rounded to integers over `UNIT_ONE` before their dot products
-(|row . row| <= 2^40 * 1104 < 2^51).
+(any partial sum of a dot product of two rows is at most ~2^40 in magnitude: by Cauchy-Schwarz, as
+the rows' norms are ~2^20, whatever the thumbnail size).
 The remaining sums (a row's mean and norm) are numpy's own, along a contiguous row: their order depends on
 the row's length only. So a pair's copy similarity is the same bytes whether it is computed alone, in a
 block of any size, on any thread count or CPU kernel (tests/test_copydetect.py, against numpy's int64
@@ -81,9 +83,11 @@ Descriptor = tuple[np.ndarray, np.ndarray]  # (colour rows, edge rows), row 0 th
 class CopyCheck:
     """Settings of the pixel check (recorded in the matches' fingerprint)."""
 
+    work_side: int = WORK_SIDE  # the work image's side (`work_image`)
     colour_size: int = 16  # colour thumbnail side in pixels
     edge_size: int = 28  # edge thumbnail side in pixels (24 before #37 item 5's sixth pass: 28 passes fewer
-    # look-alikes at the same copies found, bench/RESULTS.md)
+    # look-alikes at the same copies found, bench/RESULTS.md; the near-duplicate stage's is 40 on 128-px
+    # work images, `stage_neardup.copy_check`)
     scales: tuple[float, ...] = (0.95, 0.9, 0.85)  # window side / image side, besides the whole image
     steps: int = 7  # window offsets per axis per scale
     threshold: float = 0.9  # copy similarity at or above which a candidate is a copy
@@ -103,11 +107,12 @@ class CopyCheck:
     local_from: float = 0.85
 
     def __post_init__(self) -> None:
+        if not (32 <= self.work_side <= 256 and self.work_side % 8 == 0):
+            raise ValueError(f"copy check work_side {self.work_side}: 32 to 256 pixels, a multiple of 8")
         for name in ("colour_size", "edge_size"):
-            if not 4 <= getattr(self, name) <= WORK_SIDE // 2:
-                raise ValueError(
-                    f"copy check {name} {getattr(self, name)}: thumbnail size 4 to {WORK_SIDE // 2} pixels"
-                )
+            if not 4 <= getattr(self, name) <= self.work_side // 2:
+                size, most = getattr(self, name), self.work_side // 2
+                raise ValueError(f"copy check {name} {size}: thumbnail size 4 to {most} pixels")
         if not 0.0 <= self.contrast_slack <= 1.0:
             raise ValueError(f"copy check contrast_slack {self.contrast_slack}: a share in [0, 1]")
         if not all(0.5 <= s < 1.0 for s in self.scales + self.fine_scales) or self.steps < 1:
@@ -136,7 +141,6 @@ class CopyCheck:
             for name in ("local_step", "local_radius", "local_from"):
                 del out[name]
         return out | {
-            "work_side": WORK_SIDE,
             "descriptor": "RGB NCC + per-channel contrast + luminance-gradient NCC, min",
             "sums": "exact",
         }
@@ -182,12 +186,12 @@ def local_spans(offset: float, side: float, check: CopyCheck) -> list[Span]:
     return out
 
 
-def _area_weights(lo: float, hi: float, out: int) -> np.ndarray:
-    """(out, WORK_SIDE) integers over `WEIGHT_ONE`: output pixel i averages the input over [lo, hi] split in
-    `out` equal parts (area resampling: overlap lengths, so a sub-pixel shift of the window is a smooth
-    change)."""
-    edges = (lo + (hi - lo) * np.arange(out + 1) / out) * WORK_SIDE
-    j = np.arange(WORK_SIDE)
+def _area_weights(lo: float, hi: float, out: int, side: int) -> np.ndarray:
+    """(out, side) integers over `WEIGHT_ONE`: output pixel i averages the `side` input pixels over [lo, hi]
+    split in `out` equal parts (area resampling: overlap lengths, so a sub-pixel shift of the window is a
+    smooth change)."""
+    edges = (lo + (hi - lo) * np.arange(out + 1) / out) * side
+    j = np.arange(side)
     overlap = np.clip(np.minimum(edges[1:, None], j + 1) - np.maximum(edges[:-1, None], j), 0.0, None)
     w = np.rint(overlap / overlap.sum(axis=1, keepdims=True) * WEIGHT_ONE)
     w[np.arange(out), w.argmax(axis=1)] += WEIGHT_ONE - w.sum(axis=1)  # each row sums to WEIGHT_ONE exactly
@@ -198,22 +202,26 @@ def _area_weights(lo: float, hi: float, out: int) -> np.ndarray:
 def _window_weights(check: CopyCheck, size: int, whole_only: bool) -> list[tuple[np.ndarray, np.ndarray]]:
     """`_group_weights` of the check's windows (`_axis_groups`), or of the whole image alone."""
     groups = [_axis_groups(check)[0][:1]] if whole_only else _axis_groups(check)
-    return _group_weights([(g, g) for g in groups], size)
+    return _group_weights([(g, g) for g in groups], size, check.work_side)
 
 
-def _group_weights(groups: list[Group], size: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def _group_weights(groups: list[Group], size: int, side: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per group of windows (ky row spans, kx column spans, its windows every pair of them) the resampling
-    weights of its spans, (ky * size, WORK_SIDE) and (WORK_SIDE, kx * size), float64 integers over
-    `WEIGHT_ONE`."""
-    weights = lambda spans: np.concatenate([_area_weights(o, o + side, size) for o, side in spans])  # noqa: E731
+    weights of its spans, (ky * size, side) and (side, kx * size), float64 integers over `WEIGHT_ONE`."""
+    weights = lambda spans: np.concatenate([_area_weights(o, o + s, size, side) for o, s in spans])  # noqa: E731
     return [(weights(ys), np.ascontiguousarray(weights(xs).T)) for ys, xs in groups]
 
 
-def work_image(data: bytes) -> np.ndarray:
-    """An encoded image as (WORK_SIDE, WORK_SIDE, 3) uint8; raises `ImageError` (the project's decoder and
-    its pixel limit) for a file that cannot be decoded."""
-    img, _ = decode_rgb(data, draft_size=WORK_SIDE)
-    return np.asarray(img.resize((WORK_SIDE, WORK_SIDE), Image.Resampling.BOX), dtype=np.uint8)
+def work_image(data: bytes, side: int = WORK_SIDE, upsample: bool = False) -> np.ndarray:
+    """An encoded image as (side, side, 3) uint8 (`CopyCheck.work_side`), area-resampled (BOX); with
+    `upsample`, an image smaller than `side` on either axis is resized bilinearly instead: Pillow's BOX
+    enlarges as a nearest neighbour would, so a 47-px image's edges on 128 px are steps of 2 and 3 pixels,
+    placed differently in a copy (the near-duplicate stage's, bench/RESULTS.md). Raises `ImageError` (the
+    project's decoder and its pixel limit) for a file that cannot be decoded."""
+    img, _ = decode_rgb(data, draft_size=side)
+    smooth = upsample and min(img.size) < side
+    resample = Image.Resampling.BILINEAR if smooth else Image.Resampling.BOX
+    return np.asarray(img.resize((side, side), resample), dtype=np.uint8)
 
 
 def occurrences(keys: list[str]) -> list[tuple[str, int]]:
@@ -227,9 +235,12 @@ def occurrences(keys: list[str]) -> list[tuple[str, int]]:
     return out
 
 
-def tar_work_images(tar: str, wanted: set[tuple[str, int]]) -> tuple[dict[tuple[str, int], np.ndarray], int]:
-    """{(key, n): work image} of the `wanted` samples of one tar (`occurrences`; read once, in file order),
-    and how many of them could not be decoded (they match nothing)."""
+def tar_work_images(
+    tar: str, wanted: set[tuple[str, int]], side: int = WORK_SIDE, upsample: bool = False
+) -> tuple[dict[tuple[str, int], np.ndarray], int]:
+    """{(key, n): work image} (`work_image`'s `side` and `upsample`) of the `wanted` samples of one tar
+    (`occurrences`; read once, in file order), and how many of them could not be decoded (they match
+    nothing)."""
     keys = {key for key, _ in wanted}
     seen: dict[str, int] = {}
     out = {}
@@ -241,25 +252,25 @@ def tar_work_images(tar: str, wanted: set[tuple[str, int]]) -> tuple[dict[tuple[
         seen[sample.key] = name[1] + 1
         if name in wanted:
             try:
-                out[name] = work_image(data)
+                out[name] = work_image(data, side, upsample)
             except ImageError:
                 pass
     return out, len(wanted - set(out))
 
 
 def _resample(image: np.ndarray, groups: list[tuple[np.ndarray, np.ndarray]], size: int) -> np.ndarray:
-    """(windows, channels, size, size) float32: every window of a (WORK_SIDE, WORK_SIDE, channels) image of
+    """(windows, channels, size, size) float32: every window of a (side, side, channels) image of
     integers (float64, < 2^18) in `windows` order, times WEIGHT_ONE^2 (`groups`: `_group_weights`). Per
     group of ky x kx windows two products: the ky row spans of every channel's plane, then those rows
     against the kx column spans. Their sums are integers, exact whatever order BLAS adds them in; float32
     rounds them once."""
-    c = image.shape[2]
-    planes = np.ascontiguousarray(image.transpose(0, 2, 1)).reshape(WORK_SIDE, c * WORK_SIDE)
+    side, c = image.shape[1:]
+    planes = np.ascontiguousarray(image.transpose(0, 2, 1)).reshape(side, c * side)
     counts = [(len(wy) // size, wx.shape[1] // size) for wy, wx in groups]
     out = np.empty((sum(ky * kx for ky, kx in counts), c, size, size), np.float32)
     at = 0
     for (wy, wx), (ky, kx) in zip(groups, counts, strict=True):
-        rows = (wy @ planes).reshape(ky * size * c, WORK_SIDE)  # (ky row spans, size, c, WORK_SIDE)
+        rows = (wy @ planes).reshape(ky * size * c, side)  # (ky row spans, size, c, side)
         grid = (rows @ wx).reshape(ky, size, c, kx, size)  # (y span, row, c, x span, column)
         out[at : at + ky * kx].reshape(ky, kx, c, size, size)[...] = grid.transpose(0, 3, 2, 1, 4)
         at += ky * kx
@@ -285,8 +296,12 @@ def thumbnails(
 ) -> Descriptor:
     """The (colour, edge) thumbnail rows of a work image's windows (row 0: the whole image; `whole_only`:
     that row alone; `groups`: these windows instead of the check's)."""
+    if work.shape != (check.work_side, check.work_side, 3):
+        raise ValueError(f"work image {work.shape}, the check's is ({check.work_side}, {check.work_side}, 3)")
     weights = lambda size: (  # noqa: E731
-        _window_weights(check, size, whole_only) if groups is None else _group_weights(groups, size)
+        _window_weights(check, size, whole_only)
+        if groups is None
+        else _group_weights(groups, size, check.work_side)
     )
     pixels = work.astype(np.float64)
     colour = _resample(pixels, weights(check.colour_size), check.colour_size)
@@ -349,8 +364,8 @@ def pair_similarities(
     (`local_spans`). A pair's similarity is the highest of its searches: a function of the pair alone,
     whatever the threshold. In the first two searches every image's windows are computed once for all its
     pairs and then dropped: memory is the whole-image thumbnails of the images in `pairs` plus one image's
-    windows per worker (the fine search's 1,849: ~32 MiB in float64 at the near-duplicate stage's edge
-    size); the third search's windows (625 at radius 2) are each pair's own.
+    windows per worker (the fine search's 1,849: ~55 MiB in float64 at the near-duplicate stage's 40-px
+    edges); the third search's windows (625 at radius 2, ~19 MiB) are each pair's own.
 
     The images are spread over `workers` threads (0: the CPUs this process may use), each running BLAS on
     one thread: the products are small (a few rows against 148 windows), and BLAS's own threads on such

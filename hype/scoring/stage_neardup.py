@@ -7,10 +7,10 @@ the scores table the run just wrote; the fingerprints hold the scores parts' dig
 recomputes it), on rows of the scores table only (repeated uids are already dropped).
 
 0. `PixelStage` (per shard, executor; only with `neardup.partition=pixel`, the default with the copy
-   check): each scored row's 64 x 64 work image (`hype.scoring.copydetect`, 12 KiB), decoded from the
-   shard's tar (the stage's only read of the pool's tars), and its pixel descriptor (`pixel_descriptors`,
-   192 bytes) -> `neardup_pixels/<id>.parquet` (`work`, `pixel`; ~4 KiB a row on bench/neardup.py's
-   world 0, zstd). Memory: one shard's work images.
+   check): each scored row's 128 x 128 work image (`hype.scoring.copydetect`, 48 KiB),
+   decoded from the shard's tar (the stage's only read of the pool's tars), and its pixel descriptor
+   (`pixel_descriptors`, 192 bytes) -> `neardup_pixels/<id>.parquet` (`work`, `pixel`, zstd). Memory: one
+   shard's work images.
 1. clusters (driver): with the pixel partition, k-means (`kmeans_centroids`, the clusters module's backend
    and placement) of the unit pixel descriptors (`pixel_units`) of a deterministic sample of the pool (the
    CLIP k-means' sample, `sample_pool_rows`: `clusters.points_per_centroid` x K rows), read from step 0's
@@ -78,7 +78,7 @@ from hype.io.storage import AnyPath
 from hype.scoring import embed_format
 from hype.scoring.clusters import ASSIGN, default_num_clusters, kmeans_centroids, nearest_centroid
 from hype.scoring.context import StageSpec, SummaryView
-from hype.scoring.copydetect import WORK_SIDE, CopyCheck, occurrences, pair_similarities, tar_work_images
+from hype.scoring.copydetect import CopyCheck, occurrences, pair_similarities, tar_work_images
 from hype.scoring.dedup import keep_mask
 from hype.scoring.errors import ScoreError
 from hype.scoring.neardup import (
@@ -121,6 +121,15 @@ from hype.scoring.rundir import (
 from hype.scoring.stagebase import ShardStage
 from hype.table.schema import METRICS
 
+# The stage's work images: 128 px (48 KiB), twice decontamination's (`copydetect.WORK_SIDE`), so that the
+# copy check's edges can be 40 px: on two worlds' candidate pairs, at 0.95 of the true pairs, 28-px edges
+# on 64-px images passed 58 / 83 look-alikes that are no crop of each other, 40 px on 128-px images 40 /
+# 30 (56 px loses copies: JPEG and resizing at that scale; bench/RESULTS.md, #37 item 5's seventh pass).
+# Images smaller than that on an axis are enlarged bilinearly (`work_image`'s `upsample`): BOX enlarges as a
+# nearest neighbour, and its steps cost 40-px edges copies of small images (bench/RESULTS.md).
+WORK_SIDE = 128
+WORK_FORMAT = f"rgb-{WORK_SIDE}-box-or-bilinear-up"  # in the fingerprints: change it when they change
+WORK_BYTES = WORK_SIDE * WORK_SIDE * 3  # one work image (RGB uint8) in the pixel stage's and split's `work`
 SPLIT_FORMAT = "neardup-split-2"  # enters the split fingerprint: change it when the split's columns change
 # enters the groups' fingerprint: a group of clusters writes its members (each uid once, with its feature)
 # and their forest; the driver unites them (a row searched in two clusters may join groups of both)
@@ -174,7 +183,7 @@ class PixelStage(_CpuStage):
                 "stage": self.name,
                 "embed": self.upstream_digest("embed", task),
                 "drops": blake2b128_bytes(drops.tobytes()),
-                "work_images": WORK_SIDE,
+                "work_images": WORK_FORMAT,
                 "pixels": PIXEL_FORMAT,
             }
         )
@@ -245,7 +254,7 @@ class SplitStage(_CpuStage):
                 "format": SPLIT_FORMAT,
                 "clusters_per_row": self.assign,  # not "assign": ASSIGN's key (the assignment rule)
                 **ASSIGN,  # the rows' clusters
-                **({"work_images": WORK_SIDE} if self.work_images else {}),  # without: as before the check
+                **({"work_images": WORK_FORMAT} if self.work_images else {}),  # without: as before the check
                 **({"pixels": PIXEL_FORMAT} if self.pixels else {}),  # without: as before pixel candidates
                 **self._partition(task),
             }
@@ -353,9 +362,6 @@ class SplitStage(_CpuStage):
         }
 
 
-WORK_BYTES = WORK_SIDE * WORK_SIDE * 3  # one work image (RGB uint8) in the split's `work` column
-
-
 PIXEL_FORMAT = f"rgb-{PIXEL_SIDE}x{PIXEL_SIDE}-int8"  # `pixel_descriptors`: change it when they change
 
 
@@ -365,7 +371,7 @@ def _work_images(tar: str, keys: list[str], rows: np.ndarray) -> np.ndarray:
     that cannot be decoded is flat (it matches nothing)."""
     every = occurrences(keys)
     names = [every[i] for i in rows]
-    images, _ = tar_work_images(tar, set(names))
+    images, _ = tar_work_images(tar, set(names), WORK_SIDE, upsample=True)
     out = np.zeros((len(names), WORK_SIDE, WORK_SIDE, 3), np.uint8)
     for i, name in enumerate(names):
         if name in images:
@@ -636,7 +642,7 @@ def _model(state: Any, pool: Any, clusters_info: dict | None) -> Model:
             "max_points": max_points,
             "gpu": cc.gpu,
             **backend_key(cc.backend),
-            **({"partition": "pixel", "pixels": PIXEL_FORMAT, "work": WORK_SIDE} if pixel else {}),
+            **({"partition": "pixel", "pixels": PIXEL_FORMAT, "work": WORK_FORMAT} if pixel else {}),
         }  # fmt: skip
     )
     marker = folder(run) / "model.json"
@@ -708,7 +714,15 @@ def copy_check(nc: Any) -> CopyCheck | None:
     (`stage_decontam.search_of`)."""
     if not nc.copy_check:
         return None
-    return CopyCheck(threshold=nc.copy_threshold, local_step=0.0075, local_radius=2)
+    # local_from 0.85 before 40-px edges: with them a copy on stripes can score 0.8 before the third search
+    return CopyCheck(
+        work_side=WORK_SIDE,
+        edge_size=40,
+        threshold=nc.copy_threshold,
+        local_step=0.0075,
+        local_radius=2,
+        local_from=0.75,
+    )
 
 
 def find_near_duplicates(state: Any, pool: Any, clusters_info: dict | None) -> dict:
