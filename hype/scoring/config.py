@@ -124,7 +124,9 @@ class NeardupConfig:
     assign: int = 2  # clusters each row is searched in: its nearest (1) or its 2 or 3 nearest (SemDeDup's)
     # with copy_check: copy similarity at or above which a pair is a copy (`stage_neardup.copy_check`). 0.92
     # since its third search: the highest at which copies found are >= 0.95 on both synthetic worlds, with
-    # fewer missed copies and other samples grouped than 0.925 before it (bench/RESULTS.md)
+    # fewer missed copies and other samples grouped than 0.925 before it; kept with 128-px work images, the
+    # highest at which the test world's defaults find >= 0.8 of its copies (0.94 finds >= 0.95 on both
+    # benchmark worlds with 1.98% / 1.42% others; bench/RESULTS.md)
     copy_threshold: float = 0.92
     keeper: str = "hype"  # hype (highest HYPE score) | semdedup (farthest from its centroid) | random
     seed: int = 0  # of the random keeper
