@@ -134,7 +134,8 @@ def measure(world: Path, score: Path, check: CopyCheck, k: int) -> dict:
     family = {u: i for i, g in enumerate(families) for u in g}
     index = {u: i for i, u in enumerate(truth.uid)}
     t0 = time.perf_counter()
-    images = np.stack([work_image((world / "pool" / "images" / f"{u}.jpg").read_bytes()) for u in truth.uid])
+    files = [world / "pool" / "images" / f"{u}.jpg" for u in truth.uid]
+    images = np.stack([work_image(f.read_bytes(), check.work_side) for f in files])
     true = np.array(sorted((index[a], index[b]) for a, b in nd.group_pairs(families)))
     hard = hard_non_pairs(score, family, index, k)
     scene = [tuple(r) for r in truth[list(SCENE)].itertuples(index=False)]

@@ -216,11 +216,12 @@ def source_similarity(copies: Path, chosen: list, truth: pd.DataFrame) -> pd.Dat
     from hype.scoring.copydetect import pair_similarities, work_image
     from hype.scoring.stage_decontam import search_of
 
-    source = {(shard, key): work_image(data) for shard, key, data, _ in chosen}
-    copy = {s.key: work_image(s.image_bytes()) for s in iter_tar_samples(str(copies), SkipStats())}
+    check = search_of(DecontamConfig()).check  # the stage's
+    side = check.work_side
+    source = {(shard, key): work_image(data, side) for shard, key, data, _ in chosen}
+    copy = {s.key: work_image(s.image_bytes(), side) for s in iter_tar_samples(str(copies), SkipStats())}
     a = np.stack([copy[k] for k in truth.key])
     b = np.stack([source[(s, k)] for s, k in zip(truth.eval_shard, truth.eval_key, strict=True)])
-    check = search_of(DecontamConfig()).check  # the stage's
     sims = pair_similarities(a, b, np.stack([np.arange(len(a))] * 2, axis=1), check)
     rows = {}
     for kind in KINDS:

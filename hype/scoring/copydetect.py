@@ -3,9 +3,9 @@ verification step of `hype score --decontaminate` (`hype.scoring.stage_decontam`
 stage (`hype.scoring.stage_neardup`): the CLIP nearest neighbours are candidates, this decides. NumPy and
 Pillow only (threadpoolctl sets BLAS's threads); `tar_work_images` reads a shard's images for both.
 
-An image is kept as a square RGB uint8 "work image" of the check's `work_side` (`WORK_SIDE`, 64 px,
-12 KiB, for decontamination; 128 px, 48 KiB, for the near-duplicate stage, whose edges are finer:
-`stage_neardup.copy_check`) and described, for the whole image and for windows covering `scales` of each
+An image is kept as a square RGB uint8 "work image" of the check's `work_side` (`WORK_SIDE`, 64 px, 12
+KiB, by default; both stages' checks use 128 px, 48 KiB, with 40-px edges: `stage_neardup.copy_check`,
+`stage_decontam.search_of`) and described, for the whole image and for windows covering `scales` of each
 side at `steps` x `steps` offsets, by two thumbnails, each with its mean removed and unit L2 norm:
     colour  RGB intensities at `colour_size` px: which colours are where;
     edges   the horizontal and vertical differences of the luminance at `edge_size` px: where the edges

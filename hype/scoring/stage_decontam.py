@@ -62,7 +62,7 @@ from hype.scoring.rundir import (
 )
 
 SEARCH_ROWS = 1 << 15  # pool rows per faiss search call (bounds the distance block)
-BLOCK_IMAGES = 8192  # pool work images (12 KiB each) gathered before the copy check runs on them
+BLOCK_IMAGES = 8192  # pool work images (48 KiB each) gathered before the copy check runs on them
 BLOCK_PAIRS = 1 << 22  # candidate pairs gathered before the copy check runs on them
 
 
@@ -183,7 +183,14 @@ def search_of(dc: Any) -> Search:
     """The `Search` of a `DecontamConfig`."""
     # No second (anisotropic) search: what it adds is jittered near-duplicates; here it found no more
     # evaluation copies and flagged ~45% more clean look-alikes (bench/RESULTS.md, 2026-11-29 fourth pass).
-    check = CopyCheck(threshold=dc.copy_threshold, refine_from=None) if dc.copy_check else None
+    # 128-px work images and 40-px edges, as the near-duplicate stage's: on two synthetic worlds the clean
+    # samples flagged at 0.9 fell from 4.4% / 4.4% to 1.7% / 1.6% with every kind of copy found as often or
+    # more (bench/RESULTS.md, #37 item 5's seventh pass). Images are area-resampled (BOX) as measured.
+    check = (
+        CopyCheck(work_side=128, edge_size=40, threshold=dc.copy_threshold, refine_from=None)
+        if dc.copy_check
+        else None
+    )
     return Search(dc.threshold, dc.candidates, check)
 
 
@@ -212,10 +219,11 @@ def find_matches(
     indexes = _task_indexes(run, eval_parts, width)
     gpu = _use_gpu()
     check = search.check
-    evals = _EvalImages(indexes, {p.path: p.source for _, p in eval_parts}) if check is not None else None
+    sources = {p.path: p.source for _, p in eval_parts}
+    evals = _EvalImages(indexes, sources, check.work_side) if check is not None else None
     setup_s = time.perf_counter() - started  # does not grow with the pool (`hype plan` keeps it fixed)
     found = _Found(indexes)
-    block = _Block()
+    block = _Block(check.work_side if check is not None else WORK_SIDE)
     pool_rows = 0
     for task in pool_tasks:
         t = read_parquet(run.shard_output("embed", task), columns=["uid", "key", "clip_img"])
@@ -322,10 +330,11 @@ def _candidates(indexes: dict[str, tuple], x: np.ndarray, search: Search) -> _Ca
 class _Block:
     """Pool shards whose candidates wait for the copy check, checked together: each evaluation image's
     windows are then computed once per block instead of once per pool shard (they dominated the check's
-    time). Holds at most ~`BLOCK_IMAGES` pool work images (12 KiB each) and ~`BLOCK_PAIRS` candidate pairs
-    beyond one shard's own; the evaluation side is `_EvalImages`, held once."""
+    time). Holds at most ~`BLOCK_IMAGES` pool work images (`side` px: 48 KiB each at 128) and ~`BLOCK_PAIRS`
+    candidate pairs beyond one shard's own; the evaluation side is `_EvalImages`, held once."""
 
-    def __init__(self) -> None:
+    def __init__(self, side: int) -> None:
+        self.side = side
         self.shards: list[tuple[ShardTask, pa.Table, _Cands, np.ndarray]] = []
         self.images: list[np.ndarray] = []
         self.pairs = 0
@@ -336,7 +345,7 @@ class _Block:
         if len(cands.row):
             names = occurrences(t.column("key").to_pylist())
             wanted = {names[r] for r in np.unique(cands.row).tolist()}
-            images, unreadable = tar_work_images(task.source, wanted)
+            images, unreadable = tar_work_images(task.source, wanted, self.side)
             found.unreadable += unreadable
             slot = {name: len(self.images) + i for i, name in enumerate(images)}
             self.images += images.values()
@@ -366,7 +375,7 @@ class _Block:
             for (task, t, c, _), copy in zip(self.shards, np.split(sims, bounds), strict=True):
                 c.copy = copy
                 found.add(task, t, _best(c, check.threshold))
-        return _Block()
+        return _Block(self.side)
 
 
 def _best(cands: _Cands, threshold: float) -> _Cands:
@@ -379,10 +388,10 @@ def _best(cands: _Cands, threshold: float) -> _Cands:
 
 
 class _EvalImages:
-    """Every evaluation image as a work image (held once: images x WORK_SIDE^2 x 3 bytes), row-aligned
-    with the task indexes."""
+    """Every evaluation image as a work image of `side` px (held once: images x side^2 x 3 bytes),
+    row-aligned with the task indexes."""
 
-    def __init__(self, indexes: dict[str, tuple], sources: dict[str, str]):
+    def __init__(self, indexes: dict[str, tuple], sources: dict[str, str], side: int):
         offsets: list[int] = []  # first row of each task
         works: list[np.ndarray] = []
         self.unreadable = 0
@@ -394,13 +403,13 @@ class _EvalImages:
             images = {}
             for shard, shard_keys in by_shard.items():
                 names = occurrences(shard_keys)
-                got, bad = tar_work_images(sources[shard], set(names))
+                got, bad = tar_work_images(sources[shard], set(names), side)
                 self.unreadable += bad
                 images[shard] = iter([got.get(name) for name in names])  # the shard's rows, in row order
-            blank = np.zeros((WORK_SIDE, WORK_SIDE, 3), np.uint8)  # a flat image matches nothing
+            blank = np.zeros((side, side, 3), np.uint8)  # a flat image matches nothing
             works += [w if (w := next(images[s])) is not None else blank for s in shards]
         self.offsets = np.asarray(offsets, dtype=np.int64)
-        self.works = np.stack(works) if works else np.zeros((0, WORK_SIDE, WORK_SIDE, 3), np.uint8)
+        self.works = np.stack(works) if works else np.zeros((0, side, side, 3), np.uint8)
         self.nbytes = int(self.works.nbytes)
 
 
@@ -568,7 +577,8 @@ def _time_copy_check(cfg: Any) -> dict | None:
     if cfg.decontam.eval_dir is None or check is None:
         return None
     n = COPY_CALIBRATION_IMAGES
-    a, b = np.random.default_rng(0).integers(0, 256, (2, n, WORK_SIDE, WORK_SIDE, 3), dtype=np.uint8)
+    side = check.work_side
+    a, b = np.random.default_rng(0).integers(0, 256, (2, n, side, side, 3), dtype=np.uint8)
     times: dict[int, list[float]] = {1: [], COPY_CALIBRATION_PAIRS: []}
     for _ in range(3):
         for k in times:
