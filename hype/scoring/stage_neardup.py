@@ -707,11 +707,11 @@ def cluster_groups(rows: int, nc: Any) -> int:
 
 
 def copy_check(nc: Any) -> CopyCheck | None:
-    """The stage's copy check (`neardup.copy_check`, a `NeardupConfig`), or None without it: with the third
-    search around each pair's best window (`CopyCheck.local_step`): on both synthetic worlds' candidates,
-    at equal look-alikes passed, 2 points more of the true pairs than 24-px edges and two searches
-    (bench/RESULTS.md, #37 item 5's sixth pass). Decontamination keeps its own
-    (`stage_decontam.search_of`)."""
+    """The stage's copy check (`neardup.copy_check`, a `NeardupConfig`), or None without it: on `WORK_SIDE`
+    (128) px work images with 40-px edges (#37 item 5's seventh pass) and with the third search around each
+    pair's best window (`CopyCheck.local_step`; the sixth pass: 2 points more of the true pairs at equal
+    look-alikes passed; bench/RESULTS.md). Decontamination has its own (`stage_decontam.search_of`): the
+    same work side and edges, the square search only."""
     if not nc.copy_check:
         return None
     # local_from 0.85 before 40-px edges: with them a copy on stripes can score 0.8 before the third search
