@@ -406,6 +406,9 @@ def test_the_debug_hold_ends_once_the_test_writes_release(tmp_path):
     (tmp_path / "release").touch()
     second.join(30)
     assert not second.is_alive()
-    started = time.monotonic()
-    ShardStage._debug_hook(stage, SimpleNamespace(shard_id="s2"))  # a later shard: not held
-    assert time.monotonic() - started < 30 and (tmp_path / "embed-s2.pid").exists()
+    later = threading.Thread(  # a later shard: not held (its 120 s hold would outlast the bounded join)
+        target=ShardStage._debug_hook, args=(stage, SimpleNamespace(shard_id="s2")), daemon=True
+    )
+    later.start()
+    later.join(60)
+    assert not later.is_alive() and (tmp_path / "embed-s2.pid").exists()

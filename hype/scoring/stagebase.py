@@ -25,7 +25,7 @@ import torch
 from hype.executor import Resources, Stage
 from hype.io.runs import write_marker
 from hype.scoring.decode import SHARED_CORE_ENV
-from hype.scoring.rundir import RunDir, ShardTask, completed, read_json, write_parquet
+from hype.scoring.rundir import RunDir, ShardTask, atomic_write_bytes, completed, read_json, write_parquet
 
 
 class ShardStage(Stage):
@@ -127,7 +127,8 @@ class ShardStage(Stage):
             return
         folder = Path(dbg.pid_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{self.name}-{task.shard_id}.pid").write_text(str(os.getpid()))
+        # renamed into place: a test polling for the file never reads it empty
+        atomic_write_bytes(folder / f"{self.name}-{task.shard_id}.pid", str(os.getpid()).encode())
         releases = (folder / "release", folder / f"{self.name}-{task.shard_id}.release")
         deadline = time.monotonic() + dbg.hold_s
         while time.monotonic() < deadline and not any(r.exists() for r in releases):
