@@ -43,7 +43,10 @@ class Squares(Stage):
     def run(self, task: int) -> dict:
         tries = self.out / f"{task}.tries"
         n = int(tries.read_text()) + 1 if tries.exists() else 1
-        tries.write_text(str(n))
+        # By rename: a broken pool SIGTERMs its other workers, and one stopped between a truncating
+        # write's open and its write left this file empty for the fresh pool's attempt (seen under load).
+        (self.out / f"{task}.tries.tmp").write_text(str(n))
+        os.replace(self.out / f"{task}.tries.tmp", tries)
         if task == self.die and n == 1:
             os._exit(3)  # a worker killed mid-task (out of memory, SIGKILL)
         if n <= self.fail.get(task, 0):
