@@ -3,10 +3,10 @@ verification step of `hype score --decontaminate` (`hype.scoring.stage_decontam`
 stage (`hype.scoring.stage_neardup`): the CLIP nearest neighbours are candidates, this decides. NumPy and
 Pillow only (threadpoolctl sets BLAS's threads); `tar_work_images` reads a shard's images for both.
 
-An image is kept as a square RGB uint8 "work image" of the check's `work_side` (`WORK_SIDE`, 64 px, 12
-KiB, by default; both stages' checks use 128 px, 48 KiB, with 40-px edges: `stage_neardup.copy_check`,
-`stage_decontam.search_of`) and described, for the whole image and for windows covering `scales` of each
-side at `steps` x `steps` offsets, by two thumbnails, each with its mean removed and unit L2 norm:
+An image is kept as a square RGB uint8 "work image" of the check's `work_side` (`WORK_SIDE`, 128 px, 48
+KiB; `work_image`: area-resampled, or enlarged bilinearly on an axis under the side) and described, for
+the whole image and for windows covering `scales` of each side at `steps` x `steps` offsets, by two
+thumbnails, each with its mean removed and unit L2 norm:
     colour  RGB intensities at `colour_size` px: which colours are where;
     edges   the horizontal and vertical differences of the luminance at `edge_size` px: where the edges
             are (a smooth background, a gradient or a flat colour, has none: it no longer dominates).
@@ -29,12 +29,14 @@ search 97% / 95% (bench/copy_check_recall.py). Searching only the pairs that com
 those (a few % of CLIP candidates; every true copy): ~2.9x the square search's time on CLIP neighbours.
 Decontamination does without it (`stage_decontam.search_of`): its evaluation copies already pass, and the
 second search there only flagged more look-alikes.
-With `local_step` (the near-duplicate stage's check, `stage_neardup.copy_check`) a pair at
-`local_from` (0.75 there) or more is searched a third time around each side's
-best window: every offset and side within 2 steps of 0.75% of a side of the best's, per axis (625
-windows, each pair's own). The second search's grid is 2.5% of a side; a jittered copy on stripes cropped
-between its windows scored 0.80-0.90 (tests/test_copydetect.py). On two synthetic worlds' candidates it
-passes 2 points more of the true pairs at equal look-alikes passed (bench/RESULTS.md).
+With `local_step` (both stages' checks) a pair at `local_from` (0.75) or more is searched a third time
+around each side's best window: every offset and side within 2 steps of 0.75% of a side of the best's, per
+axis (625 windows, each pair's own). The second search's grid is 2.5% of a side; a jittered copy on stripes
+cropped between its windows scored 0.80-0.90 (tests/test_copydetect.py). On two synthetic worlds'
+candidates it passes 2 points more of the true pairs at equal look-alikes passed (bench/RESULTS.md).
+Without it, the square windows at 40-px edges (7 offsets per axis: 1.7% of a side apart at scale 0.9,
+two-thirds of an edge pixel) scored 10% crops of 96-px images of four random ellipses under 0.9 for 42 of
+100 (17 with small images enlarged bilinearly); with it, for none.
 
 Exact on any machine: every sum that BLAS computes here is a sum of integers below 2^53 in float64, so its
 value does not depend on the order BLAS adds in (the kernel the CPU gets, the blocking, the batch's shape).
@@ -71,7 +73,16 @@ from hype.data.imageprep import ImageError, decode_rgb
 from hype.data.samples import SkipStats, iter_tar_samples
 from hype.executor import usable_cpus
 
-WORK_SIDE = 64  # an image is kept as this square RGB uint8 (12 KiB) until its pairs are checked
+# An image is kept as this square RGB uint8 (48 KiB) until its pairs are checked. 128 px, so that the
+# edges can be 40 px: on two worlds' candidate pairs, at 0.95 of the true pairs, 28-px edges on 64-px images
+# passed 58 / 83 look-alikes that are no crop of each other, 40 px on 128-px images 40 / 30 (56 px loses
+# copies: JPEG and resizing at that scale), and 24 / 16 with small images enlarged bilinearly (Pillow's BOX
+# enlarges as a nearest neighbour: a 47-px image's edges become steps of 2 and 3 pixels, placed differently
+# in its copy; bench/RESULTS.md, #37 item 5's seventh pass).
+WORK_SIDE = 128
+WORK_FORMAT = (
+    f"rgb-{WORK_SIDE}-box-or-bilinear-up"  # in the fingerprints: change it when `work_image` changes
+)
 LUMA = np.array([299.0, 587.0, 114.0])  # ITU-R BT.601 (JPEG's luminance) x 1000: integer sums stay exact
 WEIGHT_ONE = 1 << 16  # an area weight is an integer over this: pixel sums < 255,000 * 2^32 < 2^53, exact
 UNIT_ONE = 1 << 20  # thumbnail entries are integers over this (exact in float32); dot products < 2^51
@@ -85,9 +96,8 @@ class CopyCheck:
 
     work_side: int = WORK_SIDE  # the work image's side (`work_image`)
     colour_size: int = 16  # colour thumbnail side in pixels
-    edge_size: int = 28  # edge thumbnail side in pixels (24 before #37 item 5's sixth pass: 28 passes fewer
-    # look-alikes at the same copies found, bench/RESULTS.md; the near-duplicate stage's is 40 on 128-px
-    # work images, `stage_neardup.copy_check`)
+    edge_size: int = 40  # edge thumbnail side in pixels (28 on 64-px work images before #37 item 5's
+    # seventh pass; finer edges pass fewer look-alikes at the same copies found, bench/RESULTS.md)
     scales: tuple[float, ...] = (0.95, 0.9, 0.85)  # window side / image side, besides the whole image
     steps: int = 7  # window offsets per axis per scale
     threshold: float = 0.9  # copy similarity at or above which a candidate is a copy
@@ -102,9 +112,10 @@ class CopyCheck:
     # each side's best window (`local_spans`): every offset and side within `local_radius` steps of
     # `local_step` of the best's, per axis. The second search's grid is 2.5% of a side, and on a striped
     # background the edges agree only within ~1% (bench/copy_check_recall.py). None: no third search.
-    local_step: float | None = None
+    # 0.75: with 40-px edges a copy on stripes can score 0.8 before it (0.85 with 28-px edges).
+    local_step: float | None = 0.0075
     local_radius: int = 2
-    local_from: float = 0.85
+    local_from: float = 0.75
 
     def __post_init__(self) -> None:
         if not (32 <= self.work_side <= 256 and self.work_side % 8 == 0):
@@ -212,12 +223,12 @@ def _group_weights(groups: list[Group], size: int, side: int) -> list[tuple[np.n
     return [(weights(ys), np.ascontiguousarray(weights(xs).T)) for ys, xs in groups]
 
 
-def work_image(data: bytes, side: int = WORK_SIDE, upsample: bool = False) -> np.ndarray:
+def work_image(data: bytes, side: int = WORK_SIDE, upsample: bool = True) -> np.ndarray:
     """An encoded image as (side, side, 3) uint8 (`CopyCheck.work_side`), area-resampled (BOX); with
-    `upsample`, an image smaller than `side` on either axis is resized bilinearly instead: Pillow's BOX
-    enlarges as a nearest neighbour would, so a 47-px image's edges on 128 px are steps of 2 and 3 pixels,
-    placed differently in a copy (the near-duplicate stage's, bench/RESULTS.md). Raises `ImageError` (the
-    project's decoder and its pixel limit) for a file that cannot be decoded."""
+    `upsample` (`WORK_FORMAT`), an image smaller than `side` on either axis is resized bilinearly instead:
+    Pillow's BOX enlarges as a nearest neighbour would, so a 47-px image's edges on 128 px are steps of 2
+    and 3 pixels, placed differently in a copy (bench/RESULTS.md). Raises `ImageError` (the project's
+    decoder and its pixel limit) for a file that cannot be decoded."""
     img, _ = decode_rgb(data, draft_size=side)
     smooth = upsample and min(img.size) < side
     resample = Image.Resampling.BILINEAR if smooth else Image.Resampling.BOX
@@ -236,7 +247,7 @@ def occurrences(keys: list[str]) -> list[tuple[str, int]]:
 
 
 def tar_work_images(
-    tar: str, wanted: set[tuple[str, int]], side: int = WORK_SIDE, upsample: bool = False
+    tar: str, wanted: set[tuple[str, int]], side: int = WORK_SIDE, upsample: bool = True
 ) -> tuple[dict[tuple[str, int], np.ndarray], int]:
     """{(key, n): work image} (`work_image`'s `side` and `upsample`) of the `wanted` samples of one tar
     (`occurrences`; read once, in file order), and how many of them could not be decoded (they match

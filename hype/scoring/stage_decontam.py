@@ -40,7 +40,14 @@ import pyarrow as pa
 from hype.io import read_parquet, storage
 from hype.scoring import embed_format
 from hype.scoring.context import StageSpec, SummaryView
-from hype.scoring.copydetect import WORK_SIDE, CopyCheck, occurrences, pair_similarities, tar_work_images
+from hype.scoring.copydetect import (
+    WORK_FORMAT,
+    WORK_SIDE,
+    CopyCheck,
+    occurrences,
+    pair_similarities,
+    tar_work_images,
+)
 from hype.scoring.decontam import (
     EVAL_STAGE,
     MATCH_SCHEMA,
@@ -180,17 +187,13 @@ def decontaminate(state: Any, pool: Any) -> dict | None:
 
 
 def search_of(dc: Any) -> Search:
-    """The `Search` of a `DecontamConfig`."""
-    # No second (anisotropic) search: what it adds is jittered near-duplicates; here it found no more
-    # evaluation copies and flagged ~45% more clean look-alikes (bench/RESULTS.md, 2026-11-29 fourth pass).
-    # 128-px work images and 40-px edges, as the near-duplicate stage's: on two synthetic worlds the clean
-    # samples flagged at 0.9 fell from 4.4% / 4.4% to 1.7% / 1.6% with every kind of copy found as often or
-    # more (bench/RESULTS.md, #37 item 5's seventh pass). Images are area-resampled (BOX) as measured.
-    check = (
-        CopyCheck(work_side=128, edge_size=40, threshold=dc.copy_threshold, refine_from=None)
-        if dc.copy_check
-        else None
-    )
+    """The `Search` of a `DecontamConfig`: `CopyCheck`'s own (the near-duplicate stage's) at
+    `decontam.copy_threshold`, without its second (anisotropic) search: what that adds is jittered
+    near-duplicates; here it found no more evaluation copies and flagged ~45% more clean look-alikes
+    (bench/RESULTS.md, 2026-11-29 fourth pass). The third search around each side's best window stays: with
+    the square windows alone, 10% crops of images with detail everywhere fell under 0.9 (#37 item 5's
+    eighth pass, tests/test_copydetect.py)."""
+    check = CopyCheck(threshold=dc.copy_threshold, refine_from=None) if dc.copy_check else None
     return Search(dc.threshold, dc.candidates, check)
 
 
@@ -297,7 +300,8 @@ class Search:
     def describe(self) -> dict:
         if self.check is None:
             return {"copy_check": None}
-        return {"candidates": self.candidates, "copy_check": self.check.settings()}
+        check = self.check.settings()
+        return {"candidates": self.candidates, "copy_check": check, "work_images": WORK_FORMAT}
 
 
 @dataclass

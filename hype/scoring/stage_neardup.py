@@ -78,7 +78,14 @@ from hype.io.storage import AnyPath
 from hype.scoring import embed_format
 from hype.scoring.clusters import ASSIGN, default_num_clusters, kmeans_centroids, nearest_centroid
 from hype.scoring.context import StageSpec, SummaryView
-from hype.scoring.copydetect import CopyCheck, occurrences, pair_similarities, tar_work_images
+from hype.scoring.copydetect import (
+    WORK_FORMAT,
+    WORK_SIDE,
+    CopyCheck,
+    occurrences,
+    pair_similarities,
+    tar_work_images,
+)
 from hype.scoring.dedup import keep_mask
 from hype.scoring.errors import ScoreError
 from hype.scoring.neardup import (
@@ -121,14 +128,6 @@ from hype.scoring.rundir import (
 from hype.scoring.stagebase import ShardStage
 from hype.table.schema import METRICS
 
-# The stage's work images: 128 px (48 KiB), twice decontamination's (`copydetect.WORK_SIDE`), so that the
-# copy check's edges can be 40 px: on two worlds' candidate pairs, at 0.95 of the true pairs, 28-px edges
-# on 64-px images passed 58 / 83 look-alikes that are no crop of each other, 40 px on 128-px images 40 /
-# 30 (56 px loses copies: JPEG and resizing at that scale; bench/RESULTS.md, #37 item 5's seventh pass).
-# Images smaller than that on an axis are enlarged bilinearly (`work_image`'s `upsample`): BOX enlarges as a
-# nearest neighbour, and its steps cost 40-px edges copies of small images (bench/RESULTS.md).
-WORK_SIDE = 128
-WORK_FORMAT = f"rgb-{WORK_SIDE}-box-or-bilinear-up"  # in the fingerprints: change it when they change
 WORK_BYTES = WORK_SIDE * WORK_SIDE * 3  # one work image (RGB uint8) in the pixel stage's and split's `work`
 SPLIT_FORMAT = "neardup-split-2"  # enters the split fingerprint: change it when the split's columns change
 # enters the groups' fingerprint: a group of clusters writes its members (each uid once, with its feature)
@@ -371,7 +370,7 @@ def _work_images(tar: str, keys: list[str], rows: np.ndarray) -> np.ndarray:
     that cannot be decoded is flat (it matches nothing)."""
     every = occurrences(keys)
     names = [every[i] for i in rows]
-    images, _ = tar_work_images(tar, set(names), WORK_SIDE, upsample=True)
+    images, _ = tar_work_images(tar, set(names))
     out = np.zeros((len(names), WORK_SIDE, WORK_SIDE, 3), np.uint8)
     for i, name in enumerate(names):
         if name in images:
@@ -707,22 +706,9 @@ def cluster_groups(rows: int, nc: Any) -> int:
 
 
 def copy_check(nc: Any) -> CopyCheck | None:
-    """The stage's copy check (`neardup.copy_check`, a `NeardupConfig`), or None without it: on `WORK_SIDE`
-    (128) px work images with 40-px edges (#37 item 5's seventh pass) and with the third search around each
-    pair's best window (`CopyCheck.local_step`; the sixth pass: 2 points more of the true pairs at equal
-    look-alikes passed; bench/RESULTS.md). Decontamination has its own (`stage_decontam.search_of`): the
-    same work side and edges, the square search only."""
-    if not nc.copy_check:
-        return None
-    # local_from 0.85 before 40-px edges: with them a copy on stripes can score 0.8 before the third search
-    return CopyCheck(
-        work_side=WORK_SIDE,
-        edge_size=40,
-        threshold=nc.copy_threshold,
-        local_step=0.0075,
-        local_radius=2,
-        local_from=0.75,
-    )
+    """The stage's copy check (`neardup.copy_check`, a `NeardupConfig`), or None without it: `CopyCheck`'s
+    own (128-px work images, 40-px edges, the second and third searches) at `neardup.copy_threshold`."""
+    return CopyCheck(threshold=nc.copy_threshold) if nc.copy_check else None
 
 
 def find_near_duplicates(state: Any, pool: Any, clusters_info: dict | None) -> dict:
