@@ -26,7 +26,7 @@ from test_score_support import BASE_OVERRIDES, models, run_cli, world
 import hype.filters  # noqa: F401  (registers the bundled rules for select without the CLI)
 from hype.cli import main
 from hype.data.uids import array_to_uids, load_subset
-from hype.scoring.copydetect import CopyCheck
+from hype.scoring.config import DecontamConfig
 from hype.scoring.decontam import DecontamError
 from hype.scoring.stage_decontam import eval_sets, task_name
 from hype.synth.contaminate import KINDS, eval_images, write_copies
@@ -150,8 +150,9 @@ def test_the_copy_check_rejects_clean_neighbours_that_clip_alone_flags(contamina
     run, truth = contaminated["run"], contaminated["truth"]
     verified = pq.read_table(run / "decontam" / "matches.parquet").to_pandas()
     marker = json.loads((run / "decontam" / "matches.json").read_text())
-    assert marker["copy_check"]["threshold"] == CopyCheck().threshold and marker["candidates"] == 30
-    assert (verified.copy_similarity >= CopyCheck().threshold).all()
+    threshold = DecontamConfig().copy_threshold  # the default
+    assert marker["copy_check"]["threshold"] == threshold == 0.94 and marker["candidates"] == 30
+    assert (verified.copy_similarity >= threshold).all()
     clip_only = tmp_path / "run"  # the same run, matched on CLIP features alone (as DataComp did)
     shutil.copytree(run, clip_only)
     args = [str(clip_only) if a == str(run) else a for a in contaminated["args"]]

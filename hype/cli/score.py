@@ -114,7 +114,7 @@ class _Warnings(logging.Handler):
     "--copy-threshold",
     type=float,
     metavar="SIM",
-    help="With --decontaminate: copy similarity at or above which a candidate is a copy [default: 0.9].",
+    help="With --decontaminate: copy similarity at or above which a candidate is a copy [default: 0.94].",
 )
 @click.option("--device", metavar="cpu|cuda", help="Device of the models [default: auto].")
 @click.option("--batch-size", type=int, help="Samples per forward pass [default: 256].")

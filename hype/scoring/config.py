@@ -194,7 +194,7 @@ class DecontamConfig:
     threshold: float = 0.9  # CLIP cosine of a candidate (the decontaminate filter may only raise it)
     candidates: int = 30  # nearest evaluation images per task and pool sample checked by the copy check
     copy_check: bool = True  # --copy-check/--no-copy-check: verify candidates from pixels
-    copy_threshold: float = 0.9  # --copy-threshold: copy similarity at or above which a candidate is a copy
+    copy_threshold: float = 0.94  # --copy-threshold: copy similarity at or above which a candidate is a copy
 
     def __post_init__(self) -> None:
         if not -1.0 <= self.threshold <= 1.0:
