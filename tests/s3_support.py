@@ -241,6 +241,18 @@ class CopiesAModel:
         return {"task": task, "copy": str(self.copy), "held": self.copy.is_file()}
 
 
+class CopiesAModelThenCollects(CopiesAModel):
+    """`CopiesAModel`, then a garbage collection: the driver's s3fs instances that the worker inherited and
+    fsspec dropped from its cache at the worker's first use are finalized now, as they are whenever the
+    worker's collector next runs."""
+
+    def setup(self) -> None:
+        import gc
+
+        super().setup()
+        gc.collect()
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory):
     server = S3Server(tmp_path_factory.mktemp("s3server"))

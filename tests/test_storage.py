@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import socket
 import subprocess
@@ -353,6 +354,50 @@ def test_pool_workers_remove_their_downloaded_models_when_they_end(s3, tmp_path,
     assert not result.failures and all(r["held"] for r in result.results)
     assert {Path(r["copy"]).parent.parent for r in result.results} == {tmp_path}
     assert not list(tmp_path.glob(".hype-cache-*"))  # both workers' copies are gone
+
+
+# A driver process as `hype score --workers 2` is on a bucket: it writes, runs a forked pool whose workers
+# read the bucket, and reports which descriptors its fsspec loop's epoll watches before and after.
+_FORKED_DRIVER = """
+import json, re, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+import fsspec.asyn
+from s3_support import CopiesAModelThenCollects
+from hype.executor import PoolExecutor
+from hype.io import read_json, storage, write_json
+
+def watched(loop):
+    info = Path(f"/proc/self/fdinfo/{loop._selector.fileno()}").read_text()
+    return sorted(int(fd) for fd in re.findall(r"^tfd:\\s+(\\d+)", info, re.M))
+
+options, url = json.loads(sys.argv[1]), sys.argv[3]
+storage.configure(options)
+write_json(url, {"weights": [1, 2, 3]})  # the driver now holds an open connection to the server
+before = watched(fsspec.asyn.get_loop())
+result = PoolExecutor(2, start_method="fork").map(CopiesAModelThenCollects(url, options), [1, 2, 3, 4])
+after = watched(fsspec.asyn.get_loop())
+print(json.dumps({"before": before, "after": after, "failures": len(result.failures),
+                  "read": read_json(url)}))
+"""
+
+
+def test_forked_workers_leave_the_drivers_connections_watched(s3):
+    # Before: a forked worker's first s3fs use dropped the driver's inherited s3fs instance, whose
+    # finalizer closed its connections through the driver's loop object, and so removed each from the
+    # epoll that driver and worker share (a forked descriptor names the same kernel object). The driver's
+    # next request on one waited 15 s (the read timeout) before botocore retried it: in this file, the
+    # error test took 16 s after the pool test.
+    url = f"s3://{s3.bucket()}/models/weights.bin"
+    run = subprocess.run(
+        [sys.executable, "-c", _FORKED_DRIVER, json.dumps(s3.options), str(Path(__file__).parent), url],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["failures"] == 0 and got["read"] == {"weights": [1, 2, 3]}
+    assert len(got["before"]) >= 2  # the loop's wake-up socket and the connection
+    assert set(got["before"]) <= set(got["after"]), got
 
 
 def test_errors_name_the_url_and_the_fix(s3):

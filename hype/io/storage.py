@@ -32,6 +32,8 @@ import json
 import os
 import queue
 import re
+import selectors
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -158,6 +160,34 @@ def configure_from_env() -> None:
     """Read HYPE_STORAGE_OPTIONS (JSON) if set; the CLI's --storage-options wins over it."""
     if os.environ.get(ENV_OPTIONS):
         configure(os.environ[ENV_OPTIONS])
+
+
+# A forked child (a process pool's worker, a DataLoader's) inherits the driver's fsspec event loop as an
+# object, not its thread, and the driver's s3fs instances with their open connections. The child's first
+# s3fs use drops those instances from fsspec's cache, and their finalizer closes each connection through
+# that loop: its selector's epoll is the driver's own (a forked descriptor names the same kernel object),
+# so every close removed a live driver connection from the driver's epoll, and the driver's next request
+# on it waited out the read timeout (15 s) before botocore retried it. The child gets a selector of its
+# own and a loop that is not running, so the finalizer closes the child's copies of the sockets only.
+_FORKED_LOOP: list[Any] = []
+
+
+def _before_fork() -> None:
+    asyn = sys.modules.get("fsspec.asyn")
+    _FORKED_LOOP[:] = [asyn.loop[0]] if asyn is not None and asyn.loop[0] is not None else []
+
+
+def _after_fork_in_child() -> None:
+    for loop in _FORKED_LOOP:  # fsspec imported asyncio; no import in a child just forked
+        if isinstance(loop, sys.modules["asyncio"].selector_events.BaseSelectorEventLoop):  # fsspec's kind
+            loop._selector = selectors.DefaultSelector()  # unregistering here no longer reaches the driver's
+            loop._thread_id = None  # its thread stayed in the driver: not running here
+    _FORKED_LOOP.clear()
+
+
+os.register_at_fork(
+    before=_before_fork, after_in_parent=_FORKED_LOOP.clear, after_in_child=_after_fork_in_child
+)
 
 
 def snapshot() -> dict[str, Any]:
