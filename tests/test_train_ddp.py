@@ -113,6 +113,10 @@ GRADS_SCRIPT = textwrap.dedent(
     forward_backward(ddp, loss, images[part], tokens[part], accum_steps=accum)
     if rank == 0:
         torch.save({k: p.grad for k, p in model.named_parameters() if p.grad is not None}, out)
+    # Both ranks here, and DDP's reducer gone, before the group goes (as hype.train ends): rank 1 once
+    # aborted in CI ("terminate called without an active exception") destroying it while rank 0 saved.
+    del ddp
+    dist.barrier()
     dist.destroy_process_group()
     """
 )
