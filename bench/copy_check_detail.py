@@ -3,46 +3,30 @@ striped backgrounds) do not have: each copy against its own source, the share pa
 
     python bench/copy_check_detail.py [--images 200] [--sides 96,200]
 
-Images of four random ellipses on a random colour (`tests/test_copydetect.py`'s scenes), `--images` per
-side; their JPEG (quality 75), resized (75%) and 10% cropped copies (`hype.synth.contaminate`, one seeded
-generator per image), and as many other such images, each against one source (the highest similarity
-printed). Three checks: decontamination's before #37 item 5's eighth pass (square windows only, images
-area-resampled), decontamination's now (`stage_decontam.search_of`), the near-duplicate stage's
-(`stage_neardup.copy_check`). One thread, so the seconds compare.
+Images of four random ellipses on a random colour (`hype.synth.render.ellipses_png`, as the copy
+check's tests use), `--images` per side; their JPEG (quality 75), resized (75%) and 10% cropped copies
+(`hype.synth.contaminate`, one seeded generator per image), and as many other such images, each against
+one source (the highest similarity printed). Three checks: decontamination's before #37 item 5's eighth
+pass (square windows only, images area-resampled), decontamination's now (`stage_decontam.search_of`),
+the near-duplicate stage's (`stage_neardup.copy_check`). One thread, so the seconds compare.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import time
 
 import numpy as np
-from PIL import Image, ImageDraw
 
 from hype.scoring.config import DecontamConfig, NeardupConfig
 from hype.scoring.copydetect import CopyCheck, pair_similarities, work_image
 from hype.scoring.stage_decontam import search_of
 from hype.scoring.stage_neardup import copy_check
 from hype.synth.contaminate import _copy
+from hype.synth.render import ellipses_png
 
 THRESHOLDS = (0.9, 0.92, 0.94)
 KINDS = ("jpeg", "resized", "crop10")
-
-
-def scene(seed: int, side: int) -> bytes:
-    """Four random ellipses on a random colour, PNG (as tests/test_copydetect.py draws them)."""
-    rng = np.random.default_rng(seed)
-    img = Image.new("RGB", (side, side), tuple(int(v) for v in rng.integers(0, 256, 3)))
-    draw = ImageDraw.Draw(img)
-    for _ in range(4):
-        x, y = rng.integers(0, side - 20, 2)
-        w, h = rng.integers(10, 40, 2)
-        box = (int(x), int(y), int(x + w), int(y + h))
-        draw.ellipse(box, fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()
 
 
 def main() -> None:
@@ -60,11 +44,11 @@ def main() -> None:
     }
     n = args.images
     for side in (int(s) for s in args.sides.split(",")):
-        sources = [scene(s, side) for s in range(n)]
+        sources = [ellipses_png(s, side) for s in range(n)]
         copies = {
             k: [_copy(x, "png", k, np.random.default_rng(s))[0] for s, x in enumerate(sources)] for k in KINDS
         }
-        others = [scene(10_000 + s, side) for s in range(n)]
+        others = [ellipses_png(10_000 + s, side) for s in range(n)]
         at = ", ".join(map(str, THRESHOLDS))
         print(f"\n{side}-px images, {n} each; share of copies at or above {at} (lowest)")
         for name, (check, upsample) in checks.items():

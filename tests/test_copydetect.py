@@ -22,24 +22,11 @@ from hype.scoring.copydetect import (
     work_image,
 )
 from hype.synth.contaminate import KINDS, _copy
-from hype.synth.render import decode, encode_jpeg, jitter, render
+from hype.synth.render import decode, ellipses_png, encode_jpeg, jitter, render
 from hype.synth.rng import Rng
 from hype.synth.scenes import sample_scene
 
-
-def _scene(seed: int, side: int = 96) -> bytes:
-    rng = np.random.default_rng(seed)
-    img = Image.new("RGB", (side, side), tuple(int(v) for v in rng.integers(0, 256, 3)))
-    draw = ImageDraw.Draw(img)
-    for _ in range(4):
-        x, y = rng.integers(0, side - 20, 2)
-        w, h = rng.integers(10, 40, 2)
-        draw.ellipse(
-            (int(x), int(y), int(x + w), int(y + h)), fill=tuple(int(v) for v in rng.integers(0, 256, 3))
-        )
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()
+_scene = ellipses_png  # an image with detail everywhere
 
 
 def _thumbs(data: bytes, check: CopyCheck) -> np.ndarray:

@@ -80,9 +80,8 @@ from hype.executor import usable_cpus
 # enlarges as a nearest neighbour: a 47-px image's edges become steps of 2 and 3 pixels, placed differently
 # in its copy; bench/RESULTS.md, #37 item 5's seventh pass).
 WORK_SIDE = 128
-WORK_FORMAT = (
-    f"rgb-{WORK_SIDE}-box-or-bilinear-up"  # in the fingerprints: change it when `work_image` changes
-)
+# In the fingerprints: change it when `work_image` changes.
+WORK_FORMAT = f"rgb-{WORK_SIDE}-box-or-bilinear-up"
 LUMA = np.array([299.0, 587.0, 114.0])  # ITU-R BT.601 (JPEG's luminance) x 1000: integer sums stay exact
 WEIGHT_ONE = 1 << 16  # an area weight is an integer over this: pixel sums < 255,000 * 2^32 < 2^53, exact
 UNIT_ONE = 1 << 20  # thumbnail entries are integers over this (exact in float32); dot products < 2^51

@@ -151,6 +151,23 @@ def jitter(img: Image.Image, rng: np.random.Generator) -> Image.Image:
     return out
 
 
+def ellipses_png(seed: int, side: int = 96) -> bytes:
+    """Four random ellipses on a random colour, PNG: an image with detail everywhere, which the scene
+    grammar's single objects on flat or striped backgrounds do not have (the copy check's tests and
+    bench/copy_check_detail.py)."""
+    rng = np.random.default_rng(seed)
+    img = Image.new("RGB", (side, side), tuple(int(v) for v in rng.integers(0, 256, 3)))
+    draw = ImageDraw.Draw(img)
+    for _ in range(4):
+        x, y = rng.integers(0, side - 20, 2)
+        w, h = rng.integers(10, 40, 2)
+        box = (int(x), int(y), int(x + w), int(y + h))
+        draw.ellipse(box, fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
 def encode_jpeg(img: Image.Image, quality: int = 90) -> bytes:
     buf = io.BytesIO()
     img.save(buf, format="JPEG", quality=int(quality), optimize=False, progressive=False)
