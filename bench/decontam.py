@@ -118,7 +118,7 @@ def main() -> None:
     chosen = []
     for folder in sorted(glob.glob(str(world / "eval" / "wds_*"))):
         chosen += eval_images(sorted(glob.glob(f"{folder}/test/*.tar")))[: args.per_task]
-    truth = pd.DataFrame(write_copies(chosen, copies))
+    truth = pd.DataFrame(write_copies(chosen, copies, root=world))
     run = out / "run"
     pool = f"{world / 'pool' / 'shards'}::{copies.parent}"
     common = ["--pool", pool, "--meru", str(meru), "--clip", str(clip), "--out", str(run), "--decontaminate",

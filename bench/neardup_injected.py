@@ -69,7 +69,7 @@ def write_shard(world: Path, name: str, images: list, kinds: tuple[str, ...]) ->
     with tarfile.open(world / "pool" / "shards" / f"{name}.tar", "w") as out:
         for n, image in enumerate(images):
             part = world / f"{name}-{n}.tar"
-            rows += write_copies([image], part, kinds=(kinds[n % len(kinds)],), seed=n)
+            rows += write_copies([image], part, kinds=(kinds[n % len(kinds)],), seed=n, root=world)
             with tarfile.open(part) as one:
                 for member in one.getmembers():
                     data = one.extractfile(member)

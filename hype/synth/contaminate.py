@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 from os import PathLike
 from pathlib import Path
@@ -63,16 +64,27 @@ def write_copies(
     out: str | PathLike,
     kinds: tuple[str, ...] = KINDS,
     seed: int = 0,
+    root: str | PathLike | None = None,
 ) -> list[dict]:
     """Write one pool sample per (image, kind) into the tar `out`; returns the truth rows
-    {uid, kind, eval_shard, eval_key, key}."""
+    {uid, kind, eval_shard, eval_key, key}.
+
+    A copy's uid hashes its kind, its source's key and its source shard's path relative to `root` (default:
+    the sources' common folder; pass the world's folder when its copies are written in several calls), never
+    the absolute path: a world's copies get the same uids wherever the world is written, and so the same
+    k-means sample and the same groups (bench/neardup_injected.py)."""
+    if root is None:
+        root = os.path.commonpath([os.path.dirname(os.path.abspath(im[0])) for im in images] or ["."])
     rng = np.random.default_rng(seed)
     truth = []
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(out, "w") as tar:
         for n, (shard, key, data, ext) in enumerate(images):
+            name = Path(os.path.relpath(os.path.abspath(shard), os.path.abspath(root))).as_posix()
+            if name.startswith("../"):
+                raise ValueError(f"{shard} is not under root {root}: pass a folder that holds every source")
             for kind in kinds:
-                uid = blake2b128_bytes(f"copy|{kind}|{shard}|{key}".encode())
+                uid = blake2b128_bytes(f"copy|{kind}|{name}|{key}".encode())
                 skey = f"c{n:06d}{kind}"
                 body, body_ext = _copy(data, ext, kind, rng)
                 members = {
