@@ -31,9 +31,10 @@ Decontamination does without it (`stage_decontam.search_of`): its evaluation cop
 second search there only flagged more look-alikes.
 With `local_step` (both stages' checks) a pair at `local_from` (0.75) or more is searched a third time
 around each side's best window: every offset and side within 2 steps of 0.75% of a side of the best's, per
-axis (625 windows, each pair's own). The second search's grid is 2.5% of a side; a jittered copy on stripes
-cropped between its windows scored 0.80-0.90 (tests/test_copydetect.py). On two synthetic worlds'
-candidates it passes 2 points more of the true pairs at equal look-alikes passed (bench/RESULTS.md).
+axis (625 windows, each pair's own; those the image's edge clamps onto one another, once: 36 around the
+whole image). The second search's grid is 2.5% of a side; a jittered copy on stripes cropped between its
+windows scored 0.80-0.90 (tests/test_copydetect.py). On two synthetic worlds' candidates it passes 2 points
+more of the true pairs at equal look-alikes passed (bench/RESULTS.md).
 Without it, the square windows at 40-px edges (7 offsets per axis: 1.7% of a side apart at scale 0.9,
 two-thirds of an edge pixel) scored 10% crops of 96-px images of four random ellipses under 0.9 for 42 of
 100 (17 with small images enlarged bilinearly); with it, for none.
@@ -196,15 +197,24 @@ def local_spans(offset: float, side: float, check: CopyCheck) -> list[Span]:
     return out
 
 
-def _area_weights(lo: float, hi: float, out: int, side: int) -> np.ndarray:
-    """(out, side) integers over `WEIGHT_ONE`: output pixel i averages the `side` input pixels over [lo, hi]
-    split in `out` equal parts (area resampling: overlap lengths, so a sub-pixel shift of the window is a
-    smooth change)."""
-    edges = (lo + (hi - lo) * np.arange(out + 1) / out) * side
+def _distinct(spans: list[Span]) -> list[Span]:
+    """`spans` without repeats, in their order."""
+    return list(dict.fromkeys(spans))
+
+
+def _area_weights(spans: list[Span], out: int, side: int) -> np.ndarray:
+    """(len(spans) * out, side) integers over `WEIGHT_ONE`: for each span (offset, side) of an axis, output
+    pixel i averages the `side` input pixels over the span split in `out` equal parts (area resampling:
+    overlap lengths, so a sub-pixel shift of the window is a smooth change). All spans at once: each
+    span's rows are the same elementwise operations and the same row sums as one span alone."""
+    lo = np.array([o for o, _ in spans], dtype=np.float64)[:, None]
+    hi = lo + np.array([s for _, s in spans], dtype=np.float64)[:, None]
+    edges = (lo + (hi - lo) * np.arange(out + 1) / out) * side  # (spans, out + 1)
     j = np.arange(side)
-    overlap = np.clip(np.minimum(edges[1:, None], j + 1) - np.maximum(edges[:-1, None], j), 0.0, None)
+    overlap = np.minimum(edges[:, 1:, None], j + 1) - np.maximum(edges[:, :-1, None], j)
+    overlap = np.clip(overlap, 0.0, None).reshape(len(spans) * out, side)
     w = np.rint(overlap / overlap.sum(axis=1, keepdims=True) * WEIGHT_ONE)
-    w[np.arange(out), w.argmax(axis=1)] += WEIGHT_ONE - w.sum(axis=1)  # each row sums to WEIGHT_ONE exactly
+    w[np.arange(len(w)), w.argmax(axis=1)] += WEIGHT_ONE - w.sum(axis=1)  # each row sums to WEIGHT_ONE
     return w
 
 
@@ -218,8 +228,10 @@ def _window_weights(check: CopyCheck, size: int, whole_only: bool) -> list[tuple
 def _group_weights(groups: list[Group], size: int, side: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per group of windows (ky row spans, kx column spans, its windows every pair of them) the resampling
     weights of its spans, (ky * size, side) and (side, kx * size), float64 integers over `WEIGHT_ONE`."""
-    weights = lambda spans: np.concatenate([_area_weights(o, o + s, size, side) for o, s in spans])  # noqa: E731
-    return [(weights(ys), np.ascontiguousarray(weights(xs).T)) for ys, xs in groups]
+    return [
+        (_area_weights(ys, size, side), np.ascontiguousarray(_area_weights(xs, size, side).T))
+        for ys, xs in groups
+    ]
 
 
 def work_image(data: bytes, side: int = WORK_SIDE, upsample: bool = True) -> np.ndarray:
@@ -375,7 +387,7 @@ def pair_similarities(
     whatever the threshold. In the first two searches every image's windows are computed once for all its
     pairs and then dropped: memory is the whole-image thumbnails of the images in `pairs` plus one image's
     windows per worker (the fine search's 1,849: ~55 MiB in float64 at the near-duplicate stage's 40-px
-    edges); the third search's windows (625 at radius 2, ~19 MiB) are each pair's own.
+    edges); the third search's windows (at most 625 at radius 2, ~19 MiB) are each pair's own.
 
     The images are spread over `workers` threads (0: the CPUs this process may use), each running BLAS on
     one thread: the products are small (a few rows against 148 windows), and BLAS's own threads on such
@@ -445,7 +457,9 @@ def _local(
         k, side = job
         image, other = (a, b)[side][pairs[k, side]], (b, a)[side][pairs[k, 1 - side]]
         x0, y0, x1, y1 = boxes[k, side].tolist()
-        group = (local_spans(y0, y1 - y0, check), local_spans(x0, x1 - x0, check))
+        # each window once: where the image's edge clamps the spans (a best box at the whole image: 6 of
+        # 25 per axis distinct) the repeats are the same windows, and only the best agreement is kept
+        group = (_distinct(local_spans(y0, y1 - y0, check)), _distinct(local_spans(x0, x1 - x0, check)))
         found = _match(
             thumbnails(other, fine, whole_only=True), thumbnails(image, fine, groups=[group]), fine
         )
