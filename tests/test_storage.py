@@ -286,7 +286,9 @@ def test_a_server_restart_mid_stream_is_retried_and_counted(tmp_path):
     server = S3Server(tmp_path / "server")
     server.start()
     try:
-        storage.configure(server.options)
+        # botocore's own retries off (a storage option a user can set too): it retried each refused request
+        # for up to 15 s before hype's counted retries began, and the restart below waits for those.
+        storage.configure({**server.options, "config_kwargs": {"retries": {"max_attempts": 1}}})
         local = tmp_path / "00000.tar"
         write_tar(local, _tar_members(40, seed=1))
         url = f"s3://{server.bucket()}/pool/00000.tar"
