@@ -299,25 +299,29 @@ def _resample(image: np.ndarray, groups: list[tuple[np.ndarray, np.ndarray]], si
     return out
 
 
-def _unit_rows(x: np.ndarray) -> np.ndarray:
-    """Rows with their mean removed, scaled to unit norm and rounded to integers over `UNIT_ONE` (exact in
-    float32); a row with (almost) no variation stays zero: a flat image has no layout to compare and
-    matches nothing. Each row's sums run along the row (numpy's pairwise sum: an order set by the row's
-    length alone)."""
+def _unit_rows(x: np.ndarray, out: np.ndarray) -> None:
+    """`out` (float64): the rows of `x` (float32, changed in place) with their mean removed, scaled to unit
+    norm and rounded to integers over `UNIT_ONE` (exact in float32, and in float64 for the products); a
+    row with (almost) no variation stays zero: a flat image has no layout to compare and matches nothing.
+    Each row's sums run along the row (numpy's pairwise sum: an order set by the row's length alone)."""
     x = x.reshape(len(x), -1)
-    x = x - x.mean(axis=1, keepdims=True)
+    x -= x.mean(axis=1, keepdims=True)
     norms = np.sqrt(np.add.reduce(np.square(x), axis=1, keepdims=True))
     x *= UNIT_ONE / np.maximum(norms, 1e-12)
-    np.rint(x, out=x)
-    x[norms[:, 0] <= 1e-2] = 0.0
-    return x
+    np.rint(x, out=out)
+    out[norms[:, 0] <= 1e-2] = 0.0
+
+
+_ROWS_AT_ONCE = 32  # windows whose thumbnails are finished together (their float32 rows stay in cache)
 
 
 def thumbnails(
     work: np.ndarray, check: CopyCheck, whole_only: bool = False, groups: list[Group] | None = None
 ) -> Descriptor:
     """The (colour, edge) thumbnail rows of a work image's windows (row 0: the whole image; `whole_only`:
-    that row alone; `groups`: these windows instead of the check's)."""
+    that row alone; `groups`: these windows instead of the check's), float64 integers over `UNIT_ONE` (the
+    type of the products in `terms`). Each window's rows are its own: the same bytes whatever the other
+    windows (its sums run along its rows, in blocks of `_ROWS_AT_ONCE` windows)."""
     if work.shape != (check.work_side, check.work_side, 3):
         raise ValueError(f"work image {work.shape}, the check's is ({check.work_side}, {check.work_side}, 3)")
     weights = lambda size: (  # noqa: E731
@@ -327,22 +331,30 @@ def thumbnails(
     )
     pixels = work.astype(np.float64)
     colour = _resample(pixels, weights(check.colour_size), check.colour_size)
-    colour *= np.float32(1.0 / (255.0 * WEIGHT_ONE**2))
-    n = len(colour)
-    colour = colour.reshape(n, colour.shape[1], -1)
-    colour -= colour.mean(axis=2, keepdims=True)  # each channel's: a tint or brightness is no layout
     luma = _resample((pixels @ LUMA)[:, :, None], weights(check.edge_size), check.edge_size)[:, 0]
-    luma *= np.float32(1.0 / (1000.0 * 255.0 * WEIGHT_ONE**2))
-    dx = (luma[:, :, 1:] - luma[:, :, :-1]).reshape(n, -1)
-    dy = (luma[:, 1:, :] - luma[:, :-1, :]).reshape(n, -1)
-    return _unit_rows(colour), _unit_rows(np.concatenate([dx, dy], axis=1))
+    n, size = len(colour), check.edge_size
+    half = size * (size - 1)  # the horizontal differences, then the vertical ones
+    out = np.empty((n, colour[0].size)), np.empty((n, 2 * half))
+    edges = np.empty((min(n, _ROWS_AT_ONCE), 2, half), np.float32)
+    for lo in range(0, n, _ROWS_AT_ONCE):
+        hi = min(lo + _ROWS_AT_ONCE, n)
+        c = colour[lo:hi].reshape(hi - lo, 3, -1)
+        c *= np.float32(1.0 / (255.0 * WEIGHT_ONE**2))
+        c -= c.mean(axis=2, keepdims=True)  # each channel's: a tint or brightness is no layout
+        _unit_rows(c, out[0][lo:hi])
+        y, e = luma[lo:hi], edges[: hi - lo]
+        y *= np.float32(1.0 / (1000.0 * 255.0 * WEIGHT_ONE**2))
+        np.subtract(y[:, :, 1:], y[:, :, :-1], out=e[:, 0].reshape(hi - lo, size, size - 1))
+        np.subtract(y[:, 1:, :], y[:, :-1, :], out=e[:, 1].reshape(hi - lo, size - 1, size))
+        _unit_rows(e, out[1][lo:hi])
+    return out
 
 
 def terms(wholes: Descriptor, windows_: Descriptor, check: CopyCheck) -> tuple[np.ndarray, ...]:
     """(colour NCC, lowest channel contrast, edge NCC), each (m, windows) float64, of m whole-image
     descriptors against one image's windows (module docstring): products and sums of integers, exact
     whatever m and the BLAS kernel, then scaled."""
-    (wc, we), (vc, ve) = ([x.astype(np.float64) for x in d] for d in (wholes, windows_))
+    (wc, we), (vc, ve) = ([x.astype(np.float64, copy=False) for x in d] for d in (wholes, windows_))
     one = float(UNIT_ONE) ** 2
     side = wc.shape[1] // 3
     parts = [(wc[:, c * side : (c + 1) * side], vc[:, c * side : (c + 1) * side]) for c in range(3)]
