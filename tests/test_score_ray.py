@@ -172,13 +172,13 @@ def test_a_slow_setup_does_not_count_against_the_task_timeout(ray_cluster):
 
 
 class _Niceness:
-    """A stage that reports the scheduling priority (niceness) its worker process runs at, and its import
-    path."""
+    """A stage that reports the scheduling priority (niceness) its worker process runs at, its import
+    path, and whether torch was imported there."""
 
     name = "niceness"
 
     def run(self, task: int) -> dict:
-        return {"task": task, "nice": os.nice(0), "path": sys.path}
+        return {"task": task, "nice": os.nice(0), "path": sys.path, "torch": "torch" in sys.modules}
 
 
 def test_workers_run_at_the_drivers_priority_and_never_import_from_its_folder(ray_cluster, tmp_path):
@@ -193,6 +193,9 @@ def test_workers_run_at_the_drivers_priority_and_never_import_from_its_folder(ra
     assert not result.failures and not list(tmp_path.glob("ran-*"))
     assert [r["nice"] for r in result.results] == [os.nice(0)] * 2
     assert all(str(tmp_path) not in r["path"] for r in result.results)
+    # Before: the worker's set-up imported torch (seconds of every worker's start) to empty a CUDA cache
+    # that a stage which never imported torch cannot have filled.
+    assert not any(r["torch"] for r in result.results)
 
 
 def test_a_finished_run_leaves_no_downloaded_model_on_the_workers(ray_cluster, s3):
