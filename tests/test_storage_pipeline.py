@@ -277,26 +277,37 @@ def test_a_server_stopped_mid_run_fails_cleanly_or_retries_and_a_rerun_completes
     try:
         chain = Chain(tmp_path_factory, server)
         out, pids = f"{chain.bucket}/run", tmp_path / "pids"
-        env = {**os.environ, "HYPE_STORAGE_OPTIONS": json.dumps(server.options)}
-        args = chain.score(out, f"debug.pid_dir={pids}", "debug.hold_s=2", "executor.retries=1")[1:]
+        # botocore's own retries off (a storage option a user can set too): each refused request is one of
+        # hype's counted retries, whose back-off (0.5 s doubling) ends soon after the server is back, where
+        # botocore's (up to 15 s per try) kept the run waiting ~10 s after it.
+        options = {**server.options, "config_kwargs": {"retries": {"max_attempts": 1}}}
+        env = {**os.environ, "HYPE_STORAGE_OPTIONS": json.dumps(options)}
+        # The first shard is held until the server is down (released below), later shards not at all.
+        args = chain.score(out, f"debug.pid_dir={pids}", "debug.hold_s=240", "executor.retries=1")[1:]
         proc = subprocess.Popen(
             cli_command(args), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         try:
             wait_for(lambda: any(pids.glob("embed-*.pid")), 240, proc, "a shard to start")
-            server.stop()
-            restart = threading.Timer(3.0, server.start)
+            server.stop()  # 500s for a second, then killed
+            (pids / "release").touch()  # the held shard reads its tar from the stopped server
+            # Started again at once: it refuses connections until it answers, 2.4-3 s on (more if loaded).
+            restart = threading.Thread(target=server.start)
             restart.start()
             output, _ = proc.communicate(timeout=400)
             restart.join()
         finally:
             if proc.poll() is None:
                 proc.kill()
-        # Either the retries rode the outage out, or the run ended with a message, not a traceback.
+        # Either the retries rode the outage out (and were counted), or the run ended with a message, not a
+        # traceback.
+        storage.configure(server.options)
         if proc.returncode != 0:
             assert "Traceback" not in output, output
             assert "storage server" in output or "rerun" in output, output
-        storage.configure(server.options)
+        else:
+            summary = json.loads(read_bytes(f"{out}/summary.json"))
+            assert summary["status"] == "complete" and summary["shards"]["storage_retries"] > 0, output
         r = hype(server.options, *chain.score(out))
         assert r.exit_code == 0, r.output
         same_scores(out, base)
