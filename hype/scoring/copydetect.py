@@ -62,6 +62,7 @@ copies it was built for.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
@@ -450,31 +451,31 @@ def _search(
     a: np.ndarray, b: np.ndarray, pairs: np.ndarray, check: CopyCheck, workers: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per pair and side s (0: a[i]'s windows against b[j]'s whole image, 1: the converse) the best
-    agreement with `check`'s windows, (pairs, 2) float32, and that window's box, (pairs, 2, 4)."""
+    agreement with `check`'s windows, (pairs, 2) float32, and that window's box, (pairs, 2, 4). Each image's
+    windows are computed once, against the whole images of all its pairs' other sides: when `a is b` (the
+    near-duplicate stage's pairs within one set), once for both sides."""
     out, boxes = np.full((len(pairs), 2), -1.0, np.float32), np.zeros((len(pairs), 2, 4))
     if not len(pairs):
         return out, boxes
-    every = windows(check)
+    every, n = windows(check), len(pairs)
+    shift = 0 if a is b else len(a)  # images numbered a's then b's (one numbering when they are one)
+    image = lambda i: a[i] if shift == 0 or i < shift else b[i - shift]  # noqa: E731
+    # one entry per pair and side (entry e: pair e % n, side e // n): its windowed image and the other
+    windowed = np.concatenate([pairs[:, 0], pairs[:, 1] + shift])
+    whole = np.concatenate([pairs[:, 1] + shift, pairs[:, 0]])
     with threadpool_limits(1), ThreadPoolExecutor(workers) as pool:
-        wholes = [
-            _wholes(pool, images, np.unique(pairs[:, side]), check) for side, images in enumerate((a, b))
-        ]
-        for side, images in enumerate((a, b)):
-            col, other = pairs[:, side], pairs[:, 1 - side]
-            order = np.argsort(col, kind="stable")
-            groups = np.split(order, np.flatnonzero(np.diff(col[order])) + 1)
-            used, rows = wholes[1 - side]
-            jobs = [(rows, np.searchsorted(used, other[g]), images[col[g[0]]]) for g in groups]
-            for group, (found, at) in zip(
-                groups, pool.map(_best_window, jobs, [check] * len(jobs)), strict=True
-            ):
-                out[group, side], boxes[group, side] = found, every[at]
+        used, rows = _wholes(pool, image, np.unique(whole), check)
+        order = np.argsort(windowed, kind="stable")
+        groups = np.split(order, np.flatnonzero(np.diff(windowed[order])) + 1)
+        jobs = [(rows, np.searchsorted(used, whole[g]), image(windowed[g[0]])) for g in groups]
+        for group, (found, at) in zip(groups, pool.map(_best_window, jobs, [check] * len(jobs)), strict=True):
+            out[group % n, group // n], boxes[group % n, group // n] = found, every[at]
     return out, boxes
 
 
-def _wholes(pool: ThreadPoolExecutor, images: np.ndarray, used: np.ndarray, check: CopyCheck) -> tuple:
-    """(used, (colour rows, edge rows)): the whole-image thumbnails of `images[used]`."""
-    rows = list(pool.map(lambda i: thumbnails(images[i], check, whole_only=True), used.tolist()))
+def _wholes(pool: ThreadPoolExecutor, image: Callable, used: np.ndarray, check: CopyCheck) -> tuple:
+    """(used, (colour rows, edge rows)): the whole-image thumbnails of `image(i)` for i in `used`."""
+    rows = list(pool.map(lambda i: thumbnails(image(i), check, whole_only=True), used.tolist()))
     return used, tuple(np.concatenate([r[p] for r in rows]) for p in range(2))
 
 
