@@ -556,9 +556,15 @@ def test_the_pixel_kmeans_sample_that_does_not_fit_is_refused_before_it_is_read(
     assert out["growth_mb"] < 64
 
 
+_CONFIRMED: dict[str, set[tuple[int, int]]] = {}  # `_copies`' confirmed pairs by digest of what decides them
+
+
 def _copies(run, uids: list[str], x: np.ndarray, threshold: float):
     """(i, j) -> whether the copy check confirms rows i and j (work images from the run's split), for the
-    pairs at cosine >= threshold (float64): what `reference_groups` takes as `copy`."""
+    pairs at cosine >= threshold (float64): what `reference_groups` takes as `copy`. The same images, pairs
+    and check (two tests' runs of one pool) are checked once in this module."""
+    import hashlib
+
     from hype.scoring.config import NeardupConfig
     from hype.scoring.copydetect import pair_similarities
     from hype.scoring.stage_neardup import WORK_SIDE, copy_check
@@ -571,8 +577,11 @@ def _copies(run, uids: list[str], x: np.ndarray, threshold: float):
     unit = x / np.linalg.norm(x, axis=1, keepdims=True)
     pairs = np.argwhere(np.triu(unit.astype(np.float64) @ unit.T.astype(np.float64) >= threshold, 1))
     check = copy_check(NeardupConfig())  # the stage's
-    ok = pair_similarities(images, images, pairs, check) >= check.threshold
-    confirmed = {(int(i), int(j)) for i, j in pairs[ok]}
+    key = hashlib.sha256(images.tobytes() + pairs.tobytes() + repr(check).encode()).hexdigest()
+    if key not in _CONFIRMED:
+        ok = pair_similarities(images, images, pairs, check) >= check.threshold
+        _CONFIRMED[key] = {(int(i), int(j)) for i, j in pairs[ok]}
+    confirmed = _CONFIRMED[key]
     return lambda i, j: (min(i, j), max(i, j)) in confirmed
 
 
