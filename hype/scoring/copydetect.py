@@ -302,6 +302,9 @@ def tar_work_images(
     return out, len(wanted - set(out))
 
 
+_GRID_VALUES = 1 << 17  # float64 values of `_resample`'s grid at once (1 MiB)
+
+
 def _resample(image: np.ndarray, groups: list[tuple[np.ndarray, ColumnBlocks]], size: int) -> np.ndarray:
     """(windows, channels, size, size) float32: every window of a (side, side, channels) image of
     integers (float64, < 2^18) in `windows` order, times WEIGHT_ONE^2 (`groups`: `_group_weights`). Per
@@ -315,13 +318,19 @@ def _resample(image: np.ndarray, groups: list[tuple[np.ndarray, ColumnBlocks]], 
     at = 0
     for (wy, blocks), (ky, kx) in zip(groups, counts, strict=True):
         rows = (wy @ planes).reshape(ky * size * c, side)  # (ky row spans, size, c, side)
-        grid = np.empty((len(rows), kx * size))  # (y span, row, c) x (block, x span, column in the block)
-        width = kx * size // len(blocks)
-        for b, (lo, hi, w) in enumerate(blocks):
-            np.matmul(rows[:, lo:hi], w, out=grid[:, b * width : (b + 1) * width])
-        grid = grid.reshape(ky, size, c, len(blocks), kx, size // len(blocks))
-        mine = out[at : at + ky * kx].reshape(ky, kx, c, size, len(blocks), size // len(blocks))
-        mine[...] = grid.transpose(0, 4, 2, 1, 3, 5)
+        nb, width = len(blocks), kx * size // len(blocks)
+        # a few row spans at a time, through one grid (fresh memory costs page faults: ~10 ms per 100 MB)
+        step = max(1, _GRID_VALUES // (size * c * kx * size))
+        grid = np.empty((min(step, ky) * size * c, kx * size))  # (y span, row, c) x (block, x span, column)
+        for y0 in range(0, ky, step):
+            y1 = min(y0 + step, ky)
+            part = grid[: (y1 - y0) * size * c]
+            for b, (lo, hi, w) in enumerate(blocks):
+                np.matmul(
+                    rows[y0 * size * c : y1 * size * c, lo:hi], w, out=part[:, b * width : (b + 1) * width]
+                )
+            mine = out[at + y0 * kx : at + y1 * kx].reshape(y1 - y0, kx, c, size, nb, size // nb)
+            mine[...] = part.reshape(y1 - y0, size, c, nb, kx, size // nb).transpose(0, 4, 2, 1, 3, 5)
         at += ky * kx
     return out
 
