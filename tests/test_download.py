@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import sys
 import tarfile
 import threading
 import time
@@ -580,8 +581,6 @@ def test_a_shard_is_on_disk_before_its_marker_says_done(world, server, tmp_path,
     for hype and for img2dataset's resume), and syncs none of them. Through the real img2dataset run with
     hype's worker (placed in this process so that os.fsync can be watched): the tar and parquet are synced
     before the marker exists, the marker after, then the folder holding all three."""
-    import sys
-
     monkeypatch.setenv("NO_ALBUMENTATIONS_UPDATE", "1")  # no question to PyPI when img2dataset is imported
     import img2dataset.main  # noqa: F401 - the module whose distributor is replaced below
 
@@ -612,6 +611,36 @@ def test_a_shard_is_on_disk_before_its_marker_says_done(world, server, tmp_path,
     assert shard[:2] in ([("00000000.parquet", False), ("00000000.tar", False)],
                          [("00000000.tar", False), ("00000000.parquet", False)])  # fmt: skip
     assert shard[2:] == [("out", False), ("00000000_stats.json", True), ("out", True)]
+
+
+def test_download_processes_start_without_torch(world, server, tmp_path, monkeypatch):
+    """img2dataset imports torch (through webdataset, which has stand-ins without it) and never uses it to
+    download: each download process paid ~1.5 s of CPU and hundreds of MB for it, again every 5 shards.
+    Here img2dataset's distributor, during a real download, starts a process from the context it gets
+    (hype's) and has it load hype's downloader there: no torch; then runs the shards in this process."""
+    monkeypatch.setenv("NO_ALBUMENTATIONS_UPDATE", "1")
+    import img2dataset.main  # noqa: F401 - the module whose distributor is replaced below
+
+    distributor = sys.modules["img2dataset.distributor"]
+    probe = "(__import__('hype.download.worker'), __import__('sys').modules.get('torch') is None)[1]"
+    seen = []
+
+    def probing(processes_count, downloader, reader, _, max_shard_retry):
+        with distributor.get_context("spawn").Pool(1, maxtasksperchild=5) as pool:
+            seen.append(pool.apply(eval, (probe,)))
+        for row in reader:
+            assert downloader(row)[0]
+
+    monkeypatch.setattr(sys.modules["img2dataset.main"], "multiprocessing_distributor", probing)
+    (src,) = sorted((world / "pool" / "metadata").glob("*.parquet"))
+    (tmp_path / "meta").mkdir()
+    pq.write_table(
+        pq.read_table(src, columns=["uid", "url", "text"]).slice(0, 2), tmp_path / "meta" / "m.parquet"
+    )
+    cfg = load_download_config(None, ["allowed_networks=127.0.0.1/32", "progress=false"])
+    assert download(tmp_path / "meta", tmp_path / "out", config=cfg)["samples"]["successes"] == 2
+    assert seen == [True]
+    assert sys.modules.get("torch", "never imported") is not None  # this process's imports are untouched
 
 
 def test_local_files_are_refused_even_with_allow_private_network(world, server, tmp_path):
