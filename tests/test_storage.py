@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -417,23 +418,43 @@ def test_errors_name_the_url_and_the_fix(s3):
         storage.configure("{endpoint")
 
 
-def test_transient_errors_are_told_apart():
+def test_transient_errors_are_told_apart(monkeypatch):
     assert storage.is_transient(ConnectionResetError())
     assert storage.is_transient(OSError("503 Service Unavailable: SlowDown"))
     assert storage.is_transient(OSError(121, "We encountered an internal error, please try again."))
     assert not storage.is_transient(FileNotFoundError("x"))
     assert not storage.is_transient(PermissionError("AccessDenied"))
+    # The back-off's waits are recorded instead of slept (the module's own `time`, nothing else's).
+    slept: list[float] = []
+    monkeypatch.setattr(storage, "time", types.SimpleNamespace(sleep=slept.append))
     calls = []
 
-    def flaky():
-        calls.append(time.monotonic())
-        if len(calls) < 3:
+    def flaky(failures: int):
+        calls.append(1)
+        if len(calls) <= failures:
             raise ConnectionResetError("reset by peer")
         return "ok"
 
     before = storage.retry_count()
-    assert storage.with_retries(flaky, "s3://b/k") == "ok"
-    assert storage.retry_count() - before == 2
+    assert storage.with_retries(lambda: flaky(2), "s3://b/k") == "ok"
+    assert storage.retry_count() - before == 2 and slept == [0.5, 1.0]
+
+    # Doubling up to `max_s`, `attempts` tries in all, then the error with the URL and the fix.
+    slept.clear()
+    calls.clear()
+    monkeypatch.setitem(storage._RETRIES, "max_s", 2.0)
+    with pytest.raises(storage.StorageError, match="s3://b/k: the storage server did not answer after"):
+        storage.with_retries(lambda: flaky(99), "s3://b/k")
+    assert len(calls) == storage._RETRIES["attempts"] == 6 and slept == [0.5, 1.0, 2.0, 2.0, 2.0]
+    # A permanent error is raised at once, not retried.
+    slept.clear()
+
+    def gone():
+        raise FileNotFoundError("gone")
+
+    with pytest.raises(FileNotFoundError, match="s3://b/k: no such object"):
+        storage.with_retries(gone, "s3://b/k")
+    assert slept == []
 
 
 def test_a_vanished_shard_is_counted_missing_and_a_dead_store_is_raised_not_counted(
