@@ -126,6 +126,28 @@ def test_pair_similarities_are_the_copy_similarities_of_each_pair():
     assert one.tobytes() == got[order].tobytes()
 
 
+def test_enough_stops_searching_a_pair_that_reaches_it_and_changes_no_answer():
+    """`pair_similarities(enough=)`, the near-duplicate stage's (it asks only whether a pair reaches its
+    threshold): a pair at `enough` after a search is searched no further, its value a lower bound still at
+    `enough` or more (the 10% crop and the copy on stripes stop before their last searches); every other
+    pair is the same bytes as without it."""
+    from hype.scoring.config import NeardupConfig
+    from hype.scoring.stage_neardup import copy_check
+
+    check, rng = copy_check(NeardupConfig()), np.random.default_rng(4)
+    source, striped = _scene(0), _striped(STRIPED[0])
+    a = [work_image(_copy(source, "png", kind, rng)[0]) for kind in KINDS]
+    a = np.stack(a + [work_image(x) for x in striped[1:]] + [work_image(_scene(1))])
+    b = np.stack([work_image(source), work_image(striped[0])])
+    pairs = np.array([(0, 0), (1, 0), (2, 0), (3, 0), (4, 1), (5, 1), (6, 0)])  # 4 copies, a copy, 2 others
+    full = pair_similarities(a, b, pairs, check)
+    got = pair_similarities(a, b, pairs, check, enough=check.threshold)
+    passed = full >= check.threshold
+    assert passed[:5].all() and not passed[5:].any() and ((got >= check.threshold) == passed).all()
+    assert got[~passed].tobytes() == full[~passed].tobytes() and (got <= full).all()
+    assert (got[[3, 4]] < full[[3, 4]]).all(), (got, full)  # stopped early: a lower bound
+
+
 def _striped(seed: int, background: str = "striped", shape: str | None = None) -> tuple[bytes, bytes, bytes]:
     """A single-object scene on stripes (or `background`) as the synthetic pool publishes it, its
     near-duplicate (the world's own `jitter`: each side cropped by up to 1/16, so often more on one axis;

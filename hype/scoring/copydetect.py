@@ -426,7 +426,12 @@ def copy_similarity(a: Descriptor, b: Descriptor, check: CopyCheck) -> float:
 
 
 def pair_similarities(
-    a: np.ndarray, b: np.ndarray, pairs: np.ndarray, check: CopyCheck, workers: int = 0
+    a: np.ndarray,
+    b: np.ndarray,
+    pairs: np.ndarray,
+    check: CopyCheck,
+    workers: int = 0,
+    enough: float | None = None,
 ) -> np.ndarray:
     """`copy_similarity` of the work images a[i] and b[j] for each row (i, j) of `pairs`; the pairs at
     `check.refine_from` or more searched again with `check.fine()`'s windows, and those then at
@@ -442,16 +447,27 @@ def pair_similarities(
     products spin against each other and against any other load (4x slower per product on 2 busy cores,
     bench/copy_check.py). The result does not depend on the thread count nor on how the pairs are grouped:
     every product is exact (module docstring), and whether a pair is searched again, and where, depends on
-    its own similarities alone."""
+    its own similarities alone.
+
+    `enough`: a pair at `enough` or more after a search is not searched further, its value then a lower
+    bound of its similarity (the further searches only raise it): for a caller that only asks whether a
+    pair reaches a threshold at or below `enough` (the near-duplicate stage), the same answers for less
+    work; a pair under `enough` gets its similarity, the same bytes as without it."""
     pairs, workers = np.asarray(pairs, dtype=np.int64).reshape(-1, 2), workers or usable_cpus()
+    limit = np.inf if enough is None else enough  # a pair under it is searched further
     out, boxes = _search(a, b, pairs, check, workers)
-    if check.refine_from is not None and len(near := np.flatnonzero(out.max(axis=1) >= check.refine_from)):
+    best = out.max(axis=1)
+    if check.refine_from is not None and len(
+        near := np.flatnonzero((best >= check.refine_from) & (best < limit))
+    ):
         fine, fine_boxes = _search(a, b, pairs[near], check.fine(), workers)
         better = fine > out[near]  # per side: the second search's best window where it is better
         boxes[near] = np.where(better[:, :, None], fine_boxes, boxes[near])
         out[near] = np.maximum(out[near], fine)
     out = out.max(axis=1)
-    if check.local_step is not None and len(near := np.flatnonzero(out >= check.local_from)):
+    if check.local_step is not None and len(
+        near := np.flatnonzero((out >= check.local_from) & (out < limit))
+    ):
         out[near] = np.maximum(out[near], _local(a, b, pairs[near], boxes[near], check, workers))
     return out
 

@@ -568,7 +568,9 @@ class GroupStage(ShardStage):
         out = []
         for (first, stop), (a, b, sim) in zip(spans, cands, strict=True):
             at = np.stack([np.searchsorted(needed, a + first), np.searchsorted(needed, b + first)], axis=1)
-            ok = pair_similarities(works, works, at, self.check) >= self.check.threshold
+            # only whether a pair reaches the threshold: one that does is not searched further
+            sims = pair_similarities(works, works, at, self.check, enough=self.check.threshold)
+            ok = sims >= self.check.threshold
             out.append(spanning_forest(stop - first, a[ok], b[ok], sim[ok]))
         return out
 
