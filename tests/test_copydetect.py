@@ -218,11 +218,18 @@ def test_pair_similarities_are_the_same_bytes_in_blocks_of_any_size_and_one_pair
     ]
     ta, tb = [thumbnails(x, check) for x in a], [thumbnails(x, check) for x in b]
     want = np.array([_one_pair(ta[i], tb[j], check) for i, j in pairs], np.float32)
-    # the second search: the pairs at refine_from or more, the higher of the two
-    fine = check.fine()
-    fa, fb = [thumbnails(x, fine) for x in a], [thumbnails(x, fine) for x in b]
+    # the second search: the pairs at refine_from or more, the higher of the two (each image's windows
+    # computed once, kept in float32: exact)
+    fine, kept = check.fine(), {}
+
+    def windowed(side: int, i: int) -> tuple:
+        if (side, i) not in kept:
+            kept[side, i] = tuple(p.astype(np.float32) for p in thumbnails((a, b)[side][i], fine))
+        return kept[side, i]
+
     for n in np.flatnonzero(want >= check.refine_from):
-        want[n] = max(want[n], _one_pair(fa[pairs[n, 0]], fb[pairs[n, 1]], fine))
+        want[n] = max(want[n], _one_pair(windowed(0, pairs[n, 0]), windowed(1, pairs[n, 1]), fine))
+    kept.clear()  # ~0.6 GB
     assert (want[copies[pairs[:, 0]] == pairs[:, 1]] >= check.threshold).all()  # the copies match
     assert (want[copies[pairs[:, 0]] != pairs[:, 1]] < check.threshold).all()  # the others do not
     for size, m in ((1, 16), (7, 28), (len(pairs), len(pairs))):  # in blocks of 1 and 7: the first pairs

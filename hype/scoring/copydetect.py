@@ -499,9 +499,10 @@ def _search(
 
 
 def _wholes(pool: ThreadPoolExecutor, image: Callable, used: np.ndarray, check: CopyCheck) -> tuple:
-    """(used, (colour rows, edge rows)): the whole-image thumbnails of `image(i)` for i in `used`."""
+    """(used, (colour rows, edge rows)): the whole-image thumbnails of `image(i)` for i in `used`, kept in
+    float32 (exact: integers of at most 2^20) for as long as the search holds them."""
     rows = list(pool.map(lambda i: thumbnails(image(i), check, whole_only=True), used.tolist()))
-    return used, tuple(np.concatenate([r[p] for r in rows]) for p in range(2))
+    return used, tuple(np.concatenate([r[p] for r in rows], dtype=np.float32) for p in range(2))
 
 
 def _best_window(job: tuple, check: CopyCheck) -> tuple[np.ndarray, np.ndarray]:
