@@ -408,8 +408,24 @@ def test_ray_distributor_downloads_and_guards(world, server, tmp_path, ray_clust
     """Without --ray-address, as a Ray job started by `ray job submit` runs it: Ray joins the cluster that
     RAY_ADDRESS names (here the session's test cluster; starting a local Ray instead took 8.3 s to start
     and 1.7 s to stop on 2 cores, of this test's ~11 s), hype's code path is a local start's. Then
-    img2dataset imported in each Ray worker, the network guard in each."""
+    img2dataset imported in each Ray worker (without torch, which it never uses to download), the network
+    guard in each."""
     monkeypatch.setenv("RAY_ADDRESS", ray_cluster)
+    monkeypatch.setenv("NO_ALBUMENTATIONS_UPDATE", "1")
+    import img2dataset.main  # noqa: F401 - the module whose distributor is wrapped below
+
+    main_module = sys.modules["img2dataset.main"]  # the package's `main` attribute is the function
+    real = main_module.ray_distributor
+    seen = []
+
+    def probing(*args):  # a task of the download's job, then its downloads
+        import ray
+
+        probe = ray.remote(lambda: (__import__("img2dataset"), sys.modules.get("torch", 0) is None)[1])
+        seen.extend(ray.get([probe.options(num_cpus=1).remote() for _ in range(2)]))
+        return real(*args)
+
+    monkeypatch.setattr(main_module, "ray_distributor", probing)
     _, base_url, handler = server
     (src,) = sorted((world / "pool" / "metadata").glob("*.parquet"))
     rows = pq.read_table(src, columns=["uid", "url", "text"]).slice(0, 10).to_pylist()
@@ -424,6 +440,7 @@ def test_ray_distributor_downloads_and_guards(world, server, tmp_path, ray_clust
     assert summary["shards"]["done"] == 2 and summary["distributor"] == "ray"
     assert summary["samples"]["successes"] == 10
     assert summary["samples"]["refused_private_network"] == 1
+    assert seen == [True, True]
 
 
 def test_resuming_with_other_settings_is_refused(tmp_path):

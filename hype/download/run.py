@@ -8,6 +8,9 @@ img2dataset does the downloading; hype adds what a pool needs around it:
   the guard in the worker process before fetching, and first checks (here and in each worker) that
   img2dataset's own fetch goes through it: a probe url the guard always refuses must come back refused,
   else nothing is downloaded (fail closed); only http(s) urls are fetched, whatever the flags;
+- img2dataset's download processes, and the Ray workers of a download that starts or joins Ray itself,
+  cannot import torch (img2dataset pulls it in through webdataset and never uses it): seconds of CPU and
+  hundreds of MB per process;
 - the metadata is checked up front (files, columns, duplicate uids, urls refused by their host alone);
 - img2dataset's own chatter (prints from the driver and every worker) goes to `OUT/_hype/img2dataset.log`
   and a progress bar over samples shows on stderr instead (its logger process, which only prints or
@@ -265,9 +268,16 @@ class _TorchlessContext:
 
 def _without_torch(initializer: Callable | None, initargs: tuple) -> None:
     """A pool process's initializer (before its first task is unpickled, which imports img2dataset)."""
-    sys.modules.setdefault("torch", None)  # None: `import torch` raises ModuleNotFoundError
+    block_torch()
     if initializer is not None:
         initializer(*initargs)
+
+
+def block_torch() -> None:
+    """Make `import torch` raise ModuleNotFoundError in this process, unless it is imported already: in
+    img2dataset's download processes and in the Ray workers of a download this starts (its job's
+    `worker_process_setup_hook`), which run nothing else."""
+    sys.modules.setdefault("torch", None)
 
 
 class _NoLogger:
@@ -358,7 +368,13 @@ def _ray(cfg: DownloadConfig) -> Iterator[None]:
     started = not ray.is_initialized()
     if started:
         try:
-            init_ray(address=cfg.ray_address, include_dashboard=False, logging_level=logging.WARNING)
+            init_ray(
+                address=cfg.ray_address,
+                include_dashboard=False,
+                logging_level=logging.WARNING,
+                # the job's workers run only img2dataset's downloads: no torch there (`_TorchlessContext`)
+                runtime_env={"worker_process_setup_hook": "hype.download.run.block_torch"},
+            )
         except ConnectionError as e:
             raise DownloadError(f"--ray-address {cfg.ray_address}: no Ray cluster reachable ({e})") from None
     try:
