@@ -27,18 +27,29 @@ def _free_port() -> int:
 
 def _processes_using(marker: str) -> list[int]:
     """PIDs of the processes of this test's cluster: their command line or environment mentions `marker`
-    (the cluster's private temp dir; Ray's agents rename themselves, but inherit the environment)."""
+    (the cluster's private temp dir), or a file of theirs is in it. Ray's agents rename themselves, and the
+    new title can overwrite the environment's memory: a dashboard and a runtime-env agent whose
+    /proc environ had lost the marker outlived their raylet after a suite (measured); their logs are open
+    in the temp dir."""
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             try:
                 found = marker.encode() in (entry / "cmdline").read_bytes()
                 found = found or f"HYPE_TEST_RAY={marker}".encode() in (entry / "environ").read_bytes()
+                found = found or any(_inside(fd, marker) for fd in (entry / "fd").iterdir())
             except OSError:
                 continue
             if found:
                 pids.append(int(entry.name))
     return pids
+
+
+def _inside(fd: Path, folder: str) -> bool:
+    try:
+        return os.readlink(fd).startswith(folder.rstrip("/") + "/")
+    except OSError:  # closed meanwhile
+        return False
 
 
 def _stop_cluster(temp_dir: str) -> None:
