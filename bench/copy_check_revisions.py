@@ -1,12 +1,14 @@
 """The pixel copy check of another git revision against this tree's, on a scored run's real candidate pairs,
 in one process: seconds (best of `--repeats`), their ratio, and whether the answers are the same.
 
-    python bench/copy_check_revisions.py --run RUN --old REV [--pairs 10000] [--repeats 2]
+    python bench/copy_check_revisions.py --run RUN --old REV [--pairs 0] [--repeats 2]
 
 RUN is a `hype score --neardup` run directory (its `neardup_split/` holds the work images); the pairs are
-a seeded sample of the stage's candidates at the defaults (each row's 10 nearest by CLIP cosine ≥ 0.9 and
-its 10 nearest of those by pixel descriptor, within each cluster searched). REV's
-`hype/scoring/copydetect.py` is loaded from git as a module of its own (the rest of hype is this tree's).
+the stage's candidates at the defaults (each row's 10 nearest by CLIP cosine ≥ 0.9 and its 10 nearest of
+those by pixel descriptor, within each cluster searched), all of them or `--pairs` drawn by a seed (fewer
+pairs per image than the stage checks: a sample understates what computing an image's windows once for all
+its pairs saves). REV's `hype/scoring/copydetect.py` is loaded from git as a module of its own (the rest of
+hype is this tree's).
 Both stages' checks are timed: decontamination's (`CopyCheck(threshold=0.94, refine_from=None)`, on two sets
 of images as pool against evaluation images; its values are stored: they must be the same bytes) and the
 near-duplicate stage's (`stage_neardup.copy_check`, which only asks whether a pair reaches the threshold: this
@@ -63,7 +65,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--run", type=Path, required=True, help="a hype score --neardup run directory")
     p.add_argument("--old", required=True, help="the git revision to compare with (e.g. HEAD~5)")
-    p.add_argument("--pairs", type=int, default=10_000, help="candidate pairs sampled (0: all)")
+    p.add_argument("--pairs", type=int, default=0, help="candidate pairs drawn (0: all)")
     p.add_argument("--repeats", type=int, default=2)
     args = p.parse_args()
 
