@@ -23,7 +23,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -52,15 +51,6 @@ def old_copydetect(rev: str):
     return _module("copydetect_at_rev", path)
 
 
-def best_of(fn, repeats: int) -> tuple[float, np.ndarray]:
-    times, out = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return min(times), out
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--run", type=Path, required=True, help="a hype score --neardup run directory")
@@ -74,6 +64,7 @@ def main() -> None:
     from hype.scoring.stage_neardup import copy_check
 
     loss = _module("bench_neardup_loss", os.path.join(HERE, "neardup_loss.py"))
+    best_of = _module("bench_copy_check", os.path.join(HERE, "copy_check.py")).best_of
     split = loss.read_split(args.run)
     cands = sorted(loss.candidates(split, 0.9, 10, 0) | loss.candidates(split, 0.9, 0, 10))
     row = {u: i for i, u in enumerate(split["uid"].tolist())}
